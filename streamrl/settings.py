@@ -1,0 +1,141 @@
+"""Where the services are: environment variables first, then what `streamrl up` started.
+
+Every variable StreamRL reads is listed in `ENV_VARS` (docker-compose.yml sets the same
+names; a test checks they agree).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV_VARS = {
+    "STREAMRL_HOME": "state directory of the embedded services (default ./.streamrl)",
+    "STREAMRL_KAFKA_BOOTSTRAP": "host:port[,host:port] of an external Kafka; unset: the embedded broker",
+    "STREAMRL_DATABASE_URL": "postgresql://user:pass@host:port/db of an external PostgreSQL; unset: embedded",
+    "STREAMRL_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT (default), SSL, SASL_PLAINTEXT or SASL_SSL",
+    "STREAMRL_KAFKA_SASL_MECHANISM": "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512",
+    "STREAMRL_KAFKA_SASL_USERNAME": "SASL user name",
+    "STREAMRL_KAFKA_SASL_PASSWORD": "SASL password",
+    "STREAMRL_KAFKA_SSL_CAFILE": "CA bundle for SSL",
+    "STREAMRL_TOPIC_PARTITIONS": "partitions per run topic (default 4)",
+    "STREAMRL_KAFKA_MAX_MESSAGE_BYTES": "largest message the broker accepts (default 1048576)",
+    "STREAMRL_KAFKA_SESSION_TIMEOUT_MS": "consumer group session timeout (default 6000)",
+    "STREAMRL_KAFKA_PORT": "port of the embedded broker (default 9092, the next free one if taken)",
+}
+
+DEFAULT_KAFKA_PORT = 9092
+DEFAULT_POSTGRES_PORT = 5432
+STATE_FILE = "services.json"
+
+
+class SettingsError(RuntimeError):
+    """A setting is missing or malformed (the message names the variable)."""
+
+
+def _int_env(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+    if value <= 0:
+        raise SettingsError(f"{name}={raw!r} must be positive")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    kafka_bootstrap_env: str | None
+    database_url_env: str | None
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    ssl_cafile: str | None = None
+    topic_partitions: int = 4
+    max_message_bytes: int = 1_048_576
+    session_timeout_ms: int = 6000
+    kafka_port: int = DEFAULT_KAFKA_PORT
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        protocol = os.environ.get("STREAMRL_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT").upper()
+        if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
+            raise SettingsError(
+                f"STREAMRL_KAFKA_SECURITY_PROTOCOL={protocol!r}: expected PLAINTEXT, SSL, "
+                "SASL_PLAINTEXT or SASL_SSL"
+            )
+        return cls(
+            home=Path(os.environ.get("STREAMRL_HOME") or ".streamrl").absolute(),
+            kafka_bootstrap_env=os.environ.get("STREAMRL_KAFKA_BOOTSTRAP") or None,
+            database_url_env=os.environ.get("STREAMRL_DATABASE_URL") or None,
+            security_protocol=protocol,
+            sasl_mechanism=os.environ.get("STREAMRL_KAFKA_SASL_MECHANISM") or None,
+            sasl_username=os.environ.get("STREAMRL_KAFKA_SASL_USERNAME") or None,
+            sasl_password=os.environ.get("STREAMRL_KAFKA_SASL_PASSWORD") or None,
+            ssl_cafile=os.environ.get("STREAMRL_KAFKA_SSL_CAFILE") or None,
+            topic_partitions=_int_env("STREAMRL_TOPIC_PARTITIONS", 4),
+            max_message_bytes=_int_env("STREAMRL_KAFKA_MAX_MESSAGE_BYTES", 1_048_576),
+            session_timeout_ms=_int_env("STREAMRL_KAFKA_SESSION_TIMEOUT_MS", 6000),
+            kafka_port=_int_env("STREAMRL_KAFKA_PORT", DEFAULT_KAFKA_PORT),
+        )
+
+    # --- what `streamrl up` recorded -------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        return self.home / STATE_FILE
+
+    def read_state(self) -> dict:
+        try:
+            return json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return {}
+        except json.JSONDecodeError as exc:
+            raise SettingsError(f"{self.state_path} is not valid JSON ({exc}); remove it and run `streamrl up`") from None
+
+    def write_state(self, state: dict) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.state_path)
+
+    # --- the effective addresses -----------------------------------------------------
+    @property
+    def kafka_bootstrap(self) -> str:
+        if self.kafka_bootstrap_env:
+            return self.kafka_bootstrap_env
+        embedded = self.read_state().get("kafka")
+        if embedded:
+            return embedded["bootstrap"]
+        raise SettingsError(
+            "no Kafka broker: set STREAMRL_KAFKA_BOOTSTRAP or run `streamrl up` to start the embedded one"
+        )
+
+    @property
+    def database_url(self) -> str:
+        if self.database_url_env:
+            return self.database_url_env
+        embedded = self.read_state().get("postgres")
+        if embedded:
+            return embedded["url"]
+        raise SettingsError(
+            "no PostgreSQL: set STREAMRL_DATABASE_URL or run `streamrl up` to start the embedded one"
+        )
+
+    def kafka_client_options(self, bootstrap: str | None = None) -> dict:
+        """Address and security options shared by every kafka-python client."""
+        options: dict = {"bootstrap_servers": (bootstrap or self.kafka_bootstrap).split(","),
+                         "security_protocol": self.security_protocol}
+        if self.sasl_mechanism:
+            options.update(sasl_mechanism=self.sasl_mechanism,
+                           sasl_plain_username=self.sasl_username,
+                           sasl_plain_password=self.sasl_password)
+        if self.ssl_cafile:
+            options["ssl_cafile"] = self.ssl_cafile
+        return options
