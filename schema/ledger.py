@@ -247,3 +247,15 @@ _FIELD_NAMES: dict[type[Event], set[str]] = {
     cls: {f.name for f in msgspec.structs.fields(cls)}
     for cls in TABLE_BY_EVENT
 }
+
+# Where each ledger consumer is in each partition, written in the same transaction as
+# the rows it consumed: the database, not the broker, is the source of truth for
+# progress, so a killed consumer resumes exactly where its last commit left it.
+consumer_offsets = Table(
+    "consumer_offsets", metadata,
+    Column("consumer", Text, primary_key=True),
+    Column("topic", Text, primary_key=True),
+    Column("partition", Integer, primary_key=True),
+    Column("next_offset", BigInteger, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)

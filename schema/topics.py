@@ -55,3 +55,9 @@ def all_runs_pattern() -> str:
 
 def run_pattern(run_id: str) -> str:
     return rf"^{TOPIC_PREFIX}\.{re.escape(validate_run_id(run_id))}\.({'|'.join(KINDS)})$"
+
+
+def event_key(event) -> bytes:
+    """Partition key: a whole GRPO group shares a partition; run-level events by run id."""
+    group_id = getattr(event, "group_id", None)
+    return (group_id or event.run_id).encode()

@@ -1,0 +1,273 @@
+"""The `streamrl` command line. One function per command; the docstring is the help.
+
+Exit codes: 0 success; 1 the command ran and failed (a refused or failing query, an
+unhealthy service); 2 bad usage or input (typer's own code); 3 a service is missing or
+unreachable.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import sys
+import time
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from streamrl import services
+from streamrl.settings import Settings, SettingsError
+
+app = typer.Typer(help="StreamRL: event-sourced RL post-training for LLMs.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+db_app = typer.Typer(help="Ledger database maintenance.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+console = Console()
+err_console = Console(stderr=True)
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_SERVICE = 3
+
+
+def _settings() -> Settings:
+    try:
+        return Settings.from_env()
+    except SettingsError as exc:
+        err_console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(EXIT_USAGE)
+
+
+def _database_url(settings: Settings) -> str:
+    try:
+        return settings.database_url
+    except SettingsError as exc:
+        err_console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(EXIT_SERVICE)
+
+
+def _check_database(url: str) -> None:
+    ok, detail = services.postgres_probe(url)
+    if not ok:
+        err_console.print(f"[red]error:[/] cannot reach PostgreSQL at {services.redact(url)}: {detail}")
+        raise typer.Exit(EXIT_SERVICE)
+
+
+@app.command()
+def up(migrate: bool = typer.Option(True, help="Run the ledger migrations after starting.")) -> None:
+    """Start the embedded broker and PostgreSQL (unless external ones are configured) and
+    migrate the ledger. Safe to run again: it starts only what is not running."""
+    settings = _settings()
+    try:
+        for line in services.up(settings):
+            console.print(line)
+    except services.ServiceError as exc:
+        err_console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(EXIT_SERVICE)
+    if migrate:
+        from streamrl import db
+
+        url = _database_url(settings)
+        _check_database(url)
+        db.upgrade(url)
+        console.print(f"ledger: migrated to revision {db.current_revision(url)}")
+
+
+@app.command()
+def down() -> None:
+    """Stop the services that `streamrl up` started here (never external ones)."""
+    settings = _settings()
+    for line in services.down(settings):
+        console.print(line)
+
+
+@app.command()
+def status() -> None:
+    """Show each service: embedded or external, address, version and health."""
+    settings = _settings()
+    table = Table("service", "mode", "address", "version", "health")
+    statuses = services.status(settings)
+    for s in statuses:
+        health = "[green]healthy[/]" if s.healthy else f"[red]down[/] {s.detail}"
+        table.add_row(s.name, s.mode, s.address, s.version, health)
+    console.print(table)
+    if any(s.mode == "not configured" for s in statuses):
+        raise typer.Exit(EXIT_SERVICE)
+    if not all(s.healthy for s in statuses):
+        raise typer.Exit(EXIT_FAILED)
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: str = typer.Argument("head", help="Target Alembic revision.")) -> None:
+    """Apply the ledger's Alembic migrations up to REVISION (default: the latest)."""
+    from streamrl import db
+
+    url = _database_url(_settings())
+    _check_database(url)
+    db.upgrade(url, revision)
+    console.print(f"ledger at revision {db.current_revision(url)}")
+
+
+@app.command()
+def runs(limit: int = typer.Option(50, help="Show at most this many runs, newest first.")) -> None:
+    """List the runs in the ledger with their status and event counts."""
+    from streamrl.sql import SqlFailed, run_readonly
+
+    url = _database_url(_settings())
+    _check_database(url)
+    query = """
+        select r.run_id, r.name, r.status, r.parent_run_id as parent, r.created_at,
+               (select count(*) from tasks t where t.run_id = r.run_id) as tasks,
+               (select count(*) from trajectories t where t.run_id = r.run_id) as trajectories,
+               (select count(*) from train_steps t where t.run_id = r.run_id) as steps,
+               (select count(*) from dead_letters t where t.run_id = r.run_id) as dead_letters
+        from runs r order by r.created_at desc limit %(limit)s"""
+    try:
+        result = run_readonly(url, query, {"limit": limit})
+    except SqlFailed as exc:
+        err_console.print(f"[red]error:[/] {exc} (has `streamrl db upgrade` run?)")
+        raise typer.Exit(EXIT_FAILED)
+    _print_table(result.columns, result.rows)
+
+
+def _plain(value):
+    if isinstance(value, (bytes, memoryview)):
+        return "\\x" + bytes(value).hex()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value
+
+
+def _print_table(columns: list[str], rows: list[tuple]) -> None:
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*(
+            "" if v is None else (json.dumps(v) if isinstance(v, (dict, list)) else str(_plain(v)))
+            for v in row))
+    console.print(table)
+    console.print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", style="dim")
+
+
+def _parse_params(params: list[str]) -> dict:
+    parsed = {}
+    for item in params:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            err_console.print(f"[red]error:[/] --param {item!r}: expected NAME=VALUE")
+            raise typer.Exit(EXIT_USAGE)
+        parsed[name] = value
+    return parsed
+
+
+@app.command()
+def sql(
+    query: Optional[str] = typer.Argument(None, help="One read-only SQL statement."),
+    file: Optional[Path] = typer.Option(None, "--file", "-f", exists=True, dir_okay=False,
+                                        help="Read the statement from this file."),
+    param: list[str] = typer.Option([], "--param", "-p", help="Bound parameter NAME=VALUE, used as %(NAME)s."),
+    as_csv: bool = typer.Option(False, "--csv", help="Write CSV to stdout."),
+    as_json: bool = typer.Option(False, "--json", help="Write a JSON array of objects to stdout."),
+    timeout: float = typer.Option(30.0, help="Statement timeout in seconds."),
+) -> None:
+    """Run one read-only SQL statement against the ledger (a read-only transaction with a
+    statement timeout; writes and multiple statements are refused)."""
+    from streamrl.sql import SqlFailed, SqlRefused, run_readonly
+
+    if (query is None) == (file is None):
+        err_console.print("[red]error:[/] give a QUERY or --file, not both or neither")
+        raise typer.Exit(EXIT_USAGE)
+    if as_csv and as_json:
+        err_console.print("[red]error:[/] choose one of --csv and --json")
+        raise typer.Exit(EXIT_USAGE)
+    text = file.read_text() if file else query
+    url = _database_url(_settings())
+    _check_database(url)
+    try:
+        result = run_readonly(url, text, _parse_params(param), timeout)
+    except SqlRefused as exc:
+        err_console.print(f"[red]refused:[/] {exc}")
+        raise typer.Exit(EXIT_FAILED)
+    except SqlFailed as exc:
+        err_console.print(f"[red]query failed:[/] {exc}")
+        raise typer.Exit(EXIT_FAILED)
+    if as_csv:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(result.columns)
+        writer.writerows([[_plain(v) for v in row] for row in result.rows])
+    elif as_json:
+        records = [{c: _plain(v) for c, v in zip(result.columns, row)} for row in result.rows]
+        sys.stdout.write(json.dumps(records, default=str) + "\n")
+    else:
+        _print_table(result.columns, result.rows)
+
+
+@app.command()
+def sink(
+    run: Optional[str] = typer.Option(None, help="Only this run's topics (default: every run)."),
+    max_batch: int = typer.Option(2000, help="Most records written per database transaction."),
+    idle_exit: Optional[float] = typer.Option(None, help="Exit after this many seconds without messages."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each batch."),
+) -> None:
+    """Write every event of every run (or of --run) into the ledger, idempotently;
+    undecodable messages go to the run's dead-letter topic and table. SIGTERM/SIGINT
+    finish the current batch, commit and exit 0."""
+    from consumers.ledger_sink import LedgerSink
+    from schema.topics import validate_run_id
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = _settings()
+    if run:
+        try:
+            validate_run_id(run)
+        except ValueError as exc:
+            err_console.print(f"[red]error:[/] --run: {exc}")
+            raise typer.Exit(EXIT_USAGE)
+    _check_database(_database_url(settings))
+    worker = LedgerSink(settings, run_id=run, max_batch=max_batch)
+    worker.install_signal_handlers()
+    started = time.monotonic()
+
+    def report(stats):
+        if verbose:
+            rate = stats.rows / max(time.monotonic() - started, 1e-9)
+            err_console.print(f"rows {stats.rows}  dead letters {stats.dead_letters}  {rate:,.0f} rows/s")
+
+    try:
+        stats = worker.run(idle_exit_s=idle_exit, on_batch=report)
+    finally:
+        worker.close()
+    console.print(f"sink stopped: {stats.rows} rows, {stats.dead_letters} dead letters, {stats.batches} batches")
+
+
+@app.command()
+def topics(
+    run: str = typer.Argument(..., help="Run id."),
+    partitions: Optional[int] = typer.Option(None, help="Partitions per topic (default STREAMRL_TOPIC_PARTITIONS)."),
+) -> None:
+    """Create RUN's topics (tasks, trajectories, ..., dead_letters) if they do not exist."""
+    from schema.topics import TopicNameError, run_topics
+    from streamrl.bus import create_run_topics
+
+    settings = _settings()
+    try:
+        names = run_topics(run)
+    except TopicNameError as exc:
+        err_console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(EXIT_USAGE)
+    created = create_run_topics(settings, run, partitions)
+    for name in names.values():
+        console.print(f"{name}  {'created' if name in created else 'exists'}")
+
+
+if __name__ == "__main__":
+    app()
