@@ -1,0 +1,225 @@
+"""The ledger sink against the real embedded broker and PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from kafka import TopicPartition
+
+from consumers.ledger_sink import SINK_GROUP
+from producers.synthetic import SYNTHETIC, synthetic_events
+from schema import codec
+from schema.events import Trajectory, pack_float32, pack_int32, pack_mask
+from schema.topics import run_topics, topic_name
+from streamrl.blobs import PostgresBlobStore
+from streamrl.bus import EventPublisher, MessageTooLarge, create_run_topics, make_consumer
+from tests.conftest import SinkThread, count_rows, start_sink_process, wait_for
+
+TABLES = {"Task": "tasks", "Trajectory": "trajectories", "Evaluation": "evaluations", "Sample": "samples",
+          "TrainStep": "train_steps", "WeightVersion": "weight_versions", "RunEvent": "run_events",
+          "DeadLetter": "dead_letters"}
+
+
+# The embedded broker's ListOffsets(latest) answers the last batch's base offset rather
+# than the log end, so "caught up" is judged against the offsets the producer was given.
+
+def publish(settings, events) -> list:
+    """Publish and return the (topic, partition, offset) of every message."""
+    with EventPublisher(settings) as publisher:
+        futures = [publisher.publish(event) for event in events]
+    return [(m.topic, m.partition, m.offset) for m in (f.get(30) for f in futures)]
+
+
+def log_ends(coordinates) -> dict[tuple[str, int], int]:
+    ends: dict[tuple[str, int], int] = {}
+    for topic, partition, offset in coordinates:
+        ends[(topic, partition)] = max(ends.get((topic, partition), 0), offset + 1)
+    return ends
+
+
+def sink_reached(conn, ends: dict[tuple[str, int], int]) -> bool:
+    stored = {(t, p): o for t, p, o in conn.execute(
+        "select topic, partition, next_offset from consumer_offsets where consumer = %s", (SINK_GROUP,)).fetchall()}
+    return all(stored.get(tp, 0) >= end for tp, end in ends.items())
+
+
+def test_10k_events_of_each_type_and_republishing_changes_nothing(stack, ledger, run_id):
+    create_run_topics(stack, run_id)
+    produced = publish(stack, synthetic_events(run_id, 10_000))
+    assert len(produced) == 80_000
+    with SinkThread(stack, run_id):
+        wait_for(lambda: sink_reached(ledger, log_ends(produced)), 180, what="sink to consume 80,000 events")
+        counts = {name: count_rows(ledger, table, run_id) for name, table in TABLES.items()}
+        assert counts == {name: 10_000 for name in TABLES}
+
+        again = publish(stack, synthetic_events(run_id, 10_000))  # the same events again
+        wait_for(lambda: sink_reached(ledger, log_ends(again)), 180, what="sink to consume the repeats")
+        counts = {name: count_rows(ledger, table, run_id) for name, table in TABLES.items()}
+        assert counts == {name: 10_000 for name in TABLES}
+    # The ledger can read its own packed arrays back.
+    tokens, num_tokens = ledger.execute(
+        "select streamrl_int32s(tokens), num_tokens from trajectories where run_id = %s and trajectory_id = 'traj5'",
+        (run_id,)).fetchone()
+    assert tokens == list(np.frombuffer(SYNTHETIC["Trajectory"](run_id, 5).tokens, dtype="<i4"))
+    assert num_tokens == 64
+    status = ledger.execute("select status from runs where run_id = %s", (run_id,)).fetchone()[0]
+    assert status == "running"  # the last lifecycle event of the synthetic stream is "resumed"
+
+
+def test_sink_killed_three_times_loses_and_duplicates_nothing(stack, ledger, run_id):
+    create_run_topics(stack, run_id)
+    rng = random.Random(7)
+    total_indices = 6_250  # x 8 types = 50,000 events
+    done_publishing = threading.Event()
+    produced = []
+
+    def publish_slowly():
+        with EventPublisher(stack) as publisher:
+            futures = []
+            for i, event in enumerate(synthetic_events(run_id, total_indices)):
+                futures.append(publisher.publish(event))
+                if i % 2_000 == 1_999:
+                    publisher.flush()
+                    time.sleep(0.15)  # keep events flowing while the sink is killed
+        produced.extend((m.topic, m.partition, m.offset) for m in (f.get(30) for f in futures))
+        done_publishing.set()
+
+    producer = threading.Thread(target=publish_slowly)
+    producer.start()
+    kills = 0
+    while kills < 3:
+        sink = start_sink_process(run_id)
+        # Kill it at a random moment after it has started writing.
+        before = count_rows(ledger, "tasks", run_id)
+        wait_for(lambda: count_rows(ledger, "tasks", run_id) > before, 60, what="sink to write")
+        time.sleep(rng.uniform(0.05, 1.0))
+        sink.send_signal(signal.SIGKILL)
+        sink.wait(10)
+        kills += 1
+    producer.join(120)
+    assert done_publishing.is_set() and len(produced) == 50_000
+
+    sink = start_sink_process(run_id)
+    try:
+        wait_for(lambda: sink_reached(ledger, log_ends(produced)), 180, what="restarted sink to catch up")
+    finally:
+        sink.send_signal(signal.SIGTERM)
+        assert sink.wait(30) == 0
+
+    for name, table in TABLES.items():
+        assert count_rows(ledger, table, run_id) == total_indices, table
+    # The ledger holds exactly the messages produced: the same Kafka coordinates, each once.
+    in_ledger = []
+    for table in TABLES.values():
+        in_ledger += ledger.execute(
+            f"select kafka_topic, kafka_partition, kafka_offset from {table} where run_id = %s",
+            (run_id,)).fetchall()
+    assert len(in_ledger) == len(set(in_ledger)) == 50_000
+    assert sorted(in_ledger) == sorted(produced)
+
+
+def test_garbage_on_every_topic_becomes_a_dead_letter_and_the_sink_goes_on(stack, ledger, run_id):
+    create_run_topics(stack, run_id)
+    garbage_at = {}
+    with EventPublisher(stack) as publisher:
+        for kind, topic in run_topics(run_id).items():
+            meta = publisher.producer.send(topic, key=b"g0", value=b"\x00not an event " + kind.encode()).get(10)
+            garbage_at[topic] = (meta.partition, meta.offset)
+        # A well-formed event on the wrong topic is refused too.
+        meta = publisher.producer.send(topic_name(run_id, "tasks"), key=b"g0",
+                                       value=codec.encode(SYNTHETIC["Evaluation"](run_id, 0))).get(10)
+        wrong_topic_at = (meta.partition, meta.offset)
+        # Valid events after the garbage, on the same partitions (same key).
+        for index in range(8):
+            publisher.publish(SYNTHETIC["Task"](run_id, index))
+    with SinkThread(stack, run_id):
+        wait_for(lambda: count_rows(ledger, "tasks", run_id) == 8, 60, what="tasks after the garbage")
+        wait_for(lambda: count_rows(ledger, "dead_letters", run_id) == 9, 60, what="the dead letters")
+    rows = ledger.execute(
+        "select source_topic, source_partition, source_offset, error, raw from dead_letters "
+        "where run_id = %s and stage = 'ledger-sink' order by source_topic", (run_id,)).fetchall()
+    by_topic = {}
+    for topic, partition, offset, error, raw in rows:
+        by_topic.setdefault(topic, []).append((partition, offset, error, bytes(raw)))
+    for topic, (partition, offset) in garbage_at.items():
+        matching = [r for r in by_topic[topic] if (r[0], r[1]) == (partition, offset)]
+        assert len(matching) == 1, topic
+        assert "first byte 0x00" in matching[0][2]
+        assert matching[0][3].startswith(b"\x00not an event")
+    wrong = [r for r in by_topic[topic_name(run_id, "tasks")] if (r[0], r[1]) == wrong_topic_at]
+    assert "Evaluation event on a tasks topic" in wrong[0][2]
+    assert len(rows) == 9
+    # The dead letters are also events on the run's dead-letter topic.
+    consumer = make_consumer(stack, None)
+    dlq = [TopicPartition(topic_name(run_id, "dead_letters"), p)
+           for p in consumer.partitions_for_topic(topic_name(run_id, "dead_letters"))]
+    consumer.assign(dlq)
+    consumer.seek_to_beginning(*dlq)
+    seen = []
+    deadline = time.monotonic() + 10
+    while len(seen) < 8 and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=500).values():
+            seen += [codec.decode(r.value) for r in records if r.value.startswith(b"\x01")]
+    consumer.close()
+    assert {(d.source_topic, d.source_partition, d.source_offset) for d in seen} >= \
+        {(t, p, o) for t, (p, o) in garbage_at.items() if not t.endswith(".dead_letters")} | \
+        {(topic_name(run_id, "tasks"), *wrong_topic_at)}
+
+
+def test_a_row_the_database_rejects_is_dead_lettered_not_blocking(stack, ledger, run_id):
+    create_run_topics(stack, run_id)
+    bad = SYNTHETIC["Task"](run_id, 0)
+    bad.prompt = "a NUL \x00 byte, which PostgreSQL text cannot hold"
+    publish(stack, [bad] + [SYNTHETIC["Task"](run_id, i) for i in range(1, 6)])
+    with SinkThread(stack, run_id):
+        wait_for(lambda: count_rows(ledger, "tasks", run_id) == 5, 60, what="the good tasks")
+        wait_for(lambda: count_rows(ledger, "dead_letters", run_id) == 1, 30, what="the dead letter")
+    error = ledger.execute("select error from dead_letters where run_id = %s", (run_id,)).fetchone()[0]
+    assert "ledger rejected Task" in error
+
+
+def random_trajectory(run_id, n, seed=0, compressible=False):
+    rng = np.random.default_rng(seed)
+    tokens = np.zeros(n, dtype=np.int32) if compressible else rng.integers(0, 2**31 - 1, n)
+    return Trajectory(run_id=run_id, trajectory_id=f"big{n}-{seed}-{'zeros' if compressible else 'random'}", task_id="t", group_id="g",
+                      tokens=pack_int32(tokens), loss_mask=pack_mask(np.ones(n)),
+                      logprobs=pack_float32(np.zeros(n) if compressible else -rng.random(n)))
+
+
+def test_events_over_the_broker_limit_are_compressed_or_sent_by_reference(stack, ledger, run_id):
+    create_run_topics(stack, run_id)
+    huge = random_trajectory(run_id, 400_000)            # ~3.6 MB of incompressible arrays
+    compressible = random_trajectory(run_id, 400_000, compressible=True)
+    assert len(codec.encode(huge)) > stack.max_message_bytes
+    with pytest.raises(MessageTooLarge, match="over the broker limit"):
+        EventPublisher(stack).publish(huge)             # without a blob store: a clear error, not a loss
+    blobs = PostgresBlobStore.open(stack.database_url)
+    with EventPublisher(stack, blobs=blobs) as publisher:
+        publisher.publish(huge)
+        publisher.publish(compressible)
+    blobs.close()
+    with SinkThread(stack, run_id):
+        wait_for(lambda: count_rows(ledger, "trajectories", run_id) == 2, 60, what="both large trajectories")
+    for event in (huge, compressible):
+        tokens, num = ledger.execute("select tokens, num_tokens from trajectories where event_id = %s",
+                                     (event.event_id,)).fetchone()
+        assert bytes(tokens) == event.tokens and num == 400_000
+    assert ledger.execute("select count(*) from blobs where size > %s", (stack.max_message_bytes,)).fetchone()[0] >= 1
+
+
+def test_sigterm_commits_and_exits_zero(stack, ledger, run_id):
+    create_run_topics(stack, run_id)
+    produced = publish(stack, synthetic_events(run_id, 500, types=["Task"]))
+    sink = start_sink_process(run_id)
+    wait_for(lambda: count_rows(ledger, "tasks", run_id) == 500, 60, what="tasks")
+    sink.send_signal(signal.SIGTERM)
+    out, err = sink.communicate(timeout=30)
+    assert sink.returncode == 0, err
+    assert "sink stopped: 500 rows" in out
+    assert sink_reached(ledger, log_ends(produced))  # offsets committed before exiting
