@@ -1,0 +1,73 @@
+"""`streamrl sql` and `streamrl runs` through the real CLI."""
+
+import json
+
+import pytest
+
+from producers.synthetic import synthetic_events
+from streamrl.bus import create_run_topics
+from tests.conftest import SinkThread, count_rows, run_cli, wait_for
+from tests.test_ledger_sink import publish
+
+LEDGER_TABLES = ["runs", "run_events", "tasks", "trajectories", "evaluations", "samples", "train_steps",
+                 "weight_versions", "dead_letters", "consumer_offsets", "blobs"]
+
+
+@pytest.fixture
+def loaded_run(stack, ledger, run_id):
+    create_run_topics(stack, run_id)
+    publish(stack, synthetic_events(run_id, 20))
+    with SinkThread(stack, run_id):
+        wait_for(lambda: count_rows(ledger, "train_steps", run_id) == 20, 60, what="the run's events")
+    return run_id
+
+
+def table_counts(conn):
+    return {t: conn.execute(f"select count(*) from {t}").fetchone()[0] for t in LEDGER_TABLES}
+
+
+@pytest.mark.parametrize("statement, expected", [
+    ("drop table runs", "DROP is not allowed"),
+    ("insert into runs (run_id) values ('intruder')", "INSERT is not allowed"),
+    ("update runs set status = 'hacked'", "UPDATE is not allowed"),
+    ("delete from tasks", "DELETE is not allowed"),
+    ("select 1; delete from runs", "exactly one statement"),
+    ("with gone as (delete from tasks returning 1) select count(*) from gone", "read-only"),
+    ("explain analyze delete from tasks", "read-only"),
+    ("  -- a comment first\n TRUNCATE tasks", "TRUNCATE is not allowed"),
+])
+def test_writes_and_multiple_statements_are_refused(loaded_run, ledger, statement, expected):
+    before = table_counts(ledger)
+    result = run_cli("sql", statement)
+    assert result.returncode == 1
+    assert expected in result.stderr.replace("\n", " ")
+    assert table_counts(ledger) == before
+
+
+def test_select_as_table_csv_and_json(loaded_run):
+    query = "select step, loss from train_steps where run_id = %(run)s order by step limit 3"
+    table = run_cli("sql", query, "--param", f"run={loaded_run}", check=True)
+    assert "step" in table.stdout and "(3 rows)" in table.stdout
+    as_csv = run_cli("sql", query, "-p", f"run={loaded_run}", "--csv", check=True)
+    assert as_csv.stdout.splitlines() == ["step,loss", "0,0.1", "1,0.1", "2,0.1"]
+    as_json = run_cli("sql", query, "-p", f"run={loaded_run}", "--json", check=True)
+    assert json.loads(as_json.stdout) == [{"step": i, "loss": 0.1} for i in range(3)]
+
+
+def test_query_from_file_and_errors(loaded_run, tmp_path):
+    path = tmp_path / "q.sql"
+    path.write_text("select count(*) as n from tasks where run_id = %(run)s")
+    result = run_cli("sql", "--file", str(path), "-p", f"run={loaded_run}", "--json", check=True)
+    assert json.loads(result.stdout) == [{"n": 20}]
+    bad = run_cli("sql", "select no_such_column from runs")
+    assert bad.returncode == 1 and "no_such_column" in bad.stderr
+    slow = run_cli("sql", "select pg_sleep(5)", "--timeout", "0.5")
+    assert slow.returncode == 1 and "timed out" in slow.stderr
+    usage = run_cli("sql", "select 1", "-p", "not a pair")
+    assert usage.returncode == 2 and "NAME=VALUE" in usage.stderr
+
+
+def test_runs_lists_the_run_with_its_counts(loaded_run):
+    result = run_cli("runs", "--limit", "1000", env={"COLUMNS": "300"}, check=True)
+    line = next(l for l in result.stdout.splitlines() if loaded_run[:10] in l)
+    assert "running" in line and "20" in line
