@@ -269,5 +269,55 @@ def topics(
         console.print(f"{name}  {'created' if name in created else 'exists'}")
 
 
+@app.command()
+def demo(
+    run: str = typer.Option("demo", help="Run id to create."),
+    rollouts: int = typer.Option(2048, help="Synthetic rollouts (each is 8 events, one of every type)."),
+) -> None:
+    """Push a synthetic run through the whole backbone: its topics on the broker, every
+    event type, the ledger sink, then the ledger's answer. Needs `streamrl up`."""
+    from rich.progress import Progress
+
+    from consumers.ledger_sink import LedgerSink
+    from producers.synthetic import synthetic_events
+    from schema.events import RunEvent
+    from streamrl.bus import EventPublisher, create_run_topics
+    from streamrl.sql import run_readonly
+
+    settings = _settings()
+    url = _database_url(settings)
+    _check_database(url)
+    create_run_topics(settings, run)
+    total = rollouts * 8 + 1
+    with Progress(console=console) as progress:
+        published = progress.add_task("publish to Kafka", total=total)
+        with EventPublisher(settings) as publisher:
+            publisher.publish(RunEvent(run_id=run, kind="created", name=run, config={"demo": True}))
+            for event in synthetic_events(run, rollouts):
+                publisher.publish(event)
+                progress.advance(published)
+            progress.advance(published)
+        written = progress.add_task("sink into the ledger", total=total)
+        worker = LedgerSink(settings, run_id=run)
+        try:
+            while worker.stats.rows + worker.stats.dead_letters < total:
+                worker.poll_once()
+                progress.update(written, completed=worker.stats.rows + worker.stats.dead_letters)
+        finally:
+            worker.close()
+    query = """select 'tasks' as table_name, count(*) as rows from tasks where run_id = %(run)s
+       union all select 'trajectories', count(*) from trajectories where run_id = %(run)s
+       union all select 'evaluations', count(*) from evaluations where run_id = %(run)s
+       union all select 'samples', count(*) from samples where run_id = %(run)s
+       union all select 'train_steps', count(*) from train_steps where run_id = %(run)s
+       union all select 'weight_versions', count(*) from weight_versions where run_id = %(run)s
+       union all select 'run_events', count(*) from run_events where run_id = %(run)s
+       union all select 'dead_letters', count(*) from dead_letters where run_id = %(run)s"""
+    result = run_readonly(url, query, {"run": run})
+    _print_table(result.columns, result.rows)
+    console.print(f"Ask the ledger yourself: streamrl sql \"select step, loss from train_steps "
+                  f"where run_id = '{run}' order by step limit 5\"")
+
+
 if __name__ == "__main__":
     app()

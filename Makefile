@@ -1,0 +1,32 @@
+# Two commands do all the set-up on a fresh machine:
+#   make run    install, start the embedded broker + PostgreSQL, run the main job
+#   make test   install, run the test suite (real broker, real PostgreSQL)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test bench install clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/streamrl up
+	$(VENV)/bin/streamrl demo
+
+test: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider
+
+bench: $(STAMP)
+	$(PY) bench/codec_bench.py
+	$(PY) bench/bus_bench.py
+	$(PY) bench/sink_bench.py
+
+clean:
+	-$(VENV)/bin/streamrl down
+	rm -rf $(VENV) .streamrl
