@@ -62,17 +62,18 @@ class TableWriter:
     def __init__(self, table: Table):
         self.table = table
         self.columns = [c.name for c in table.columns if c.name not in ("id", "ingested_at")]
-        self.json_columns = {c.name for c in table.columns if isinstance(c.type, JSONB)}
+        json_columns = {c.name for c in table.columns if isinstance(c.type, JSONB)}
+        self._layout = [(c, c in json_columns) for c in self.columns]
         self.sql = (
             f"insert into {table.name} ({', '.join(self.columns)}) "
             f"values ({', '.join(['%s'] * len(self.columns))}) on conflict (event_id) do nothing"
         )
 
     def params(self, row: dict) -> tuple:
-        return tuple(
-            Jsonb(row[c], dumps=_json_dumps) if c in self.json_columns and row[c] is not None else row[c]
-            for c in self.columns
-        )
+        return tuple([
+            Jsonb(value, dumps=_json_dumps) if is_json and value is not None else value
+            for value, is_json in ((row[c], j) for c, j in self._layout)
+        ])
 
 
 WRITERS = {event_type: TableWriter(table) for event_type, table in TABLE_BY_EVENT.items()}
