@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(PY) bench/codec_bench.py
 	$(PY) bench/bus_bench.py
 	$(PY) bench/sink_bench.py
+	STREAMRL_HOME=bench/out/home $(VENV)/bin/streamrl down
 
 clean:
 	-$(VENV)/bin/streamrl down

