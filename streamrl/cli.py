@@ -215,6 +215,7 @@ def sink(
     run: Optional[str] = typer.Option(None, help="Only this run's topics (default: every run)."),
     max_batch: int = typer.Option(2000, help="Most records written per database transaction."),
     idle_exit: Optional[float] = typer.Option(None, help="Exit after this many seconds without messages."),
+    shard: str = typer.Option("0/1", help="I/N: this sink writes the partitions with crc32(topic:partition) % N == I."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each batch."),
 ) -> None:
     """Write every event of every run (or of --run) into the ledger, idempotently;
@@ -232,8 +233,12 @@ def sink(
         except ValueError as exc:
             err_console.print(f"[red]error:[/] --run: {exc}")
             raise typer.Exit(EXIT_USAGE)
+    index, _, count = shard.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        err_console.print(f"[red]error:[/] --shard {shard!r}: expected I/N with 0 <= I < N, e.g. 0/2")
+        raise typer.Exit(EXIT_USAGE)
     _check_database(_database_url(settings))
-    worker = LedgerSink(settings, run_id=run, max_batch=max_batch)
+    worker = LedgerSink(settings, run_id=run, max_batch=max_batch, shard=(int(index), int(count)))
     worker.install_signal_handlers()
     started = time.monotonic()
 

@@ -223,3 +223,21 @@ def test_sigterm_commits_and_exits_zero(stack, ledger, run_id):
     assert sink.returncode == 0, err
     assert "sink stopped: 500 rows" in out
     assert sink_reached(ledger, log_ends(produced))  # offsets committed before exiting
+
+
+def test_two_sharded_sinks_split_the_partitions_and_write_everything_once(stack, ledger, run_id):
+    create_run_topics(stack, run_id)
+    produced = publish(stack, synthetic_events(run_id, 400, types=["Task", "Trajectory"]))
+    with SinkThread(stack, run_id, shard=(0, 2)) as first, SinkThread(stack, run_id, shard=(1, 2)) as second:
+        wait_for(lambda: count_rows(ledger, "tasks", run_id) == 400 and
+                 count_rows(ledger, "trajectories", run_id) == 400, 60, what="both shards")
+        assert first.positions and second.positions
+        assert not first.positions.keys() & second.positions.keys()
+    assert sink_reached(ledger, log_ends(produced))
+
+
+def test_sink_rejects_a_malformed_shard():
+    from tests.conftest import run_cli
+
+    result = run_cli("sink", "--shard", "2/2")
+    assert result.returncode == 2 and "expected I/N" in result.stderr
