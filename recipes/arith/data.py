@@ -1,0 +1,49 @@
+"""Generated arithmetic tasks: nothing to download, answers known exactly.
+
+Variants:
+    last_digit   "37+48=" -> "5"    the last digit of a + b (easy: a one-token answer)
+    sum          "37+48=" -> "85"   the whole sum (harder: carries, several tokens)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+VARIANTS = ("last_digit", "sum")
+
+
+def arith_row(a: int, b: int, variant: str) -> dict:
+    if variant == "last_digit":
+        answer = str((a + b) % 10)
+    elif variant == "sum":
+        answer = str(a + b)
+    else:
+        raise ValueError(f"unknown arithmetic variant {variant!r}; expected one of {', '.join(VARIANTS)}")
+    return {"prompt": f"{a}+{b}=", "answer": answer, "a": a, "b": b, "variant": variant}
+
+
+def arith_rows(count: int, seed: int, variant: str = "last_digit", max_operand: int = 99) -> list[dict]:
+    rng = random.Random(seed)
+    return [arith_row(rng.randint(0, max_operand), rng.randint(0, max_operand), variant) for _ in range(count)]
+
+
+def split_rows(count: int, val_count: int, seed: int, variant: str = "last_digit",
+               max_operand: int = 99) -> tuple[list[dict], list[dict]]:
+    """Train and held-out validation rows with no prompt in common."""
+    rows = arith_rows(count + 4 * val_count, seed, variant, max_operand)
+    seen, train, val = set(), [], []
+    for row in rows:
+        if row["prompt"] in seen:
+            continue
+        seen.add(row["prompt"])
+        (val if len(val) < val_count else train).append(row)
+    return train[:count], val
+
+
+def write_jsonl(rows: list[dict], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
