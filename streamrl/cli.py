@@ -28,6 +28,9 @@ app = typer.Typer(help="StreamRL: event-sourced RL post-training for LLMs.", no_
                   pretty_exceptions_enable=False)
 db_app = typer.Typer(help="Ledger database maintenance.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+recipe_app = typer.Typer(help="Recipes: YAML with defaults: composition and ${oc.env:VAR,default}.",
+                         no_args_is_help=True)
+app.add_typer(recipe_app, name="recipe")
 
 console = Console()
 err_console = Console(stderr=True)
@@ -113,6 +116,31 @@ def db_upgrade(revision: str = typer.Argument("head", help="Target Alembic revis
     _check_database(url)
     db.upgrade(url, revision)
     console.print(f"ledger at revision {db.current_revision(url)}")
+
+
+@recipe_app.command("validate")
+def recipe_validate(
+    file: Path = typer.Argument(..., help="The recipe YAML."),
+    show: bool = typer.Option(False, "--show", help="Print the fully resolved recipe."),
+) -> None:
+    """Check a recipe: unknown keys, wrong types and missing files, each with its key path
+    (exit 2 if any)."""
+    import yaml
+
+    from streamrl.recipe import RecipeError, load_recipe
+
+    try:
+        values = load_recipe(file)
+    except RecipeError as exc:
+        err_console.print(f"[red]invalid recipe[/] {exc.path}:", highlight=False, soft_wrap=True)
+        for problem in exc.problems:
+            err_console.print(f"  - {problem}", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+    if show:
+        console.print(yaml.safe_dump(values, sort_keys=False), highlight=False, markup=False)
+    console.print(f"{file}: valid ({values['project_name']}/{values['experiment_name']}, "
+                  f"trainer {values['trainer']['type']}, {values['algorithm']['type']} advantages, "
+                  f"{values['weight']['sync_mode']} weight sync)", highlight=False)
 
 
 @app.command()

@@ -1,0 +1,336 @@
+"""Recipes: YAML files with `defaults:` composition and `${oc.env:VAR,default}`
+interpolation (OmegaConf), checked against a typed schema whose keys follow the NexRL
+user guide (project_name, experiment_name, data, rollout_worker, trajectory_pool,
+trainer, algorithm, weight, validate, service, logger).
+
+`load_recipe(path)` returns the fully resolved config as plain dicts and lists, or raises
+`RecipeError` listing every problem with its key path: unknown keys (with the closest
+known one), wrong types, missing files.
+
+Composition: `defaults: [common/base, _self_]` merges `common/base.yaml` (looked up
+next to the recipe, then in its parent folders) and then the recipe itself; where
+`_self_` stands decides which side wins, as in Hydra.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class RecipeError(ValueError):
+    def __init__(self, path: Path, problems: list[str]):
+        self.path, self.problems = path, problems
+        super().__init__(f"{path}: " + ("\n  " if len(problems) > 1 else "") + "\n  ".join(problems))
+
+
+def path_field(default=None, **kwargs):
+    """A field naming a file or folder that must exist (relative to the recipe's folder)."""
+    return field(default=default, metadata={"path": True}, **kwargs)
+
+
+@dataclass
+class Environment:
+    setup_script: Optional[str] = path_field()
+
+
+@dataclass
+class Data:
+    type: str = "jsonl"  # jsonl | parquet
+    data_files: list[str] = field(default_factory=list, metadata={"path": True})
+    shuffle: bool = True
+    seed: int = 42
+    max_prompt_length: int = 512
+    prompt_key: str = "prompt"
+    batch_size: int = 1
+    num_workers: int = 1
+
+
+@dataclass
+class RolloutWorker:
+    type: str = "single_turn"
+    custom_rollout_worker_module_path: Optional[str] = path_field()
+    custom_rollout_worker_class_name: Optional[str] = None
+    evaluator_module_path: Optional[str] = None  # "file.py:ClassName"
+    tokenizer: Optional[str] = None
+    model_path: Optional[str] = None
+    task_name: str = ""
+    max_prompt_length: int = 512
+    max_response_length: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    rollout_repeat_n: int = 8
+    num_workers: int = 1
+    max_concurrent_tasks: int = 16
+    max_retries: int = 2
+
+
+@dataclass
+class TrajectoryPool:
+    type: str = "default"
+    batch_size: int = 8  # groups per training step
+    group_size: int = 8
+    key_list: list[str] = field(default_factory=lambda: ["prompt"])
+    check_batch_ready_function: str = "batch_size"
+    group_timeout_s: float = 120.0
+    incomplete_group_policy: str = "drop"  # drop | train_partial
+
+
+@dataclass
+class KlControl:
+    type: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.0
+    target_kl: float = 6.0
+    horizon: int = 10000
+
+
+@dataclass
+class Algorithm:
+    type: str = "grpo"  # an advantage estimator: grpo | dr_grpo | rloo | reinforce | registered
+    batch_size: Optional[int] = None
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    loss_agg_mode: str = "token-mean"
+    filter_zero_variance: bool = True
+    do_old_log_prob_compute: bool = False
+    off_policy_correction: str = "none"  # none | truncated_is | decoupled_ppo
+    truncated_is_cap: float = 2.0
+    use_kl_in_reward: bool = False
+    use_kl_loss: bool = False
+    kl_estimator: str = "k3"
+    kl_ctrl: KlControl = field(default_factory=KlControl)
+
+
+@dataclass
+class Trainer:
+    type: str = "grpo"  # grpo | cross_entropy | custom
+    custom_trainer_module_path: Optional[str] = None
+    total_train_steps: int = 100
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    micro_batch_tokens: int = 8192
+    warmup_cross_entropy_steps: int = 0
+    checkpoint_path: str = "runs/${experiment_name}/checkpoints"
+    save_freq: int = 10
+    remove_previous_ckpt: bool = True
+    seed: int = 0
+
+
+@dataclass
+class Weight:
+    type: str = "default"
+    sync_mode: str = "sync"  # sync | batch-async | fully-async
+    staleness_threshold: int = 1
+    sync_every: int = 1
+    sync_weight_path: str = "runs/${experiment_name}/weights"
+
+
+@dataclass
+class ValidateEval:
+    type: str = "default"
+    compute_interval: int = 10
+
+
+@dataclass
+class Validate:
+    validate_before_train: bool = True
+    data: Data = field(default_factory=Data)
+    eval: ValidateEval = field(default_factory=ValidateEval)
+
+
+@dataclass
+class InferenceService:
+    backend: str = "embedded"  # embedded | sglang | openai
+    url: Optional[str] = None
+    model_tag: str = "policy"
+    api_key: Optional[str] = None
+    max_retries: int = 3
+    freeze_for_weight_sync: bool = True
+    max_batch_size: int = 64
+
+
+@dataclass
+class Service:
+    inference_service: InferenceService = field(default_factory=InferenceService)
+    train_service: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Logger:
+    backend: str = "console"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Recipe:
+    project_name: str = "streamrl"
+    experiment_name: str = "experiment"
+    environment: Environment = field(default_factory=Environment)
+    data: Data = field(default_factory=Data)
+    rollout_worker: RolloutWorker = field(default_factory=RolloutWorker)
+    trajectory_pool: TrajectoryPool = field(default_factory=TrajectoryPool)
+    algorithm: Algorithm = field(default_factory=Algorithm)
+    trainer: Trainer = field(default_factory=Trainer)
+    weight: Weight = field(default_factory=Weight)
+    validate: Validate = field(default_factory=Validate)
+    service: Service = field(default_factory=Service)
+    logger: Logger = field(default_factory=Logger)
+
+
+# --- composition -----------------------------------------------------------------------
+
+def _find_default(name: str, recipe_dir: Path) -> Path:
+    for folder in (recipe_dir, *recipe_dir.parents):
+        candidate = folder / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(name)
+
+
+def compose(path: Path, _stack: tuple[Path, ...] = ()) -> Any:
+    """The OmegaConf config of `path` with its `defaults:` merged in (unresolved)."""
+    path = path.resolve()
+    if path in _stack:
+        raise RecipeError(path, [f"defaults: cycle {' -> '.join(p.name for p in (*_stack, path))}"])
+    try:
+        own = OmegaConf.load(path)
+    except FileNotFoundError:
+        raise RecipeError(path, ["file not found"]) from None
+    except Exception as exc:  # YAML syntax
+        raise RecipeError(path, [f"not valid YAML: {exc}"]) from None
+    if not isinstance(own, typing.Mapping) and not OmegaConf.is_dict(own):
+        raise RecipeError(path, ["a recipe must be a mapping of keys"])
+    defaults = own.pop("defaults", [])
+    parts, self_seen = [], False
+    for i, entry in enumerate(defaults or []):
+        if entry == "_self_":
+            parts.append(own)
+            self_seen = True
+            continue
+        if not isinstance(entry, str):
+            raise RecipeError(path, [f"defaults[{i}]: expected a recipe name, got {entry!r}"])
+        try:
+            parts.append(compose(_find_default(entry, path.parent), (*_stack, path)))
+        except FileNotFoundError:
+            raise RecipeError(path, [f"defaults[{i}]: no {entry}.yaml next to the recipe or in its parent folders"]) from None
+    if not self_seen:
+        parts.append(own)
+    return OmegaConf.merge(*parts) if parts else own
+
+
+# --- checking --------------------------------------------------------------------------
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _check_value(value, tp, key: str) -> list[str]:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union:  # Optional[X]
+        if value is None:
+            return []
+        return _check_value(value, next(a for a in args if a is not type(None)), key)
+    if tp is Any:
+        return []
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            return [f"{key}: expected a mapping, got {type(value).__name__}"]
+        return check_against(value, tp, key + ".")
+    if origin is list:
+        if not isinstance(value, list):
+            return [f"{key}: expected a list, got {type(value).__name__} {value!r}"]
+        return [p for i, v in enumerate(value) for p in _check_value(v, args[0], f"{key}[{i}]")]
+    if origin is dict:
+        return [] if isinstance(value, dict) else [f"{key}: expected a mapping, got {type(value).__name__}"]
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return []
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return []
+    if tp in (str, bool) and isinstance(value, tp):
+        return []
+    return [f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}"]
+
+
+_BOOLS = {"true": True, "false": False, "yes": True, "no": False, "1": True, "0": False}
+
+
+def _scalar_type(tp):
+    if typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else None
+    return tp
+
+
+def coerce_strings(values: dict, schema: type) -> None:
+    """In place: strings (what `${oc.env:...}` always gives) become the key's int, float or
+    bool when they parse as one; anything else is left for the checker to report."""
+    hints = typing.get_type_hints(schema)
+    for key, value in values.items():
+        tp = _scalar_type(hints.get(key))
+        if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+            coerce_strings(value, tp)
+        elif isinstance(value, str):
+            try:
+                if tp is int:
+                    values[key] = int(value)
+                elif tp is float:
+                    values[key] = float(value)
+                elif tp is bool and value.strip().lower() in _BOOLS:
+                    values[key] = _BOOLS[value.strip().lower()]
+            except ValueError:
+                pass
+
+
+def check_against(values: dict, schema: type, prefix: str = "") -> list[str]:
+    problems = []
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    hints = typing.get_type_hints(schema)
+    for key, value in values.items():
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+            problems.append(f"{prefix}{key}: unknown key{hint}")
+            continue
+        problems += _check_value(value, hints[key], f"{prefix}{key}")
+    return problems
+
+
+def missing_files(values: dict, schema: type, base: Path, prefix: str = "") -> list[str]:
+    problems = []
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        value = values.get(f.name)
+        if dataclasses.is_dataclass(hints[f.name]) and isinstance(value, dict):
+            problems += missing_files(value, hints[f.name], base, f"{prefix}{f.name}.")
+        elif f.metadata.get("path") and value:
+            for i, item in enumerate(value if isinstance(value, list) else [value]):
+                where = f"{prefix}{f.name}" + (f"[{i}]" if isinstance(value, list) else "")
+                if not (base / str(item)).exists():
+                    problems.append(f"{where}: file not found: {item} (relative to {base})")
+    return problems
+
+
+def load_recipe(path: str | Path) -> dict:
+    """The fully resolved recipe (schema defaults filled in), or RecipeError."""
+    path = Path(path)
+    composed = compose(path)
+    try:
+        merged = OmegaConf.merge(OmegaConf.create(dataclasses.asdict(Recipe())), composed)
+        values = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise RecipeError(path, [f"{getattr(exc, 'full_key', '') or 'interpolation'}: {exc.msg if hasattr(exc, 'msg') else exc}"]) from None
+    coerce_strings(values, Recipe)
+    problems = check_against(values, Recipe)
+    if not problems:
+        problems = missing_files(values, Recipe, path.resolve().parent)
+    if problems:
+        raise RecipeError(path, problems)
+    return values

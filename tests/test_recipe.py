@@ -1,0 +1,108 @@
+"""Recipe loading and `streamrl recipe validate`."""
+
+import textwrap
+
+import pytest
+
+from streamrl.recipe import RecipeError, load_recipe
+from tests.conftest import run_cli
+
+
+def write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.fixture
+def recipe_tree(tmp_path):
+    write(tmp_path / "recipes" / "common" / "base.yaml", """
+        trainer:
+          lr: 1.0e-4
+          total_train_steps: 50
+        algorithm:
+          type: rloo
+        weight:
+          staleness_threshold: 3
+    """)
+    write(tmp_path / "recipes" / "task" / "train.jsonl", '{"prompt": "1+1=", "answer": "2"}\n')
+    return tmp_path / "recipes" / "task"
+
+
+def test_defaults_compose_and_self_wins(recipe_tree, monkeypatch):
+    monkeypatch.setenv("TEST_STEPS", "7")
+    recipe = write(recipe_tree / "recipe.yaml", """
+        defaults:
+          - common/base
+          - _self_
+        experiment_name: arith-${oc.env:TEST_USER,anonymous}
+        data:
+          data_files: [train.jsonl]
+        trainer:
+          total_train_steps: ${oc.env:TEST_STEPS,100}
+        algorithm:
+          type: dr_grpo
+    """)
+    values = load_recipe(recipe)
+    assert values["experiment_name"] == "arith-anonymous"          # env default
+    assert values["trainer"]["total_train_steps"] == 7                # env string -> the key's int
+    assert values["trainer"]["lr"] == 1.0e-4                         # from common/base
+    assert values["algorithm"]["type"] == "dr_grpo"                  # _self_ last: the recipe wins
+    assert values["weight"]["staleness_threshold"] == 3
+    assert values["weight"]["sync_mode"] == "sync"                   # schema default
+    assert values["trainer"]["checkpoint_path"] == "runs/arith-anonymous/checkpoints"
+
+
+def test_self_first_lets_the_defaults_win(recipe_tree):
+    recipe = write(recipe_tree / "r.yaml", """
+        defaults: [_self_, common/base]
+        algorithm: {type: grpo}
+    """)
+    assert load_recipe(recipe)["algorithm"]["type"] == "rloo"
+
+
+def test_every_problem_is_reported_with_its_key_path(recipe_tree):
+    recipe = write(recipe_tree / "bad.yaml", """
+        trainer:
+          total_train_step: 10
+          lr: fast
+        algoritm: {}
+        weight:
+          staleness_threshold: [1]
+        data:
+          data_files: [train.jsonl]
+          shuffle: "maybe"
+    """)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(recipe)
+    problems = "\n".join(info.value.problems)
+    assert "trainer.total_train_step: unknown key (did you mean trainer.total_train_steps?)" in problems
+    assert "trainer.lr: expected float, got str 'fast'" in problems
+    assert "algoritm: unknown key (did you mean algorithm?)" in problems
+    assert "weight.staleness_threshold: expected int, got list" in problems
+    assert "data.shuffle: expected bool, got str 'maybe'" in problems
+
+
+def test_missing_files_and_defaults(recipe_tree):
+    recipe = write(recipe_tree / "files.yaml", """
+        data: {data_files: [train.jsonl, nowhere.parquet]}
+        rollout_worker: {custom_rollout_worker_module_path: worker.py}
+    """)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(recipe)
+    assert any("data.data_files[1]: file not found: nowhere.parquet" in p for p in info.value.problems)
+    assert any("rollout_worker.custom_rollout_worker_module_path: file not found: worker.py" in p
+               for p in info.value.problems)
+    missing_default = write(recipe_tree / "nodefault.yaml", "defaults: [common/nope]\n")
+    with pytest.raises(RecipeError, match=r"defaults\[0\]: no common/nope.yaml"):
+        load_recipe(missing_default)
+
+
+def test_cli_validate(recipe_tree):
+    good = write(recipe_tree / "good.yaml", "defaults: [common/base]\ndata: {data_files: [train.jsonl]}\n")
+    result = run_cli("recipe", "validate", str(good), check=True)
+    assert "valid" in result.stdout and "rloo advantages" in result.stdout
+    bad = write(recipe_tree / "typo.yaml", "trainer: {totl_train_steps: 3}\n")
+    result = run_cli("recipe", "validate", str(bad))
+    assert result.returncode == 2
+    assert "trainer.totl_train_steps: unknown key (did you mean trainer.total_train_steps?)" in result.stderr
