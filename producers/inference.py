@@ -1,0 +1,186 @@
+"""The embedded inference engine: transformers in-process, for CPUs and small models.
+
+`generate` samples a batch with a KV cache and returns, for every prompt, the sampled
+token ids and their behaviour logprobs. The logprob of a token is taken from
+log_softmax(logits / temperature), i.e. before top-p truncation; the learner scores
+tokens with the same temperature, so the PPO ratio compares like with like.
+
+`BatchingEngine` serves many threads (the concurrent rollouts of a worker): requests
+that arrive within `max_wait_s` of each other are sampled as one batch, and a new weight
+version is loaded only between batches, so one completion never mixes two policies.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class Completion:
+    prompt_token_ids: list[int]
+    response_token_ids: list[int]
+    response_text: str
+    logprobs: list[float]  # behaviour logprob of each response token
+    finish_reason: str  # "stop" (end of sequence) | "length"
+    weight_version: int
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of tokens whose probability adds up to at least top_p."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+    drop_sorted = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p  # mass before this token already enough
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+class EmbeddedEngine:
+    def __init__(self, model_path: str | Path, weight_version: int = 0, seed: int = 0):
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+        self.weight_version = weight_version
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def load_weights(self, model_path: str | Path, weight_version: int) -> None:
+        fresh = AutoModelForCausalLM.from_pretrained(model_path)
+        self.model.load_state_dict(fresh.state_dict())
+        self.weight_version = weight_version
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        pad_id = self.tokenizer.pad_token_id
+        eos_id = self.tokenizer.eos_token_id
+        width = max(len(p) for p in prompts)
+        # Left padding: every prompt ends at the same position, so one step samples all.
+        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+            attention[row, width - len(prompt):] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        tokens = [[] for _ in prompts]
+        logprobs = [[] for _ in prompts]
+        finished = torch.zeros(len(prompts), dtype=torch.bool)
+        reasons = ["length"] * len(prompts)
+        cache = None
+        step_ids, step_positions = input_ids, positions
+        for _ in range(params.max_new_tokens):
+            out = self.model(input_ids=step_ids, attention_mask=attention, position_ids=step_positions,
+                             past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            scaled = out.logits[:, -1].float() / params.temperature
+            log_probs = torch.log_softmax(scaled, dim=-1)
+            probs = torch.softmax(top_p_filter(scaled, params.top_p), dim=-1)
+            sampled = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+            for row in range(len(prompts)):
+                if finished[row]:
+                    continue
+                token = int(sampled[row])
+                tokens[row].append(token)
+                logprobs[row].append(float(log_probs[row, token]))
+                if token == eos_id:
+                    finished[row] = True
+                    reasons[row] = "stop"
+            if finished.all():
+                break
+            step_ids = torch.where(finished, torch.tensor(pad_id), sampled).unsqueeze(-1)
+            attention = torch.cat([attention, (~finished).long().unsqueeze(-1)], dim=-1)
+            step_positions = step_positions[:, -1:] + 1
+        return [
+            Completion(prompt_token_ids=list(prompt), response_token_ids=tokens[row],
+                       response_text=self.tokenizer.decode(tokens[row], skip_special_tokens=True),
+                       logprobs=logprobs[row], finish_reason=reasons[row], weight_version=self.weight_version)
+            for row, prompt in enumerate(prompts)
+        ]
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    future: Future = field(default_factory=Future)
+
+
+class BatchingEngine:
+    """Thread-safe front of an EmbeddedEngine: batches concurrent requests."""
+
+    def __init__(self, engine: EmbeddedEngine, max_batch_size: int = 64, max_wait_s: float = 0.005):
+        self.engine = engine
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self.batch_sizes: list[int] = []
+        self._requests: queue.Queue[_Request | None] = queue.Queue()
+        self._pending_weights: tuple[Path, int] | None = None
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._serve, name="inference", daemon=True)
+        self._thread.start()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> Future:
+        request = _Request(list(prompt), params)
+        self._requests.put(request)
+        return request.future
+
+    def update_weights(self, model_path: str | Path, weight_version: int) -> None:
+        """Load this version before the next batch (never in the middle of one)."""
+        with self._lock:
+            self._pending_weights = (Path(model_path), weight_version)
+
+    def _serve(self) -> None:
+        while (first := self._requests.get()) is not None:
+            batch = [first]
+            try:
+                while len(batch) < self.max_batch_size:
+                    item = self._requests.get(timeout=self.max_wait_s)
+                    if item is None:
+                        self._requests.put(None)
+                        break
+                    batch.append(item)
+            except queue.Empty:
+                pass
+            with self._lock:
+                pending, self._pending_weights = self._pending_weights, None
+            if pending:
+                self.engine.load_weights(*pending)
+            by_params: dict[tuple, list[_Request]] = {}
+            for request in batch:
+                key = (request.params.max_new_tokens, request.params.temperature, request.params.top_p)
+                by_params.setdefault(key, []).append(request)
+            for requests in by_params.values():
+                try:
+                    results = self.engine.generate([r.prompt for r in requests], requests[0].params)
+                    self.batch_sizes.append(len(requests))
+                    for request, result in zip(requests, results):
+                        request.future.set_result(result)
+                except Exception as exc:  # the callers decide (re-rollout); the engine goes on
+                    for request in requests:
+                        request.future.set_exception(exc)
+
+    def close(self) -> None:
+        self._requests.put(None)
+        self._thread.join(30)

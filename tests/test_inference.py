@@ -1,0 +1,89 @@
+"""The embedded engine against the model it serves."""
+
+import math
+import threading
+
+import pytest
+import torch
+
+from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams, top_p_filter
+from streamrl.tiny_lm import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("engine") / "model", seed=1)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = torch.isfinite(top_p_filter(logits, 0.7))
+    assert kept.tolist() == [[True, True, False, False]]      # 0.5 < 0.7 <= 0.8
+    assert torch.isfinite(top_p_filter(logits, 0.5)).tolist() == [[True, False, False, False]]
+    assert torch.isfinite(top_p_filter(logits, 1.0)).all()
+
+
+def test_sampled_logprobs_equal_the_models_own_scores(model_dir):
+    engine = EmbeddedEngine(model_dir, seed=0)
+    tok = engine.tokenizer
+    prompts = [tok("7+8=")["input_ids"], tok("123+456=")["input_ids"], tok("1=")["input_ids"]]
+    params = SamplingParams(max_new_tokens=12, temperature=0.7)
+    completions = engine.generate(prompts, params)
+    for completion in completions:
+        assert completion.response_token_ids and len(completion.logprobs) == len(completion.response_token_ids)
+        sequence = torch.tensor([completion.prompt_token_ids + completion.response_token_ids])
+        with torch.no_grad():
+            logits = engine.model(sequence).logits[0].float() / 0.7
+        log_probs = torch.log_softmax(logits, dim=-1)
+        start = len(completion.prompt_token_ids)
+        expected = [float(log_probs[start + i - 1, t]) for i, t in enumerate(completion.response_token_ids)]
+        assert completion.logprobs == pytest.approx(expected, abs=1e-4)  # left padding + cache are exact
+        assert completion.finish_reason in ("stop", "length")
+        if completion.finish_reason == "length":
+            assert len(completion.response_token_ids) == 12
+
+
+def test_tiny_top_p_is_greedy(model_dir):
+    engine = EmbeddedEngine(model_dir, seed=5)
+    prompt = engine.tokenizer("42+1=")["input_ids"]
+    ours = engine.generate([prompt], SamplingParams(max_new_tokens=6, top_p=1e-6))[0]
+    with torch.no_grad():
+        greedy = engine.model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False,
+                                       pad_token_id=engine.tokenizer.pad_token_id)[0, len(prompt):].tolist()
+    assert ours.response_token_ids == greedy[:len(ours.response_token_ids)]
+
+
+def test_bad_sampling_params_are_refused():
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        SamplingParams(temperature=0)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        SamplingParams(top_p=1.5)
+
+
+def test_concurrent_requests_are_batched_and_weights_change_between_batches(model_dir, tmp_path):
+    server = BatchingEngine(EmbeddedEngine(model_dir), max_batch_size=16, max_wait_s=0.05)
+    prompt = server.tokenizer("5+5=")["input_ids"]
+    params = SamplingParams(max_new_tokens=4)
+    results = [None] * 8
+    barrier = threading.Barrier(8)
+
+    def ask(i):
+        barrier.wait()
+        results[i] = server.submit(prompt, params).result(60)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r.weight_version == 0 for r in results)
+    assert max(server.batch_sizes) > 1
+
+    other = build_tiny_model(tmp_path / "v1", seed=99)
+    server.update_weights(other, 1)
+    after = server.submit(prompt, params).result(60)
+    assert after.weight_version == 1
+    fresh = EmbeddedEngine(other)
+    assert all(torch.equal(a, b) for a, b in zip(server.engine.model.state_dict().values(),
+                                                 fresh.model.state_dict().values()))
+    server.close()
