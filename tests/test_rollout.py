@@ -1,0 +1,101 @@
+"""Rollout workers with the seed API, on the real embedded engine (events captured in a list)."""
+
+import numpy as np
+import pytest
+
+from producers.evaluator import ExactMatchEvaluator
+from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
+from producers.rollout import (
+    FAIL, BaseRolloutWorker, InferenceClient, SingleTurnWorker, Trajectory,
+)
+from schema.events import Evaluation, Task, unpack_float32, unpack_int32, unpack_mask
+from schema.events import Trajectory as TrajectoryEvent
+from streamrl.tiny_lm import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    engine = BatchingEngine(EmbeddedEngine(build_tiny_model(tmp_path_factory.mktemp("w") / "m", seed=2)))
+    yield engine
+    engine.close()
+
+
+def make_worker(cls, server, published, **config):
+    client = InferenceClient(server, SamplingParams(max_new_tokens=4))
+    return cls({"temperature": 1.0, "max_tokens": 4, **config}, client, ExactMatchEvaluator(), published.append)
+
+
+def task(min_weight_version=0):
+    return Task(run_id="r", task_id="t1", group_id="g1", prompt="12+34=", data={"answer": "6"},
+                min_weight_version=min_weight_version)
+
+
+def test_single_turn_worker_publishes_a_trajectory_and_its_evaluation(server):
+    published = []
+    trajectory, evaluation = make_worker(SingleTurnWorker, server, published).run_task(task())
+    assert published == [trajectory, evaluation]
+    assert isinstance(trajectory, TrajectoryEvent) and isinstance(evaluation, Evaluation)
+    tokens, mask, logprobs = unpack_int32(trajectory.tokens), unpack_mask(trajectory.loss_mask), unpack_float32(trajectory.logprobs)
+    prompt = server.tokenizer("12+34=")["input_ids"]
+    assert list(tokens[:len(prompt)]) == prompt and trajectory.prompt_length == len(prompt)
+    assert list(mask) == [0] * len(prompt) + [1] * (len(tokens) - len(prompt))
+    assert np.all(logprobs[:len(prompt)] == 0) and np.all(logprobs[len(prompt):] < 0)
+    assert evaluation.reward in (0.0, 1.0) and evaluation.trajectory_id == trajectory.trajectory_id == "t1"
+
+
+class TwoCallWorker(BaseRolloutWorker):
+    """Two LLM calls merged into one trajectory, written like the guide (no logprobs passed)."""
+
+    def rollout(self, task):
+        first = self._inference_client.completion(task["prompt"], max_tokens=3)
+        second = self._inference_client.completion(first["prompt_tokens"] + first["response_tokens"], max_tokens=3)
+        tokens = second["prompt_tokens"] + second["response_tokens"]
+        self.expected = [0.0] * len(first["prompt_tokens"]) + first["logprobs"] + second["logprobs"]
+        return self._put_trajectory(Trajectory(tokens=tokens, loss_mask=[0] * len(first["prompt_tokens"]) +
+                                               [1] * (len(tokens) - len(first["prompt_tokens"])), reward=0.5))
+
+
+def test_behaviour_logprobs_are_recovered_across_calls(server):
+    published = []
+    worker = make_worker(TwoCallWorker, server, published)
+    trajectory, evaluation = worker.run_task(task())
+    assert unpack_float32(trajectory.logprobs).tolist() == pytest.approx(worker.expected, abs=1e-6)
+    assert evaluation.reward == 0.5 and trajectory.error is None
+
+
+class TrainsOnUnsampledTokens(BaseRolloutWorker):
+    def rollout(self, task):
+        result = self._inference_client.completion(task["prompt"])
+        answer = self._inference_client.tokenizer(task["answer"])["input_ids"]
+        tokens = result["prompt_tokens"] + answer  # a teacher-forced answer: never sampled
+        return self._put_trajectory(Trajectory(tokens=tokens, loss_mask=[0] * len(result["prompt_tokens"]) + [1] * len(answer)))
+
+
+class Crashes(BaseRolloutWorker):
+    def rollout(self, task):
+        raise KeyError("question")
+
+
+class BadMask(BaseRolloutWorker):
+    def rollout(self, task):
+        return self._put_trajectory(Trajectory(tokens=[1, 2, 3], loss_mask=[1]))
+
+
+@pytest.mark.parametrize("cls, error", [
+    (TrainsOnUnsampledTokens, "were not sampled by any completion"),
+    (Crashes, "KeyError: 'question'"),
+    (BadMask, "loss_mask has 1 entries for 3 tokens"),
+])
+def test_a_failed_rollout_is_recorded_not_lost(server, cls, error):
+    published = []
+    trajectory, evaluation = make_worker(cls, server, published).run_task(task(), max_retries=1)
+    assert error in trajectory.error and error in evaluation.error
+    assert evaluation.reward == 0.0 and trajectory.finish_reason == "error"
+    assert len(published) == 2
+
+
+def test_a_task_newer_than_the_policy_is_re_rolled_then_recorded(server):
+    published = []
+    trajectory, _ = make_worker(SingleTurnWorker, server, published).run_task(task(min_weight_version=5), max_retries=2)
+    assert "re-rollout" in trajectory.error
+    assert FAIL == "fail"
