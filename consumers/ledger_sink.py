@@ -32,7 +32,7 @@ import psycopg
 from kafka import OffsetAndMetadata, TopicPartition
 from kafka.errors import KafkaError
 from psycopg.types.json import Jsonb
-from sqlalchemy import ARRAY, Table
+from sqlalchemy import Table
 from sqlalchemy.dialects.postgresql import JSONB
 
 from schema.codec import CodecError

@@ -1,6 +1,5 @@
 """The embedded engine against the model it serves."""
 
-import math
 import threading
 
 import pytest

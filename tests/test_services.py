@@ -2,6 +2,7 @@
 
 import os
 import uuid
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -41,17 +42,14 @@ def external_database():
     name = f"streamrl_test_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(db.psycopg_url(EXTERNAL_URL), autocommit=True) as conn:
         conn.execute(f'create database "{name}"')
-    info = psycopg.conninfo.conninfo_to_dict(db.psycopg_url(EXTERNAL_URL))
-    info["dbname"] = name
-    yield info, name
+    parts = urlsplit(db.psycopg_url(EXTERNAL_URL))
+    yield urlunsplit(parts._replace(path=f"/{name}"))
     with psycopg.connect(db.psycopg_url(EXTERNAL_URL), autocommit=True) as conn:
         conn.execute(f'drop database "{name}" with (force)')
 
 
 def test_external_postgres_by_url(stack, external_database, tmp_path, run_id):
-    info, name = external_database
-    url = f"postgresql://{info.get('user', 'postgres')}@{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/{name}"
-    env = {"STREAMRL_HOME": str(tmp_path / "ext"), "STREAMRL_DATABASE_URL": url,
+    env = {"STREAMRL_HOME": str(tmp_path / "ext"), "STREAMRL_DATABASE_URL": external_database,
            "STREAMRL_KAFKA_BOOTSTRAP": stack.kafka_bootstrap}
     up = run_cli("up", env=env, check=True)
     assert "postgres: external" in up.stdout and "kafka: external" in up.stdout
