@@ -29,8 +29,8 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
@@ -90,10 +90,14 @@ class EmbeddedEngine:
             out = self.model(input_ids=step_ids, attention_mask=attention, position_ids=step_positions,
                              past_key_values=cache, use_cache=True)
             cache = out.past_key_values
-            scaled = out.logits[:, -1].float() / params.temperature
-            log_probs = torch.log_softmax(scaled, dim=-1)
-            probs = torch.softmax(top_p_filter(scaled, params.top_p), dim=-1)
-            sampled = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+            if params.temperature == 0:  # greedy: the logprob is the untempered one
+                log_probs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
+                sampled = log_probs.argmax(dim=-1)
+            else:
+                scaled = out.logits[:, -1].float() / params.temperature
+                log_probs = torch.log_softmax(scaled, dim=-1)
+                probs = torch.softmax(top_p_filter(scaled, params.top_p), dim=-1)
+                sampled = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
             for row in range(len(prompts)):
                 if finished[row]:
                     continue

@@ -43,17 +43,24 @@ class Trajectory:
 class InferenceClient:
     """`completion(prompt)` for workers; records the completions of the current rollout."""
 
-    def __init__(self, engine: BatchingEngine, defaults: SamplingParams):
+    def __init__(self, engine: BatchingEngine, defaults: SamplingParams, val_defaults: SamplingParams | None = None):
         self._engine = engine
-        self._defaults = defaults
+        self._train_defaults = defaults
+        self._val_defaults = val_defaults or defaults
         self._local = threading.local()
+
+    @property
+    def _defaults(self) -> SamplingParams:
+        # Validation rollouts sample with the validation settings (greedy by default).
+        return self._val_defaults if getattr(self._local, "is_val", False) else self._train_defaults
 
     @property
     def tokenizer(self):
         return self._engine.tokenizer
 
-    def begin(self) -> None:
+    def begin(self, is_val: bool = False) -> None:
         self._local.completions = []
+        self._local.is_val = is_val
 
     def recorded(self) -> list[Completion]:
         return list(getattr(self._local, "completions", []))
@@ -147,7 +154,7 @@ class BaseRolloutWorker:
         error = "no trajectory"
         for _ in range(max_retries + 1):
             self._local.task, self._local.put, self._local.error = task, None, None
-            self._inference_client.begin()
+            self._inference_client.begin(is_val=task.is_val)
             try:
                 status = self.rollout(task_dict(task))
             except Exception as exc:
@@ -202,7 +209,8 @@ def build_events(task: Task, trajectory: Trajectory, logprobs: list[float], weig
     prompt_length = next((i for i, m in enumerate(trajectory.loss_mask) if m), len(trajectory.tokens))
     event = TrajectoryEvent(
         run_id=task.run_id, trajectory_id=task.task_id, task_id=task.task_id, group_id=task.group_id,
-        sample_index=task.sample_index, weight_version=weight_version, tokens=pack_int32(trajectory.tokens),
+        sample_index=task.sample_index, group_size=task.group_size, weight_version=weight_version,
+        tokens=pack_int32(trajectory.tokens),
         loss_mask=pack_mask(trajectory.loss_mask), logprobs=pack_float32(logprobs), prompt_length=prompt_length,
         prompt_text=str(task.prompt), response_text=str(extra.get("response", "")),
         finish_reason=str(extra.pop("finish_reason", completions[-1].finish_reason if completions else "")),
@@ -216,7 +224,8 @@ def build_events(task: Task, trajectory: Trajectory, logprobs: list[float], weig
 
 def failed_events(task: Task, error: str, worker_id: str) -> tuple[TrajectoryEvent, Evaluation]:
     event = TrajectoryEvent(run_id=task.run_id, trajectory_id=task.task_id, task_id=task.task_id,
-                            group_id=task.group_id, sample_index=task.sample_index, worker_id=worker_id,
+                            group_id=task.group_id, sample_index=task.sample_index, group_size=task.group_size,
+                            worker_id=worker_id,
                             is_val=task.is_val, step=task.step, finish_reason="error", error=error)
     evaluation = Evaluation(run_id=task.run_id, trajectory_id=task.task_id, task_id=task.task_id,
                             group_id=task.group_id, reward=0.0, evaluator="rollout", is_val=task.is_val,

@@ -21,7 +21,7 @@ import zstandard
 
 import typing
 
-from schema.events import EVENT_TYPES, Event
+from schema.events import ALL_EVENT_TYPES, Event
 
 FRAME_PLAIN = 0x01
 FRAME_ZSTD = 0x02
@@ -30,7 +30,7 @@ FRAME_REFERENCE = 0x03
 DEFAULT_COMPRESS_OVER = 256 * 1024
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(typing.Union[EVENT_TYPES])
+_decoder = msgspec.msgpack.Decoder(typing.Union[ALL_EVENT_TYPES])
 _zstd_compressor = zstandard.ZstdCompressor(level=3)
 _zstd_decompressor = zstandard.ZstdDecompressor()
 

@@ -116,6 +116,7 @@ class Trajectory(Event, tag="trajectory", kw_only=True):
     task_id: str
     group_id: str
     sample_index: int = 0
+    group_size: int = 1
     weight_version: int = 0
     tokens: bytes = b""  # int32 LE
     loss_mask: bytes = b""  # uint8, one per token
@@ -179,6 +180,25 @@ class Sample(Event, tag="sample", kw_only=True):
         return (self.trajectory_id,)
 
 
+class GroupFiltered(Event, tag="group_filtered", kw_only=True):
+    """A group that produced no samples, and why: its rewards had no variance, or it
+    never completed (timeout). Travels on the samples topic so the learner can tell that
+    a step's groups are all accounted for; kept in the ledger so nothing vanishes."""
+
+    KIND: ClassVar[str] = "samples"
+
+    group_id: str
+    reason: str  # "zero_variance" | "timeout" | "all_failed"
+    step: int = 0
+    group_size: int = 1
+    received: int = 0
+    rewards: list[float] = []
+    trajectory_ids: list[str] = []
+
+    def natural_key(self) -> tuple:
+        return ("filtered", self.group_id)
+
+
 class TrainStep(Event, tag="train_step", kw_only=True):
     KIND: ClassVar[str] = "steps"
 
@@ -193,6 +213,7 @@ class TrainStep(Event, tag="train_step", kw_only=True):
     tokens: int = 0
     samples: int = 0
     sample_ids: list[str] = []  # trajectory ids trained in this step (lineage)
+    dropped_ids: list[str] = []  # trajectory ids dropped as too stale
     staleness: dict[str, float] = {}  # mean / max / dropped
     seconds: float = 0.0
     consumed_offsets: dict[str, int] = {}  # "topic:partition" -> next offset
@@ -259,4 +280,7 @@ class DeadLetter(Event, tag="dead_letter", kw_only=True):
 EVENT_TYPES: tuple[type[Event], ...] = (
     Task, Trajectory, Evaluation, Sample, TrainStep, WeightVersion, RunEvent, DeadLetter,
 )
+# The main record of each topic; a topic may also carry secondary records (below).
 EVENT_BY_KIND: dict[str, type[Event]] = {cls.KIND: cls for cls in EVENT_TYPES}
+SECONDARY_EVENT_TYPES: tuple[type[Event], ...] = (GroupFiltered,)
+ALL_EVENT_TYPES = EVENT_TYPES + SECONDARY_EVENT_TYPES

@@ -21,7 +21,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 
 from schema.events import (
-    DeadLetter, Evaluation, Event, RunEvent, Sample, Task, TrainStep, Trajectory, WeightVersion,
+    DeadLetter, Evaluation, Event, GroupFiltered, RunEvent, Sample, Task, TrainStep, Trajectory, WeightVersion,
     unpack_mask,
 )
 
@@ -87,6 +87,7 @@ trajectories = Table(
     Column("task_id", Text, nullable=False),
     Column("group_id", Text, nullable=False),
     Column("sample_index", Integer, nullable=False),
+    Column("group_size", Integer, nullable=False, server_default="1"),
     Column("weight_version", Integer, nullable=False),
     Column("tokens", LargeBinary, nullable=False),
     Column("loss_mask", LargeBinary, nullable=False),
@@ -151,6 +152,18 @@ samples = Table(
     Index("ix_samples_traj", "run_id", "trajectory_id"),
 )
 
+filtered_groups = Table(
+    "filtered_groups", metadata, *_event_columns(),
+    Column("group_id", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("step", Integer, nullable=False),
+    Column("group_size", Integer, nullable=False),
+    Column("received", Integer, nullable=False),
+    Column("rewards", ARRAY(Float)),
+    Column("trajectory_ids", ARRAY(Text)),
+    Index("ix_filtered_groups_run_step", "run_id", "step"),
+)
+
 train_steps = Table(
     "train_steps", metadata, *_event_columns(),
     Column("step", Integer, nullable=False),
@@ -164,6 +177,7 @@ train_steps = Table(
     Column("tokens", BigInteger, nullable=False),
     Column("samples", Integer, nullable=False),
     Column("sample_ids", ARRAY(Text)),
+    Column("dropped_ids", ARRAY(Text)),
     Column("staleness", JSONB),
     Column("seconds", Float, nullable=False),
     Column("consumed_offsets", JSONB),
@@ -209,6 +223,7 @@ TABLE_BY_EVENT: dict[type[Event], Table] = {
     Trajectory: trajectories,
     Evaluation: evaluations,
     Sample: samples,
+    GroupFiltered: filtered_groups,
     TrainStep: train_steps,
     WeightVersion: weight_versions,
     DeadLetter: dead_letters,

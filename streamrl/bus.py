@@ -9,14 +9,16 @@ Tuned for the embedded broker and for small latency-sensitive hops:
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
 from schema import codec
-from schema.events import Event
+from schema.events import DeadLetter, Event
+from streamrl.blobs import PostgresBlobStore
 from schema.topics import event_key, run_topics, topic_name
 from streamrl.settings import Settings
 
@@ -138,3 +140,85 @@ class EventPublisher:
     def __exit__(self, *exc):
         self.flush()
         self.close()
+
+
+class RunReader:
+    """Reads some of one run's topics by explicit partition assignment.
+
+    No consumer-group membership: the embedded broker wedges a group whose member was
+    killed mid-rebalance (docs/decisions.md), and a join costs seconds per hop. Instead
+    each process takes the partitions it owns (`shard` = (index, count)) and starts at
+    the offsets committed under `group_id` (or at `start_offsets`, or at the beginning).
+    Offsets are committed by the caller, after its effects are durable.
+
+    `poll` returns decoded events with their coordinates; what cannot be decoded comes
+    back as a DeadLetter for the caller to publish (nothing is dropped silently).
+    """
+
+    def __init__(self, settings: Settings, run_id: str, kinds: list[str], group_id: str | None,
+                 shard: tuple[int, int] = (0, 1), start_offsets: dict[TopicPartition, int] | None = None,
+                 from_beginning: bool = False, stage: str = "", wait_s: float = 30.0, **consumer_overrides):
+        self.settings = settings
+        self.run_id = run_id
+        self.stage = stage or (group_id or "reader")
+        self.consumer = make_consumer(settings, group_id, **consumer_overrides)
+        self.partitions = self._wait_for_partitions([topic_name(run_id, k) for k in kinds], shard, wait_s)
+        self.consumer.assign(self.partitions)
+        for tp in self.partitions:
+            if start_offsets is not None:
+                offset = start_offsets.get(tp, 0)
+            elif from_beginning or group_id is None:
+                offset = 0
+            else:
+                committed = self.consumer.committed(tp)
+                offset = committed if committed is not None else 0
+            self.consumer.seek(tp, offset)
+        self._blobs = None
+
+    def _wait_for_partitions(self, topics: list[str], shard: tuple[int, int], wait_s: float) -> list[TopicPartition]:
+        index, count = shard
+        deadline = time.monotonic() + wait_s
+        while True:
+            self.consumer.topics()  # refreshes metadata
+            found = {t: self.consumer.partitions_for_topic(t) for t in topics}
+            if all(found.values()):
+                break
+            if time.monotonic() > deadline:
+                missing = [t for t, p in found.items() if not p]
+                raise RuntimeError(f"topics {missing} do not exist (was the run published? "
+                                   f"`streamrl topics {self.run_id}` creates them)")
+            time.sleep(0.2)
+        ordered = sorted(TopicPartition(t, p) for t, parts in found.items() for p in parts)
+        return [tp for tp in ordered if tp.partition % count == index]
+
+    def positions(self) -> dict[TopicPartition, int]:
+        return {tp: self.consumer.position(tp) for tp in self.partitions}
+
+    def poll(self, timeout_ms: int = 100, max_records: int = 500) -> tuple[list[tuple[Event, TopicPartition, int]], list]:
+        batch = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        events, dead = [], []
+        for tp, records in batch.items():
+            for record in records:
+                try:
+                    events.append((unframe(record.value, self._blob_store_if_needed(record.value)), tp, record.offset))
+                except Exception as exc:  # undecodable: kept as a dead letter, processing goes on
+                    if not isinstance(exc, (codec.CodecError, LookupError, ValueError)):
+                        raise
+                    dead.append(DeadLetter(run_id=self.run_id, source_topic=record.topic,
+                                           source_partition=record.partition, source_offset=record.offset,
+                                           key=record.key, raw=record.value or b"", error=str(exc), stage=self.stage))
+        return events, dead
+
+    def _blob_store_if_needed(self, value: bytes | None):
+        if value and codec.parse_reference(value) is not None and self._blobs is None:
+            self._blobs = PostgresBlobStore.open(self.settings.database_url)
+        return self._blobs
+
+    def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        if offsets:
+            self.consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()})
+
+    def close(self) -> None:
+        self.consumer.close()
+        if self._blobs is not None:
+            self._blobs.close()

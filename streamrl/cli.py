@@ -302,6 +302,176 @@ def topics(
         console.print(f"{name}  {'created' if name in created else 'exists'}")
 
 
+def _parse_shard(shard: str) -> tuple[int, int]:
+    index, _, count = shard.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        err_console.print(f"[red]error:[/] --shard {shard!r}: expected I/N with 0 <= I < N, e.g. 0/2")
+        raise typer.Exit(EXIT_USAGE)
+    return int(index), int(count)
+
+
+def _prepared_recipe(file: Path) -> dict:
+    from streamrl.recipe import RecipeError, prepare_recipe
+
+    try:
+        return prepare_recipe(file)
+    except RecipeError as exc:
+        err_console.print(f"[red]invalid recipe[/] {exc.path}:", highlight=False, soft_wrap=True)
+        for problem in exc.problems:
+            err_console.print(f"  - {problem}", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(EXIT_USAGE)
+
+
+def _run_config(settings: Settings, run: str) -> dict:
+    from streamrl.runs import RunNotFound, fetch_run_config
+
+    try:
+        return fetch_run_config(settings, run)
+    except (RunNotFound, RuntimeError) as exc:
+        err_console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(EXIT_FAILED)
+
+
+def _new_run_id(recipe: dict) -> str:
+    import re
+    import secrets
+
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", recipe["experiment_name"]).strip("-") or "run"
+    return f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+@app.command()
+def publish(
+    file: Path = typer.Argument(..., help="The recipe YAML."),
+    run: Optional[str] = typer.Option(None, help="Run id (default: experiment name + time)."),
+) -> None:
+    """Create a run from a recipe (its topics, and a `created` event holding the resolved
+    config) and publish its tasks, paced by the weight versions the learner publishes."""
+    from producers.dataset import DatasetError
+    from producers.publisher import create_run, run_publisher
+    from schema.topics import TopicNameError, validate_run_id
+    from streamrl.bus import EventPublisher
+    from streamrl.runs import stop_on_signals
+
+    settings = _settings()
+    recipe = _prepared_recipe(file)
+    run = run or _new_run_id(recipe)
+    try:
+        validate_run_id(run)
+    except (TopicNameError, ValueError) as exc:
+        err_console.print(f"[red]error:[/] --run: {exc}")
+        raise typer.Exit(EXIT_USAGE)
+    stop = stop_on_signals()
+    with EventPublisher(settings) as publisher:
+        create_run(settings, run, recipe, publisher)
+    console.print(f"run {run}", highlight=False)
+    try:
+        steps = run_publisher(settings, run, recipe, stop)
+    except DatasetError as exc:
+        err_console.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_USAGE)
+    console.print(f"published the tasks of {steps} steps", highlight=False)
+
+
+@app.command()
+def worker(
+    run: str = typer.Argument(..., help="Run id."),
+    shard: str = typer.Option("0/1", help="I/N: serve the tasks partitions p with p % N == I."),
+    idle_exit: Optional[float] = typer.Option(None, help="Exit after this many seconds without tasks."),
+) -> None:
+    """Roll out RUN's tasks: trajectories and evaluations out, offsets committed after.
+    SIGTERM/SIGINT finish the tasks in flight, commit and exit 0."""
+    from producers.worker_loop import run_worker
+    from streamrl.runs import stop_on_signals
+
+    settings = _settings()
+    index_count = _parse_shard(shard)
+    recipe = _run_config(settings, run)
+    import torch
+
+    torch.set_num_threads(1)
+    done = run_worker(settings, run, recipe, index_count, stop_on_signals(), idle_exit_s=idle_exit)
+    console.print(f"worker stopped after {done} tasks", highlight=False)
+
+
+@app.command()
+def processor(
+    run: str = typer.Argument(..., help="Run id."),
+    shard: str = typer.Option("0/1", help="I/N: process the partitions p with p % N == I."),
+    idle_exit: Optional[float] = typer.Option(None, help="Exit after this many idle seconds with no open group."),
+) -> None:
+    """Join RUN's trajectories with their evaluations, complete groups, compute advantages
+    and emit samples (or a GroupFiltered record for a group that gives none)."""
+    from consumers.processor import StreamProcessor
+    from streamrl.runs import stop_on_signals
+
+    settings = _settings()
+    index_count = _parse_shard(shard)
+    recipe = _run_config(settings, run)
+    stop = stop_on_signals()
+    worker = StreamProcessor(settings, run, recipe, index_count)
+    try:
+        stats = worker.run(stop, idle_exit_s=idle_exit)
+    finally:
+        worker.close()
+    console.print(f"processor stopped: {stats.groups} groups, {stats.samples} samples, filtered {stats.filtered}",
+                  highlight=False)
+
+
+@app.command()
+def learner(run: str = typer.Argument(..., help="Run id.")) -> None:
+    """Train RUN: batches of samples, optimizer steps, a checkpoint and a weight version
+    per step. Restarted, it resumes after its last checkpointed step."""
+    from learner.loop import Learner
+    from streamrl.runs import stop_on_signals
+
+    settings = _settings()
+    recipe = _run_config(settings, run)
+    stop = stop_on_signals()
+    trainer = Learner(settings, run, recipe)
+
+    def report(record):
+        console.print(f"step {record.step:5d}  reward {record.metrics.get('reward_mean', 0):.3f}  "
+                      f"loss {record.loss:+.4f}  samples {record.samples}  {record.seconds:.2f}s", highlight=False)
+
+    try:
+        steps = trainer.run(stop, on_step=report)
+    finally:
+        trainer.close()
+    console.print(f"learner stopped after step {steps}", highlight=False)
+
+
+@app.command("run")
+def run_recipe(
+    file: Path = typer.Argument(..., help="The recipe YAML."),
+    run: Optional[str] = typer.Option(None, help="Run id (default: experiment name + time)."),
+    workers: Optional[int] = typer.Option(None, help="Rollout worker processes (default: rollout_worker.num_workers)."),
+    out: Optional[Path] = typer.Option(None, help="Folder for the summary and reward curve (default: STREAMRL_HOME/runs/RUN)."),
+) -> None:
+    """Train a recipe end to end on this machine: start the services if needed, then the
+    ledger sink, stream processor, learner, rollout workers and publisher as processes,
+    with progress bars; at the end a summary table and a reward-curve PNG."""
+    from streamrl.orchestrate import RunFailed, run_locally
+
+    settings = _settings()
+    recipe = _prepared_recipe(file)
+    try:
+        for line in services.up(settings):
+            console.print(line, highlight=False)
+    except services.ServiceError as exc:
+        err_console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(EXIT_SERVICE)
+    from streamrl import db
+
+    db.upgrade(_database_url(settings))
+    run = run or _new_run_id(recipe)
+    try:
+        run_locally(settings, file, recipe, run, workers or recipe["rollout_worker"]["num_workers"], out, console)
+    except RunFailed as exc:
+        err_console.print(f"[red]run failed:[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_FAILED)
+
+
 @app.command()
 def demo(
     run: str = typer.Option("demo", help="Run id to create."),

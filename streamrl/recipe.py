@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import subprocess
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,8 +51,10 @@ class Data:
     seed: int = 42
     max_prompt_length: int = 512
     prompt_key: str = "prompt"
+    answer_key: str = "answer"  # the target text, for the cross-entropy trainer and warm-up
     batch_size: int = 1
     num_workers: int = 1
+    max_rows: Optional[int] = None  # validation: use only the first N rows
 
 
 @dataclass
@@ -75,8 +79,8 @@ class RolloutWorker:
 @dataclass
 class TrajectoryPool:
     type: str = "default"
-    batch_size: int = 8  # groups per training step
-    group_size: int = 8
+    batch_size: int = 8  # groups (prompts) per training step
+    group_size: Optional[int] = None  # must equal rollout_worker.rollout_repeat_n when set
     key_list: list[str] = field(default_factory=lambda: ["prompt"])
     check_batch_ready_function: str = "batch_size"
     group_timeout_s: float = 120.0
@@ -105,19 +109,24 @@ class Algorithm:
     use_kl_in_reward: bool = False
     use_kl_loss: bool = False
     kl_estimator: str = "k3"
+    custom_advantage_module_path: Optional[str] = path_field()  # a .py file that calls register_advantage
     kl_ctrl: KlControl = field(default_factory=KlControl)
 
 
 @dataclass
 class Trainer:
     type: str = "grpo"  # grpo | cross_entropy | custom
-    custom_trainer_module_path: Optional[str] = None
+    custom_trainer_module_path: Optional[str] = None  # "file.py:Class", a subclass of GRPOTrainer
     total_train_steps: int = 100
+    total_epochs: Optional[int] = None  # stop after this many passes over the data, if sooner
     lr: float = 3e-4
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_tokens: int = 8192
     warmup_cross_entropy_steps: int = 0
+    warmup_batch_size: int = 64
+    warmup_lr: Optional[float] = None
+    num_threads: int = 1  # torch threads of the learner process
     checkpoint_path: str = "runs/${experiment_name}/checkpoints"
     save_freq: int = 10
     remove_previous_ckpt: bool = True
@@ -142,6 +151,7 @@ class ValidateEval:
 @dataclass
 class Validate:
     validate_before_train: bool = True
+    temperature: float = 0.0  # 0 = greedy
     data: Data = field(default_factory=Data)
     eval: ValidateEval = field(default_factory=ValidateEval)
 
@@ -334,3 +344,91 @@ def load_recipe(path: str | Path) -> dict:
     if problems:
         raise RecipeError(path, problems)
     return values
+
+
+# --- preparing a recipe to run -----------------------------------------------------------
+
+def _absolute(value: str | None, base: Path) -> str | None:
+    """A path relative to the recipe's folder made absolute; "file.py:Class" keeps its class.
+    A value that names nothing on disk (a hub model id, say) is left alone."""
+    if not value:
+        return value
+    path_text, sep, suffix = value.rpartition(":") if ".py:" in value else (value, "", "")
+    candidate = (base / path_text)
+    if not Path(path_text).is_absolute() and candidate.exists():
+        return str(candidate.resolve()) + sep + suffix
+    return value
+
+
+def resolve_paths(values: dict, base: Path) -> dict:
+    """Every file the recipe names, as an absolute path: the processes of a run read the
+    resolved config from the ledger and may run from any folder."""
+    for section in (values["data"], values["validate"]["data"]):
+        section["data_files"] = [_absolute(f, base) for f in section["data_files"]]
+    worker = values["rollout_worker"]
+    for key in ("model_path", "tokenizer", "evaluator_module_path", "custom_rollout_worker_module_path"):
+        worker[key] = _absolute(worker[key], base)
+    values["trainer"]["custom_trainer_module_path"] = _absolute(values["trainer"]["custom_trainer_module_path"], base)
+    values["algorithm"]["custom_advantage_module_path"] = _absolute(values["algorithm"]["custom_advantage_module_path"], base)
+    values["environment"]["setup_script"] = _absolute(values["environment"]["setup_script"], base)
+    return values
+
+
+def consistency_problems(values: dict) -> list[str]:
+    """Problems no single key shows: settings that contradict each other."""
+    problems = []
+    pool, worker = values["trajectory_pool"], values["rollout_worker"]
+    if pool["group_size"] is not None and pool["group_size"] != worker["rollout_repeat_n"]:
+        problems.append(f"trajectory_pool.group_size: {pool['group_size']} differs from "
+                        f"rollout_worker.rollout_repeat_n ({worker['rollout_repeat_n']}), the samples per prompt")
+    choices = {
+        "weight.sync_mode": (values["weight"]["sync_mode"], ("sync", "batch-async", "fully-async")),
+        "trainer.type": (values["trainer"]["type"], ("grpo", "cross_entropy", "custom")),
+        "algorithm.loss_agg_mode": (values["algorithm"]["loss_agg_mode"], ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")),
+        "algorithm.off_policy_correction": (values["algorithm"]["off_policy_correction"], ("none", "truncated_is", "decoupled_ppo")),
+        "algorithm.kl_estimator": (values["algorithm"]["kl_estimator"], ("k1", "k2", "k3")),
+        "trajectory_pool.incomplete_group_policy": (pool["incomplete_group_policy"], ("drop", "train_partial")),
+        "data.type": (values["data"]["type"], ("jsonl", "parquet")),
+    }
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            problems.append(f"{key}: expected one of {', '.join(allowed)}, got {value!r}")
+    if values["trainer"]["type"] == "custom" and not values["trainer"]["custom_trainer_module_path"]:
+        problems.append("trainer.custom_trainer_module_path: required when trainer.type is custom")
+    if values["weight"]["staleness_threshold"] < 0:
+        problems.append("weight.staleness_threshold: must be >= 0")
+    if values["weight"]["sync_every"] != 1:
+        problems.append("weight.sync_every: only 1 is supported (a weight version per step; the publisher paces by it)")
+    if worker["rollout_repeat_n"] < 1:
+        problems.append("rollout_worker.rollout_repeat_n: must be >= 1")
+    return problems
+
+
+def run_setup_script(path: str | Path) -> None:
+    """Run the recipe's `environment.setup_script` (a Python file, in the recipe's folder),
+    which prepares what the recipe needs (data, a model) before anything is checked."""
+    path = Path(path)
+    composed = compose(path)
+    script = OmegaConf.select(composed, "environment.setup_script", default=None)
+    if not script:
+        return
+    script_path = (path.resolve().parent / str(script)).resolve()
+    if not script_path.is_file():
+        raise RecipeError(path, [f"environment.setup_script: file not found: {script}"])
+    result = subprocess.run([sys.executable, str(script_path)], cwd=script_path.parent,
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RecipeError(path, [f"environment.setup_script: {script} exited {result.returncode}: "
+                                 f"{(result.stderr or result.stdout).strip()[-2000:]}"])
+
+
+def prepare_recipe(path: str | Path, run_setup: bool = True) -> dict:
+    """Set-up script, load, check consistency, absolute paths: what a run starts from."""
+    path = Path(path)
+    if run_setup:
+        run_setup_script(path)
+    values = load_recipe(path)
+    problems = consistency_problems(values)
+    if problems:
+        raise RecipeError(path, problems)
+    return resolve_paths(values, path.resolve().parent)

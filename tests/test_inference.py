@@ -50,11 +50,13 @@ def test_tiny_top_p_is_greedy(model_dir):
         greedy = engine.model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False,
                                        pad_token_id=engine.tokenizer.pad_token_id)[0, len(prompt):].tolist()
     assert ours.response_token_ids == greedy[:len(ours.response_token_ids)]
+    exact = engine.generate([prompt], SamplingParams(max_new_tokens=6, temperature=0))[0]
+    assert exact.response_token_ids == greedy[:len(exact.response_token_ids)]
 
 
 def test_bad_sampling_params_are_refused():
-    with pytest.raises(ValueError, match="temperature must be > 0"):
-        SamplingParams(temperature=0)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        SamplingParams(temperature=-0.5)
     with pytest.raises(ValueError, match="top_p must be in"):
         SamplingParams(top_p=1.5)
 

@@ -3,6 +3,10 @@
 Variants:
     last_digit   "37+48=" -> "5"    the last digit of a + b (easy: a one-token answer)
     sum          "37+48=" -> "85"   the whole sum (harder: carries, several tokens)
+
+Operands are zero-padded to a fixed width ("07+48="), so every digit has a fixed
+position: a 2-layer model then learns which positions matter in a few hundred steps,
+where variable widths cost it thousands.
 """
 
 from __future__ import annotations
@@ -14,19 +18,20 @@ from pathlib import Path
 VARIANTS = ("last_digit", "sum")
 
 
-def arith_row(a: int, b: int, variant: str) -> dict:
+def arith_row(a: int, b: int, variant: str, width: int = 2) -> dict:
     if variant == "last_digit":
         answer = str((a + b) % 10)
     elif variant == "sum":
         answer = str(a + b)
     else:
         raise ValueError(f"unknown arithmetic variant {variant!r}; expected one of {', '.join(VARIANTS)}")
-    return {"prompt": f"{a}+{b}=", "answer": answer, "a": a, "b": b, "variant": variant}
+    return {"prompt": f"{a:0{width}d}+{b:0{width}d}=", "answer": answer, "a": a, "b": b, "variant": variant}
 
 
 def arith_rows(count: int, seed: int, variant: str = "last_digit", max_operand: int = 99) -> list[dict]:
     rng = random.Random(seed)
-    return [arith_row(rng.randint(0, max_operand), rng.randint(0, max_operand), variant) for _ in range(count)]
+    width = len(str(max_operand))
+    return [arith_row(rng.randint(0, max_operand), rng.randint(0, max_operand), variant, width) for _ in range(count)]
 
 
 def split_rows(count: int, val_count: int, seed: int, variant: str = "last_digit",

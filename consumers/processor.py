@@ -1,0 +1,191 @@
+"""The stream processor: trajectories + evaluations in, samples out.
+
+Per run, it joins each trajectory with its evaluation (by trajectory id), collects them
+into groups (by group id; both topics are keyed by group id, so a group lives on one
+partition of each), and when a group is complete computes its advantages with the
+recipe's estimator and emits one Sample per trajectory. A group that teaches nothing
+(all rewards equal) or never completes (`trajectory_pool.group_timeout_s`) is emitted as
+a GroupFiltered record instead: counted in the ledger, never silently lost, and it
+tells the learner that the group is accounted for. Validation groups are not trained.
+
+It is a plain consumer loop rather than a faust agent: the embedded broker wedges a
+consumer group whose member dies mid-rebalance, which a crash-and-resume design cannot
+afford (docs/decisions.md). State is small and rebuilt on restart: committed offsets
+never pass the first event of a group still open, so a restart re-reads every open
+group; groups re-emitted after a crash carry the same event ids (idempotent downstream).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from kafka import TopicPartition
+
+from consumers.advantages import get_advantage_estimator, group_std, is_zero_variance
+from schema.events import Evaluation, GroupFiltered, Sample, Trajectory
+from streamrl.bus import EventPublisher, RunReader
+from streamrl.settings import Settings
+
+log = logging.getLogger("streamrl.processor")
+PROCESSOR_GROUP = "streamrl-processor"
+
+
+@dataclass
+class OpenGroup:
+    group_size: int
+    step: int
+    trajectories: dict[str, Trajectory] = field(default_factory=dict)
+    evaluations: dict[str, Evaluation] = field(default_factory=dict)
+    offsets: list[tuple[TopicPartition, int]] = field(default_factory=list)
+    first_seen: float = field(default_factory=time.monotonic)
+
+    def joined(self) -> list[tuple[Trajectory, Evaluation]]:
+        return [(t, self.evaluations[tid]) for tid, t in sorted(self.trajectories.items()) if tid in self.evaluations]
+
+
+def group_outcome(run_id: str, group_id: str, step: int, group_size: int,
+                  joined: list[tuple[Trajectory, Evaluation]], estimator: str, filter_zero_variance: bool,
+                  timed_out: bool = False, train_partial: bool = False) -> list[Sample] | GroupFiltered:
+    """The samples of a finished group, or why it gives none. Pure: no I/O.
+
+    Trajectories whose rollout failed (an error, or no tokens) take no part: their reward
+    of 0 says nothing about the policy, and they have nothing to train on."""
+    usable = [(t, e) for t, e in joined if not t.error and t.tokens]
+    rewards = np.array([e.reward for _, e in usable], dtype=np.float64)
+
+    def filtered(reason: str) -> GroupFiltered:
+        return GroupFiltered(run_id=run_id, group_id=group_id, reason=reason, step=step, group_size=group_size,
+                             received=len(joined), rewards=[float(e.reward) for _, e in joined],
+                             trajectory_ids=[t.trajectory_id for t, _ in joined])
+
+    if timed_out and (not train_partial or len(usable) < 2):
+        return filtered("timeout")
+    if len(usable) < min(2, group_size):
+        return filtered("all_failed" if joined else "timeout")
+    if filter_zero_variance and group_size > 1 and is_zero_variance(rewards):
+        return filtered("zero_variance")
+    advantages = get_advantage_estimator(estimator)(rewards)
+    mean, std = float(rewards.mean()), group_std(rewards)
+    return [
+        Sample(run_id=run_id, trajectory_id=t.trajectory_id, group_id=group_id, advantage=float(a),
+               reward=float(e.reward), group_reward_mean=mean, group_reward_std=std, group_size=len(usable),
+               estimator=estimator, weight_version=t.weight_version, step=step, tokens=t.tokens,
+               loss_mask=t.loss_mask, logprobs=t.logprobs)
+        for (t, e), a in zip(usable, advantages)
+    ]
+
+
+def load_custom_advantages(path: str | None) -> None:
+    """Import a recipe's module so that its @register_advantage functions register."""
+    if not path:
+        return
+    spec = importlib.util.spec_from_file_location(f"streamrl_advantages_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+@dataclass
+class ProcessorStats:
+    groups: int = 0
+    samples: int = 0
+    filtered: dict[str, int] = field(default_factory=dict)
+    duplicates: int = 0
+
+
+class StreamProcessor:
+    def __init__(self, settings: Settings, run_id: str, recipe: dict, shard: tuple[int, int] = (0, 1)):
+        self.run_id = run_id
+        algorithm, pool = recipe["algorithm"], recipe["trajectory_pool"]
+        load_custom_advantages(algorithm.get("custom_advantage_module_path"))
+        self.estimator = algorithm["type"]
+        get_advantage_estimator(self.estimator)  # fail now, with the known names, not on the first group
+        self.filter_zero_variance = algorithm["filter_zero_variance"]
+        self.timeout_s = pool["group_timeout_s"]
+        self.train_partial = pool["incomplete_group_policy"] == "train_partial"
+        self.reader = RunReader(settings, run_id, ["trajectories", "evaluations"],
+                                group_id=f"{PROCESSOR_GROUP}.{run_id}", shard=shard, stage="processor")
+        self.publisher = EventPublisher(settings)
+        self.open: dict[str, OpenGroup] = {}
+        self.closed: set[str] = set()
+        self.stats = ProcessorStats()
+
+    def _add(self, event, tp: TopicPartition, offset: int) -> str | None:
+        if event.is_val or event.group_id in self.closed:
+            if event.group_id in self.closed:
+                self.stats.duplicates += 1
+            return None
+        group = self.open.get(event.group_id)
+        if group is None:
+            size = event.group_size if isinstance(event, Trajectory) else 0
+            group = self.open[event.group_id] = OpenGroup(group_size=size, step=event.step)
+        if isinstance(event, Trajectory):
+            group.group_size = event.group_size
+            group.trajectories.setdefault(event.trajectory_id, event)  # the first copy wins, as in the ledger
+        else:
+            group.evaluations.setdefault(event.trajectory_id, event)
+        group.offsets.append((tp, offset))
+        return event.group_id
+
+    def _emit(self, group_id: str, timed_out: bool = False) -> None:
+        group = self.open.pop(group_id)
+        self.closed.add(group_id)
+        outcome = group_outcome(self.run_id, group_id, group.step, group.group_size, group.joined(),
+                                self.estimator, self.filter_zero_variance, timed_out, self.train_partial)
+        self.stats.groups += 1
+        if isinstance(outcome, GroupFiltered):
+            self.stats.filtered[outcome.reason] = self.stats.filtered.get(outcome.reason, 0) + 1
+            self.publisher.publish(outcome)
+        else:
+            self.stats.samples += len(outcome)
+            for sample in outcome:
+                self.publisher.publish(sample)
+
+    def poll_once(self, timeout_ms: int = 100) -> int:
+        events, dead = self.reader.poll(timeout_ms=timeout_ms, max_records=2000)
+        for letter in dead:
+            self.publisher.publish(letter)
+        touched = set()
+        for event, tp, offset in events:
+            if isinstance(event, (Trajectory, Evaluation)):
+                group_id = self._add(event, tp, offset)
+                if group_id:
+                    touched.add(group_id)
+        for group_id in touched:
+            group = self.open[group_id]
+            if group.group_size and len(group.joined()) >= group.group_size:
+                self._emit(group_id)
+        now = time.monotonic()
+        for group_id in [g for g, grp in self.open.items() if now - grp.first_seen > self.timeout_s]:
+            self._emit(group_id, timed_out=True)
+        self.publisher.flush()
+        if events or dead:
+            self.reader.commit(self._safe_offsets())
+        return len(events) + len(dead)
+
+    def _safe_offsets(self) -> dict[TopicPartition, int]:
+        """Per partition: the first offset of an open group if any, else the position."""
+        safe = self.reader.positions()
+        for group in self.open.values():
+            for tp, offset in group.offsets:
+                safe[tp] = min(safe[tp], offset)
+        return safe
+
+    def run(self, stop: threading.Event, idle_exit_s: float | None = None) -> ProcessorStats:
+        last = time.monotonic()
+        while not stop.is_set():
+            if self.poll_once():
+                last = time.monotonic()
+            elif idle_exit_s is not None and time.monotonic() - last > idle_exit_s and not self.open:
+                break
+        return self.stats
+
+    def close(self) -> None:
+        self.publisher.flush()
+        self.publisher.close()
+        self.reader.close()

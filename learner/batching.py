@@ -1,0 +1,68 @@
+"""From samples to padded tensors, and micro-batches by token budget.
+
+Sequences are right-padded; `mask` marks the tokens that train. A micro-batch holds as
+many sequences as fit in `micro_batch_tokens` padded tokens (at least one), so memory
+per forward pass is bounded whatever the sequence lengths are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass
+class TrainItem:
+    """One sequence to train on, as the learner sees it."""
+
+    tokens: np.ndarray  # int32 [T]
+    mask: np.ndarray  # uint8 [T]
+    behaviour_logprobs: np.ndarray  # float32 [T]
+    advantage: float = 0.0
+    token_advantages: np.ndarray | None = None  # float32 [T] when the estimator is per token
+    weight_version: int = 0
+    trajectory_id: str = ""
+    reward: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def micro_batches_by_tokens(lengths: list[int], micro_batch_tokens: int) -> list[list[int]]:
+    """Indices grouped in order so that len(group) * max(length in group) <= budget
+    (a sequence longer than the budget gets a micro-batch of its own)."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for index, length in enumerate(lengths):
+        if current and (len(current) + 1) * max(longest, length) > micro_batch_tokens:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(index)
+        longest = max(longest, length)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def collate(items: list[TrainItem], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded [B, T] tensors: input_ids, attention_mask, mask, behaviour_logprobs, advantages."""
+    width = max(len(item.tokens) for item in items)
+    shape = (len(items), width)
+    input_ids = torch.full(shape, pad_id, dtype=torch.long)
+    attention = torch.zeros(shape, dtype=torch.long)
+    mask = torch.zeros(shape, dtype=torch.float32)
+    old = torch.zeros(shape, dtype=torch.float32)
+    advantages = torch.zeros(shape, dtype=torch.float32)
+    for row, item in enumerate(items):
+        n = len(item.tokens)
+        input_ids[row, :n] = torch.from_numpy(item.tokens.astype(np.int64))
+        attention[row, :n] = 1
+        mask[row, :n] = torch.from_numpy(item.mask.astype(np.float32))
+        old[row, :n] = torch.from_numpy(item.behaviour_logprobs.astype(np.float32))
+        if item.token_advantages is not None and len(item.token_advantages):
+            advantages[row, :n] = torch.from_numpy(item.token_advantages.astype(np.float32))
+        else:
+            advantages[row, :n] = item.advantage
+    return {"input_ids": input_ids, "attention_mask": attention, "mask": mask,
+            "behaviour_logprobs": old, "advantages": advantages}

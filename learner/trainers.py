@@ -1,0 +1,174 @@
+"""Trainers: one optimizer step from a list of TrainItems.
+
+    GRPOTrainer          PPO-clip policy gradient against the behaviour logprobs, with
+                         optional off-policy correction, KL to a frozen reference, entropy
+    CrossEntropyTrainer  supervised (SFT) loss on the masked tokens, for warm-up
+    custom               a subclass loaded from `trainer.custom_trainer_module_path`
+                         ("file.py:Class") that overrides `_prepare_batch`
+
+Every loss is summed over micro-batches with the *whole* batch's token and sequence
+counts (learner/losses.py), so micro-batching never changes the gradient.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from learner.batching import TrainItem, collate, micro_batches_by_tokens
+from learner.kl_control import kl_reward_to_go, make_kl_controller
+from learner.losses import (
+    aggregate_loss, entropy_from_logits, kl_penalty, ppo_clip_token_loss, token_logprobs,
+    truncated_importance_weights,
+)
+
+OFF_POLICY_CORRECTIONS = ("none", "truncated_is", "decoupled_ppo")
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float
+    tokens: int
+    samples: int
+    seconds: float
+    metrics: dict[str, float]
+
+
+class Trainer:
+    """Shared by every trainer: the model, AdamW, gradient clipping, micro-batching."""
+
+    name = "base"
+
+    def __init__(self, model: torch.nn.Module, pad_id: int, trainer_config: dict, algorithm_config: dict,
+                 temperature: float = 1.0, ref_model: torch.nn.Module | None = None):
+        self.model = model
+        self.pad_id = pad_id
+        self.config = trainer_config
+        self.algorithm = algorithm_config
+        self.temperature = temperature
+        self.ref_model = ref_model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=trainer_config["lr"],
+                                           weight_decay=trainer_config.get("weight_decay", 0.0))
+
+    def _prepare_batch(self, items: list[TrainItem]) -> list[TrainItem]:
+        """Override to reshape, filter or re-weight the batch before the loss."""
+        return items
+
+    def micro_batch_loss(self, batch: dict[str, torch.Tensor], global_tokens: float,
+                         global_sequences: float) -> tuple[torch.Tensor, dict[str, float]]:
+        raise NotImplementedError
+
+    def logprobs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = logits / self.temperature
+        return token_logprobs(logits, batch["input_ids"]), logits
+
+    def step(self, items: list[TrainItem]) -> StepResult:
+        started = time.perf_counter()
+        items = self._prepare_batch(items)
+        if not items:
+            raise ValueError("a training step needs at least one sample")
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        global_tokens = float(max(1, sum(int(item.mask.sum()) for item in items)))
+        global_sequences = float(len(items))
+        totals: dict[str, float] = {}
+        loss_total = 0.0
+        groups = micro_batches_by_tokens([len(item.tokens) for item in items], self.config["micro_batch_tokens"])
+        for indices in groups:
+            batch = collate([items[i] for i in indices], self.pad_id)
+            loss, sums = self.micro_batch_loss(batch, global_tokens, global_sequences)
+            loss.backward()
+            loss_total += float(loss.detach())
+            for key, value in sums.items():
+                totals[key] = totals.get(key, 0.0) + value
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.get("grad_clip") or math.inf)
+        self.optimizer.step()
+        # Sums of per-token quantities become means over the batch's trained tokens.
+        metrics = {key.removesuffix("_sum"): value / global_tokens for key, value in totals.items()}
+        return StepResult(loss=loss_total, grad_norm=float(grad_norm), tokens=int(global_tokens),
+                          samples=len(items), seconds=time.perf_counter() - started, metrics=metrics)
+
+
+class GRPOTrainer(Trainer):
+    name = "grpo"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        correction = self.algorithm.get("off_policy_correction", "none")
+        if correction not in OFF_POLICY_CORRECTIONS:
+            raise ValueError(f"algorithm.off_policy_correction: expected one of {OFF_POLICY_CORRECTIONS}, got {correction!r}")
+        self.kl_controller = make_kl_controller(self.algorithm.get("kl_ctrl", {"type": "fixed", "kl_coef": 0.0}))
+        uses_kl = self.algorithm.get("use_kl_loss") or self.algorithm.get("use_kl_in_reward")
+        if uses_kl and self.ref_model is None:
+            raise ValueError("algorithm.use_kl_loss / use_kl_in_reward need a reference model")
+
+    def micro_batch_loss(self, batch, global_tokens, global_sequences):
+        algo = self.algorithm
+        mask = batch["mask"]
+        logprobs, logits = self.logprobs(self.model, batch)
+        behaviour = batch["behaviour_logprobs"]
+        advantages = batch["advantages"]
+        sums: dict[str, float] = {}
+        token_kl = None
+        if self.ref_model is not None and (algo.get("use_kl_loss") or algo.get("use_kl_in_reward")):
+            with torch.no_grad():
+                ref_logprobs, _ = self.logprobs(self.ref_model, batch)
+            token_kl = kl_penalty(logprobs, ref_logprobs, algo.get("kl_estimator", "k3"))
+            sums["kl_sum"] = float((token_kl.detach() * mask).sum())
+            if algo.get("use_kl_in_reward"):
+                advantages = advantages - self.kl_controller.kl_coef * kl_reward_to_go(token_kl.detach(), mask)
+
+        correction = algo.get("off_policy_correction", "none")
+        if correction == "none":
+            old = behaviour  # the ratio is taken against the policy that sampled the tokens
+            weights = None
+        else:
+            # Decoupled PPO: clip against the proximal policy (the current weights before
+            # this step's update; one update per batch, so its values are the detached
+            # current logprobs), and correct for the behaviour policy by importance weights.
+            old = logprobs.detach()
+            cap = algo.get("truncated_is_cap", 2.0) if correction == "truncated_is" else math.inf
+            weights = truncated_importance_weights(old, behaviour, cap)
+        token_loss, clipped = ppo_clip_token_loss(logprobs, old, advantages, algo["clip_ratio_low"], algo["clip_ratio_high"])
+        if weights is not None:
+            token_loss = token_loss * weights
+            sums["importance_weight_sum"] = float((weights * mask).sum())
+        if token_kl is not None and algo.get("use_kl_loss"):
+            token_loss = token_loss + self.kl_controller.kl_coef * token_kl
+        loss = aggregate_loss(token_loss, mask, algo.get("loss_agg_mode", "token-mean"), global_tokens, global_sequences)
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits)
+            ratio = torch.exp(logprobs.detach() - behaviour)
+            sums["entropy_sum"] = float((entropy * mask).sum())
+            sums["clip_fraction_sum"] = float((clipped * mask).sum())
+            sums["ratio_sum"] = float((ratio * mask).sum())
+            sums["behaviour_kl_sum"] = float(((behaviour - logprobs.detach()) * mask).sum())
+        return loss, sums
+
+    def step(self, items):
+        result = super().step(items)
+        if "kl" in result.metrics:
+            self.kl_controller.update(result.metrics["kl"], 1)
+        result.metrics["kl_coef"] = self.kl_controller.kl_coef
+        return result
+
+
+class CrossEntropyTrainer(Trainer):
+    """Supervised warm-up: -log p of the masked tokens, token-mean over the batch."""
+
+    name = "cross_entropy"
+
+    def micro_batch_loss(self, batch, global_tokens, global_sequences):
+        logprobs, logits = self.logprobs(self.model, batch)
+        loss = aggregate_loss(-logprobs, batch["mask"], "token-mean", global_tokens, global_sequences)
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits)
+        return loss, {"entropy_sum": float((entropy * batch["mask"]).sum())}
+
+
+TRAINERS: dict[str, type[Trainer]] = {"grpo": GRPOTrainer, "cross_entropy": CrossEntropyTrainer}

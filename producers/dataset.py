@@ -1,0 +1,66 @@
+"""Dataset rows from jsonl or parquet files, with errors that name the file and line."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Iterator
+
+
+class DatasetError(ValueError):
+    pass
+
+
+def read_rows(files: list[str], kind: str = "jsonl", required_keys: tuple[str, ...] = ()) -> list[dict]:
+    rows: list[dict] = []
+    for name in files:
+        path = Path(name)
+        if not path.is_file():
+            raise DatasetError(f"{path}: data file not found")
+        if kind == "jsonl":
+            for number, line in enumerate(path.read_text().splitlines(), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DatasetError(f"{path}:{number}: not valid JSON: {exc.msg}") from None
+                if not isinstance(row, dict):
+                    raise DatasetError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
+                _check_keys(row, required_keys, f"{path}:{number}")
+                rows.append(row)
+        elif kind == "parquet":
+            import pyarrow.parquet as pq  # noqa: PLC0415  (only parquet recipes pay for pyarrow)
+            for number, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+                _check_keys(row, required_keys, f"{path}: row {number}")
+                rows.append(row)
+        else:
+            raise DatasetError(f"data.type: expected jsonl or parquet, got {kind!r}")
+    if not rows:
+        raise DatasetError(f"{', '.join(files) or '(no data_files)'}: no rows")
+    return rows
+
+
+def _check_keys(row: dict, keys: tuple[str, ...], where: str) -> None:
+    missing = [k for k in keys if k not in row]
+    if missing:
+        raise DatasetError(f"{where}: row has no {', '.join(repr(k) for k in missing)} "
+                           f"(keys: {', '.join(sorted(row)) or 'none'})")
+
+
+def epoch_batches(rows: list[dict], batch_size: int, shuffle: bool, seed: int) -> Iterator[tuple[int, list[dict]]]:
+    """(epoch, batch) forever: each epoch is a fresh permutation (seed + epoch), and a
+    batch may span the end of one epoch and the start of the next, so every step has
+    exactly `batch_size` rows. Deterministic, so a restarted publisher recomputes it."""
+    epoch, buffer = 0, []
+    while True:
+        order = list(range(len(rows)))
+        if shuffle:
+            random.Random(seed + epoch).shuffle(order)
+        for index in order:
+            buffer.append(rows[index])
+            if len(buffer) == batch_size:
+                yield epoch, buffer
+                buffer = []
+        epoch += 1

@@ -1,0 +1,138 @@
+"""The task publisher: creates the run and feeds it tasks, paced by weight versions.
+
+Step s (1-based) trains on the tasks published for step s: `trajectory_pool.batch_size`
+prompts, each repeated `rollout_repeat_n` times (one group). Tasks for step s go out
+once weight version s - 1 - k exists, where k is 0 in sync mode (on-policy: the tasks
+of step s are sampled by the weights of step s - 1) and `weight.staleness_threshold`
+otherwise; so at most k + 1 steps of tasks are in flight, and no sample can be more
+than k versions behind the learner unless a worker lags (the learner drops those).
+
+Validation tasks (every held-out row once, `is_val`) go out for weight version 0 when
+`validate_before_train`, every `validate.eval.compute_interval` versions, and for the
+final version.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import subprocess
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from producers.dataset import epoch_batches, read_rows
+from schema.events import RunEvent, Task, WeightVersion
+from streamrl.bus import EventPublisher, RunReader, create_run_topics
+from streamrl.settings import Settings
+
+log = logging.getLogger("streamrl.publisher")
+
+
+@dataclass
+class Pacing:
+    total_steps: int
+    staleness: int  # k: tasks of step s need weight version >= s - 1 - k
+
+    def min_version(self, step: int) -> int:
+        return max(0, step - 1 - self.staleness)
+
+
+def pacing_for(recipe: dict, rows: int) -> Pacing:
+    trainer, weight = recipe["trainer"], recipe["weight"]
+    total = trainer["total_train_steps"]
+    if trainer.get("total_epochs"):
+        total = min(total, math.ceil(trainer["total_epochs"] * rows / recipe["trajectory_pool"]["batch_size"]))
+    k = 0 if weight["sync_mode"] == "sync" else weight["staleness_threshold"]
+    return Pacing(total, k)
+
+
+def validation_versions(recipe: dict, total_steps: int) -> list[int]:
+    validate = recipe["validate"]
+    if not validate["data"]["data_files"]:
+        return []
+    every = max(1, validate["eval"]["compute_interval"])
+    versions = set(range(every, total_steps + 1, every)) | {total_steps}
+    if validate["validate_before_train"]:
+        versions.add(0)
+    return sorted(versions)
+
+
+def step_tasks(run_id: str, step: int, rows: list[dict], group_size: int, prompt_key: str,
+               min_weight_version: int) -> list[Task]:
+    tasks = []
+    for g, row in enumerate(rows):
+        group_id = f"s{step:06d}-g{g:04d}"
+        for i in range(group_size):
+            tasks.append(Task(run_id=run_id, task_id=f"{group_id}-{i}", group_id=group_id, sample_index=i,
+                              group_size=group_size, prompt=str(row[prompt_key]), data=row, step=step,
+                              min_weight_version=min_weight_version))
+    return tasks
+
+
+def validation_tasks(run_id: str, version: int, rows: list[dict], prompt_key: str) -> list[Task]:
+    return [Task(run_id=run_id, task_id=f"val{version:06d}-{i:05d}", group_id=f"val{version:06d}-{i:05d}",
+                 group_size=1, prompt=str(row[prompt_key]), data=row, is_val=True, step=version,
+                 min_weight_version=version)
+            for i, row in enumerate(rows)]
+
+
+def git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def create_run(settings: Settings, run_id: str, recipe: dict, publisher: EventPublisher,
+               parent_run_id: str | None = None) -> None:
+    create_run_topics(settings, run_id)
+    publisher.publish(RunEvent(run_id=run_id, kind="created", name=recipe["experiment_name"], config=recipe,
+                               parent_run_id=parent_run_id, details={"git_sha": git_sha()}))
+    publisher.flush()
+
+
+def run_publisher(settings: Settings, run_id: str, recipe: dict, stop: threading.Event | None = None,
+                  on_progress=None) -> int:
+    """Publish every task of the run; returns the number of training steps published."""
+    stop = stop or threading.Event()
+    data, worker = recipe["data"], recipe["rollout_worker"]
+    rows = read_rows(data["data_files"], data["type"], (data["prompt_key"],))
+    val_cfg = recipe["validate"]["data"]
+    val_rows = read_rows(val_cfg["data_files"], val_cfg["type"], (val_cfg["prompt_key"],)) if val_cfg["data_files"] else []
+    if val_cfg.get("max_rows"):
+        val_rows = val_rows[:val_cfg["max_rows"]]
+    pacing = pacing_for(recipe, len(rows))
+    val_versions = validation_versions(recipe, pacing.total_steps) if val_rows else []
+    batches = epoch_batches(rows, recipe["trajectory_pool"]["batch_size"], data["shuffle"], data["seed"])
+    group_size = worker["rollout_repeat_n"]
+
+    weights = RunReader(settings, run_id, ["weights"], group_id=None, stage="publisher")
+    publisher = EventPublisher(settings)
+    latest = -1
+    next_step = 1
+    try:
+        while not stop.is_set():
+            events, _ = weights.poll(timeout_ms=100)
+            latest = max([latest] + [e.version for e, _, _ in events if isinstance(e, WeightVersion)])
+            while val_versions and latest >= val_versions[0]:
+                version = val_versions.pop(0)
+                for task in validation_tasks(run_id, version, val_rows, val_cfg["prompt_key"]):
+                    publisher.publish(task)
+            while next_step <= pacing.total_steps and latest >= pacing.min_version(next_step):
+                _, batch = next(batches)
+                for task in step_tasks(run_id, next_step, batch, group_size, data["prompt_key"],
+                                       pacing.min_version(next_step)):
+                    publisher.publish(task)
+                next_step += 1
+            publisher.flush()
+            if on_progress:
+                on_progress(next_step - 1, latest)
+            if next_step > pacing.total_steps and not val_versions:
+                break
+    finally:
+        publisher.close()
+        weights.close()
+    return next_step - 1

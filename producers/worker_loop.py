@@ -1,0 +1,157 @@
+"""The rollout worker process: tasks in, trajectories and evaluations out.
+
+A thin loop around a `BaseRolloutWorker`: take up to `max_concurrent_tasks` tasks from
+this worker's partitions, make sure the engine holds a weight version the tasks allow,
+roll them out concurrently (the engine batches their completions), publish, and only
+then commit the tasks' offsets. A crash re-runs the uncommitted tasks; their events
+keep the same ids, and the processor and ledger keep the first copy.
+
+Weight sync (`weight.sync_mode`):
+    sync         tasks carry min_weight_version = the version they must be sampled by;
+                 the worker waits for it and loads it between batches of tasks
+    batch-async  the newest version is loaded between batches of tasks
+    fully-async  the newest version is loaded as soon as it arrives, between two
+                 engine batches (a watcher thread), even while tasks are in flight
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from kafka import TopicPartition
+
+from producers.evaluator import Evaluator, ExactMatchEvaluator, load_class
+from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
+from producers.rollout import BaseRolloutWorker, InferenceClient, SingleTurnWorker
+from schema.events import Task, WeightVersion
+from streamrl.bus import EventPublisher, RunReader
+from streamrl.settings import Settings
+
+log = logging.getLogger("streamrl.worker")
+WORKER_GROUP = "streamrl-worker"
+
+
+def make_evaluator(recipe: dict) -> Evaluator:
+    spec = recipe["rollout_worker"]["evaluator_module_path"]
+    return load_class(spec, ".", Evaluator)() if spec else ExactMatchEvaluator()
+
+
+def worker_class(recipe: dict) -> type[BaseRolloutWorker]:
+    worker = recipe["rollout_worker"]
+    if worker["custom_rollout_worker_module_path"]:
+        spec = f"{worker['custom_rollout_worker_module_path']}:{worker['custom_rollout_worker_class_name']}"
+        return load_class(spec, ".", BaseRolloutWorker)
+    if worker["type"] != "single_turn":
+        raise ValueError(f"rollout_worker.type: unknown worker {worker['type']!r} "
+                         "(built in: single_turn; or set custom_rollout_worker_module_path)")
+    return SingleTurnWorker
+
+
+class WeightWatcher:
+    """Follows the run's weights topic; knows the newest version."""
+
+    def __init__(self, settings: Settings, run_id: str):
+        self.reader = RunReader(settings, run_id, ["weights"], group_id=None, stage="worker")
+        self.latest: WeightVersion | None = None
+
+    def poll(self, timeout_ms: int = 0) -> WeightVersion | None:
+        events, _ = self.reader.poll(timeout_ms=timeout_ms)
+        for event, _, _ in events:
+            if isinstance(event, WeightVersion) and (self.latest is None or event.version > self.latest.version):
+                self.latest = event
+        return self.latest
+
+    def wait_for(self, version: int, stop: threading.Event) -> WeightVersion | None:
+        while not stop.is_set():
+            latest = self.poll(timeout_ms=100)
+            if latest is not None and latest.version >= version:
+                return latest
+        return None
+
+
+def run_worker(settings: Settings, run_id: str, recipe: dict, shard: tuple[int, int] = (0, 1),
+               stop: threading.Event | None = None, idle_exit_s: float | None = None) -> int:
+    """Serve tasks until stopped; returns the number of tasks completed."""
+    stop = stop or threading.Event()
+    cfg = recipe["rollout_worker"]
+    mode = recipe["weight"]["sync_mode"]
+    worker_id = f"{os.uname().nodename}-{os.getpid()}-{shard[0]}"
+    engine = BatchingEngine(EmbeddedEngine(cfg["model_path"], seed=recipe["trainer"]["seed"] + shard[0]),
+                            max_batch_size=recipe["service"]["inference_service"]["max_batch_size"])
+    client = InferenceClient(
+        engine,
+        SamplingParams(max_new_tokens=cfg["max_response_length"], temperature=cfg["temperature"], top_p=cfg["top_p"]),
+        SamplingParams(max_new_tokens=cfg["max_response_length"], temperature=recipe["validate"]["temperature"]))
+    publisher = EventPublisher(settings)
+    worker = worker_class(recipe)(cfg, client, make_evaluator(recipe), publisher.publish, worker_id)
+    tasks = RunReader(settings, run_id, ["tasks"], group_id=f"{WORKER_GROUP}.{run_id}", shard=shard, stage="worker")
+    watcher = WeightWatcher(settings, run_id)
+    loaded = {"version": -1}
+    load_lock = threading.Lock()
+
+    def load(version: WeightVersion | None) -> None:
+        with load_lock:
+            if version is not None and version.version > loaded["version"]:
+                engine.update_weights(Path(version.uri), version.version)  # applied before the next engine batch
+                loaded["version"] = version.version
+
+    watcher_thread = None
+    if mode == "fully-async":
+        def follow():
+            while not stop.is_set():
+                load(async_watcher.poll(timeout_ms=200))
+        async_watcher = WeightWatcher(settings, run_id)
+        watcher_thread = threading.Thread(target=follow, name="weights", daemon=True)
+        watcher_thread.start()
+
+    done = 0
+    last_work = time.monotonic()
+    pool = ThreadPoolExecutor(max_workers=cfg["max_concurrent_tasks"], thread_name_prefix="rollout")
+    try:
+        while not stop.is_set():
+            events, dead = tasks.poll(timeout_ms=100, max_records=cfg["max_concurrent_tasks"])
+            for letter in dead:
+                publisher.publish(letter)
+            batch = [(e, tp, off) for e, tp, off in events if isinstance(e, Task)]
+            if not batch and not dead:
+                if idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s:
+                    break
+                continue
+            last_work = time.monotonic()
+            if batch:
+                needed = max(task.min_weight_version for task, _, _ in batch)
+                if loaded["version"] < needed:
+                    latest = watcher.wait_for(needed, stop)
+                    if latest is None:  # stopped while waiting: hand the tasks back uncommitted
+                        break
+                    load(latest)
+                elif mode != "fully-async":  # between batches of tasks: the newest version
+                    load(watcher.poll())
+                futures = [pool.submit(worker.run_task, task, cfg["max_retries"]) for task, _, _ in batch]
+                for future in futures:
+                    future.result()
+                done += len(batch)
+            publisher.flush()
+            next_offsets = {}
+            for _, tp, offset in events:
+                next_offsets[tp] = max(next_offsets.get(tp, 0), offset + 1)
+            for letter in dead:
+                next_offsets[_tp(letter)] = max(next_offsets.get(_tp(letter), 0), letter.source_offset + 1)
+            tasks.commit(next_offsets)
+    finally:
+        stop.set()
+        pool.shutdown(wait=True)
+        publisher.flush()
+        publisher.close()
+        tasks.close()
+        engine.close()
+    return done
+
+
+def _tp(letter) -> TopicPartition:
+    return TopicPartition(letter.source_topic, letter.source_partition)

@@ -1,0 +1,102 @@
+"""A run's story from the ledger: reward by step, validation accuracy by weight version,
+throughput and staleness; as a table and as a reward-curve PNG."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamrl.db import connect
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    steps: list[int] = field(default_factory=list)
+    reward_by_step: list[float] = field(default_factory=list)
+    val_versions: list[int] = field(default_factory=list)
+    val_accuracy: list[float] = field(default_factory=list)
+    val_counts: list[int] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    totals: dict[str, float] = field(default_factory=dict)
+
+
+COUNT_QUERY = """
+select 'tasks', count(*) from tasks where run_id = %(run)s and not is_val
+union all select 'validation tasks', count(*) from tasks where run_id = %(run)s and is_val
+union all select 'trajectories', count(*) from trajectories where run_id = %(run)s and not is_val
+union all select 'evaluations', count(*) from evaluations where run_id = %(run)s and not is_val
+union all select 'samples', count(*) from samples where run_id = %(run)s
+union all select 'filtered groups', count(*) from filtered_groups where run_id = %(run)s
+union all select 'train steps', count(*) from train_steps where run_id = %(run)s
+union all select 'weight versions', count(*) from weight_versions where run_id = %(run)s
+union all select 'dead letters', count(*) from dead_letters where run_id = %(run)s
+"""
+
+
+def load_summary(database_url: str, run_id: str, with_counts: bool = True) -> RunSummary:
+    summary = RunSummary(run_id)
+    with connect(database_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "select step, (metrics->>'reward_mean')::float from train_steps where run_id = %s order by step",
+            (run_id,)).fetchall()
+        summary.steps = [r[0] for r in rows]
+        summary.reward_by_step = [r[1] or 0.0 for r in rows]
+        rows = conn.execute(
+            "select step, avg(reward), count(*) from evaluations where run_id = %s and is_val "
+            "group by step order by step", (run_id,)).fetchall()
+        summary.val_versions = [r[0] for r in rows]
+        summary.val_accuracy = [float(r[1]) for r in rows]
+        summary.val_counts = [r[2] for r in rows]
+        if with_counts:
+            summary.counts = dict(conn.execute(COUNT_QUERY, {"run": run_id}).fetchall())
+            row = conn.execute(
+                "select sum(seconds), sum(tokens), sum(samples), avg((staleness->>'mean')::float), "
+                "max((staleness->>'max')::float), sum((staleness->>'dropped')::float), "
+                "extract(epoch from max(created_at) - min(created_at)) "
+                "from train_steps where run_id = %s", (run_id,)).fetchone()
+            keys = ("learner seconds", "trained tokens", "trained samples", "mean staleness",
+                    "max staleness", "dropped stale samples", "first to last step (s)")
+            summary.totals = {k: float(v) for k, v in zip(keys, row) if v is not None}
+    return summary
+
+
+def val_accuracy_at(summary: RunSummary, version: int, expected: int | None = None) -> float | None:
+    for v, acc, count in zip(summary.val_versions, summary.val_accuracy, summary.val_counts):
+        if v == version and (expected is None or count >= expected):
+            return acc
+    return None
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_reward_curve(summary: RunSummary, path: Path) -> Path:
+    import matplotlib  # noqa: PLC0415  (matplotlib is slow to import; only reports need it)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    if summary.steps:
+        ax.plot(summary.steps, summary.reward_by_step, color="tab:blue", alpha=0.25, label="train reward (per step)")
+        ax.plot(summary.steps, smooth(summary.reward_by_step, 10), color="tab:blue", label="train reward (10-step mean)")
+    if summary.val_versions:
+        ax.plot(summary.val_versions, summary.val_accuracy, "o-", color="tab:orange", label="held-out validation accuracy")
+    ax.set_xlabel("step (weight version)")
+    ax.set_ylabel("reward / accuracy")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title(f"run {summary.run_id}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

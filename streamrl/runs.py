@@ -1,0 +1,47 @@
+"""A run's resolved config, read back from its `runs` topic.
+
+`streamrl publish` records the fully resolved recipe in the run's `created` event; every
+other process of the run (workers, processor, learner) starts from that record, so all
+of them run exactly the recorded config, wherever they were started from.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+from schema.events import RunEvent
+from streamrl.bus import RunReader
+from streamrl.settings import Settings
+
+
+class RunNotFound(LookupError):
+    pass
+
+
+def fetch_run_config(settings: Settings, run_id: str, timeout_s: float = 60.0) -> dict:
+    reader = RunReader(settings, run_id, ["runs"], group_id=None, stage="config", wait_s=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            events, _ = reader.poll(timeout_ms=200)
+            for event, _, _ in events:
+                if isinstance(event, RunEvent) and event.kind == "created":
+                    return event.config
+    finally:
+        reader.close()
+    raise RunNotFound(f"run {run_id!r} has no 'created' event on its runs topic after {timeout_s:.0f} s "
+                      "(publish it first: streamrl publish RECIPE --run RUN)")
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT: loops finish what is in flight, commit, exit 0."""
+    stop = threading.Event()
+
+    def request_stop(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    return stop
