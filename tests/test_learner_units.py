@@ -1,0 +1,112 @@
+"""Learner pieces with hand-computed expectations: micro-batching, staleness, KL control,
+the trainers' one-step behaviour, and checkpoint round trips."""
+
+import numpy as np
+import pytest
+import torch
+
+from learner.batching import TrainItem, collate, micro_batches_by_tokens
+from learner.checkpoint import latest_checkpoint, load_state, load_trainer_state, save_checkpoint
+from learner.kl_control import AdaptiveKLController, kl_reward_to_go
+from learner.loop import staleness_split
+from learner.trainers import CrossEntropyTrainer, GRPOTrainer
+from streamrl.tiny_lm import build_tiny_model, load
+
+
+def item(tokens, mask, advantage=0.0, version=0, logprobs=None):
+    tokens = np.array(tokens, dtype=np.int32)
+    return TrainItem(tokens=tokens, mask=np.array(mask, dtype=np.uint8),
+                     behaviour_logprobs=np.array(logprobs or [0.0] * len(tokens), dtype=np.float32),
+                     advantage=advantage, weight_version=version, trajectory_id=f"t{version}-{len(tokens)}")
+
+
+def test_micro_batches_respect_the_token_budget():
+    # budget 10: [4, 4] -> 2 * 4 = 8 fits, a third makes 12; [6] alone; [3, 2, 3] -> 3 * 3 = 9
+    assert micro_batches_by_tokens([4, 4, 4, 6, 3, 2, 3], 10) == [[0, 1], [2], [3], [4, 5, 6]]
+    assert micro_batches_by_tokens([50, 2], 10) == [[0], [1]]  # too long for the budget: alone
+
+
+def test_collate_right_pads_and_broadcasts_the_advantage():
+    batch = collate([item([5, 6, 7], [0, 1, 1], advantage=2.0), item([8], [1], advantage=-1.0)], pad_id=0)
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch["mask"].tolist() == [[0, 1, 1], [1, 0, 0]]
+    assert batch["advantages"].tolist() == [[2, 2, 2], [-1, 0, 0]]
+
+
+def test_staleness_split_drops_samples_beyond_the_threshold():
+    items = [item([1], [1], version=v) for v in (9, 8, 7, 6)]
+    kept, dropped = staleness_split(items, learner_version=9, threshold=2)
+    assert [i.weight_version for i in kept] == [9, 8, 7]
+    assert [i.weight_version for i in dropped] == [6]
+
+
+def test_adaptive_kl_controller():
+    ctrl = AdaptiveKLController(kl_coef=0.1, target_kl=1.0, horizon=10)
+    ctrl.update(current_kl=1.1, n_steps=1)  # error +0.1 -> coef * (1 + 0.1 / 10)
+    assert ctrl.kl_coef == pytest.approx(0.1 * 1.01)
+    ctrl.update(current_kl=5.0, n_steps=1)  # error clipped to +0.2
+    assert ctrl.kl_coef == pytest.approx(0.1 * 1.01 * 1.02)
+
+
+def test_kl_reward_to_go_sums_later_trained_tokens():
+    kl = torch.tensor([[0.5, 0.1, 0.2, 0.3]])
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
+    assert kl_reward_to_go(kl, mask)[0].tolist() == pytest.approx([0.6, 0.6, 0.5, 0.3])
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("model"), seed=3)
+
+
+def test_grpo_step_raises_the_logprob_of_a_positive_advantage(tiny):
+    tokenizer, model = load(tiny)
+    prompt = tokenizer("12+34=")["input_ids"]
+    good, bad = tokenizer("6")["input_ids"][0], tokenizer("9")["input_ids"][0]
+    trainer = GRPOTrainer(model, tokenizer.pad_token_id, {"lr": 1e-2, "micro_batch_tokens": 64, "grad_clip": 1.0},
+                          {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "loss_agg_mode": "token-mean"})
+
+    def logprob(token):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt])).logits[0, -1]
+        return float(torch.log_softmax(logits, -1)[token])
+
+    before_good, before_bad = logprob(good), logprob(bad)
+    items = [item(prompt + [good], [0] * len(prompt) + [1], advantage=1.0, logprobs=[0.0] * len(prompt) + [before_good]),
+             item(prompt + [bad], [0] * len(prompt) + [1], advantage=-1.0, logprobs=[0.0] * len(prompt) + [before_bad])]
+    result = trainer.step(items)
+    assert result.metrics["ratio"] == pytest.approx(1.0, abs=1e-5)  # behaviour == current policy
+    assert result.tokens == 2 and result.samples == 2
+    assert logprob(good) > before_good and logprob(bad) < before_bad
+
+
+def test_cross_entropy_step_lowers_the_loss(tiny):
+    tokenizer, model = load(tiny)
+    prompt, answer = tokenizer("12+34=")["input_ids"], tokenizer("6")["input_ids"] + [tokenizer.eos_token_id]
+    trainer = CrossEntropyTrainer(model, tokenizer.pad_token_id, {"lr": 1e-2, "micro_batch_tokens": 64, "grad_clip": 1.0}, {})
+    batch = [item(prompt + answer, [0] * len(prompt) + [1] * len(answer))]
+    first = trainer.step(batch).loss
+    for _ in range(5):
+        last = trainer.step(batch).loss
+    assert last < first
+
+
+def test_checkpoint_round_trip_restores_model_optimizer_and_rng(tiny, tmp_path):
+    tokenizer, model = load(tiny)
+    trainer = CrossEntropyTrainer(model, tokenizer.pad_token_id, {"lr": 1e-2, "micro_batch_tokens": 64, "grad_clip": 1.0}, {})
+    trainer.step([item([5, 6, 7], [0, 1, 1])])
+    torch.manual_seed(123)
+    save_checkpoint(tmp_path, 4, model, tokenizer, trainer.optimizer, {"offsets": {"t:0": 17}})
+    expected_draw = torch.rand(3)
+    folder = latest_checkpoint(tmp_path)
+    assert folder.name == "step-000004" and load_state(folder) == {"step": 4, "offsets": {"t:0": 17}}
+    _, restored = load(folder)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), restored.state_dict().values()))
+    fresh = CrossEntropyTrainer(restored, tokenizer.pad_token_id, {"lr": 1e-2, "micro_batch_tokens": 64, "grad_clip": 1.0}, {})
+    load_trainer_state(folder, fresh.optimizer)
+    assert fresh.optimizer.state_dict()["state"][0]["step"] == trainer.optimizer.state_dict()["state"][0]["step"]
+    assert torch.equal(torch.rand(3), expected_draw)  # the RNG continues where it was saved
+    save_checkpoint(tmp_path, 5, model, tokenizer, trainer.optimizer, {"offsets": {}})
+    assert latest_checkpoint(tmp_path).name == "step-000005"
+    assert not (tmp_path / "step-000004").exists()  # only the newest is kept (keep_every=0)
