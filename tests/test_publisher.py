@@ -1,0 +1,65 @@
+"""Publisher scheduling (pure) and dataset loading errors."""
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from producers.dataset import DatasetError, epoch_batches, read_rows
+from producers.publisher import Pacing, step_tasks, validation_tasks, validation_versions
+
+
+def test_pacing_keeps_at_most_k_plus_one_steps_in_flight():
+    sync, async2 = Pacing(10, 0), Pacing(10, 2)
+    assert [sync.min_version(s) for s in (1, 2, 3)] == [0, 1, 2]  # on-policy: step s needs version s - 1
+    assert [async2.min_version(s) for s in (1, 2, 3, 4, 5)] == [0, 0, 0, 1, 2]
+
+
+def test_validation_versions():
+    recipe = {"validate": {"validate_before_train": True, "data": {"data_files": ["v.jsonl"]},
+                           "eval": {"compute_interval": 4}}}
+    assert validation_versions(recipe, 10) == [0, 4, 8, 10]
+    recipe["validate"]["validate_before_train"] = False
+    assert validation_versions(recipe, 8) == [4, 8]
+
+
+def test_step_tasks_repeat_each_prompt_group_size_times():
+    rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}]
+    tasks = step_tasks("run", 3, rows, group_size=4, prompt_key="prompt", min_weight_version=2)
+    assert len(tasks) == 8
+    assert {t.group_id for t in tasks} == {"s000003-g0000", "s000003-g0001"}
+    assert [t.sample_index for t in tasks[:4]] == [0, 1, 2, 3]
+    assert len({t.event_id for t in tasks}) == 8  # distinct, deterministic ids
+    assert all(t.step == 3 and t.min_weight_version == 2 and not t.is_val for t in tasks)
+    assert step_tasks("run", 3, rows, 4, "prompt", 2)[0].event_id == tasks[0].event_id
+    val = validation_tasks("run", 5, rows, "prompt")
+    assert [t.is_val for t in val] == [True, True] and val[0].min_weight_version == 5
+
+
+def test_epoch_batches_cover_every_row_once_per_epoch():
+    rows = [{"i": i} for i in range(10)]
+    batches = epoch_batches(rows, 4, shuffle=True, seed=1)
+    first = [next(batches) for _ in range(5)]  # 20 rows = 2 epochs
+    seen = [r["i"] for _, batch in first for r in batch]
+    assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:]) == list(range(10))
+    assert [epoch for epoch, _ in first] == [0, 0, 1, 1, 1]  # the third batch spans the epochs
+    again = epoch_batches(rows, 4, shuffle=True, seed=1)
+    assert [next(again)[1] for _ in range(5)] == [b for _, b in first]  # deterministic
+
+
+def test_dataset_errors_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "train.jsonl"
+    bad.write_text('{"prompt": "1+1="}\n{"prompt": oops}\n')
+    with pytest.raises(DatasetError, match=r"train.jsonl:2: not valid JSON"):
+        read_rows([str(bad)])
+    bad.write_text('{"prompt": "1+1="}\n{"question": "2+2="}\n')
+    with pytest.raises(DatasetError, match=r"train.jsonl:2: row has no 'prompt'"):
+        read_rows([str(bad)], required_keys=("prompt",))
+    with pytest.raises(DatasetError, match="data file not found"):
+        read_rows([str(tmp_path / "missing.jsonl")])
+
+
+def test_parquet_rows(tmp_path):
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"prompt": ["1+1=", "2+2="], "answer": ["2", "4"]}), path)
+    assert read_rows([str(path)], "parquet", ("prompt",)) == [{"prompt": "1+1=", "answer": "2"},
+                                                                {"prompt": "2+2=", "answer": "4"}]
