@@ -17,7 +17,6 @@ trained. Samples of steps already trained are skipped, so none is trained twice.
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
@@ -35,7 +34,8 @@ from learner.batching import TrainItem
 from learner.checkpoint import (
     latest_checkpoint, load_state, load_trainer_state, save_checkpoint, save_weight_version,
 )
-from learner.trainers import TRAINERS, CrossEntropyTrainer, GRPOTrainer, Trainer
+from learner.trainers import TRAINERS, Trainer
+from learner.warmup import cross_entropy_warmup, greedy_exact_match, supervised_items
 from producers.dataset import read_rows
 from producers.evaluator import load_class
 from schema.events import (
@@ -71,20 +71,6 @@ def staleness_split(items: list[TrainItem], learner_version: int, threshold: int
     kept = [i for i in items if learner_version - i.weight_version <= threshold]
     dropped = [i for i in items if learner_version - i.weight_version > threshold]
     return kept, dropped
-
-
-def warmup_items(recipe: dict, tokenizer) -> list[TrainItem]:
-    """Supervised examples (prompt, then answer and end of sequence) for the warm-up."""
-    data = recipe["data"]
-    rows = read_rows(data["data_files"], data["type"], (data["prompt_key"], data["answer_key"]))
-    items = []
-    for row in rows:
-        prompt = tokenizer(str(row[data["prompt_key"]]))["input_ids"]
-        answer = tokenizer(str(row[data["answer_key"]]))["input_ids"] + [tokenizer.eos_token_id]
-        tokens = np.array(prompt + answer, dtype=np.int32)
-        mask = np.array([0] * len(prompt) + [1] * len(answer), dtype=np.uint8)
-        items.append(TrainItem(tokens=tokens, mask=mask, behaviour_logprobs=np.zeros(len(tokens), np.float32)))
-    return items
 
 
 def trainer_class(recipe: dict) -> type[Trainer]:
@@ -151,20 +137,28 @@ class Learner:
 
     # --- before the first step ------------------------------------------------------------
     def warm_up(self) -> dict:
-        cfg = self.recipe["trainer"]
+        """Cross-entropy warm-up on the training rows' answers; records the greedy
+        held-out accuracy before and after it, so a run shows what the warm-up did and
+        what RL did."""
+        cfg, data = self.recipe["trainer"], self.recipe["data"]
         steps = cfg["warmup_cross_entropy_steps"]
         if not steps:
             return {}
-        warm_cfg = dict(cfg, lr=cfg["warmup_lr"] or cfg["lr"])
-        trainer = CrossEntropyTrainer(self.model, self.tokenizer.pad_token_id, warm_cfg, self.recipe["algorithm"])
-        items = warmup_items(self.recipe, self.tokenizer)
-        rng = np.random.default_rng(cfg["seed"])
-        started, losses = time.perf_counter(), []
-        for _ in range(steps):
-            batch = [items[i] for i in rng.integers(0, len(items), cfg["warmup_batch_size"])]
-            losses.append(trainer.step(batch).loss)
-        return {"warmup_steps": steps, "warmup_first_loss": losses[0], "warmup_last_loss": float(np.mean(losses[-10:])),
-                "warmup_seconds": time.perf_counter() - started}
+        val_cfg = self.recipe["validate"]["data"]
+        val_rows = read_rows(val_cfg["data_files"], val_cfg["type"]) if val_cfg["data_files"] else []
+        val_rows = val_rows[:val_cfg["max_rows"]] if val_cfg.get("max_rows") else val_rows
+        max_tokens = self.recipe["rollout_worker"]["max_response_length"]
+
+        def accuracy() -> float:
+            return greedy_exact_match(self.model, self.tokenizer, val_rows, val_cfg["prompt_key"],
+                                      val_cfg["answer_key"], max_tokens)
+
+        before = accuracy()
+        rows = read_rows(data["data_files"], data["type"], (data["prompt_key"], data["answer_key"]))
+        items = supervised_items(rows, self.tokenizer, data["prompt_key"], data["answer_key"])
+        details = cross_entropy_warmup(self.model, self.tokenizer, items, steps, cfg["warmup_batch_size"],
+                                       dict(cfg, lr=cfg["warmup_lr"] or cfg["lr"]), cfg["seed"])
+        return {**details, "val_accuracy_before_warmup": before, "val_accuracy_after_warmup": accuracy()}
 
     def publish_version(self, version: int) -> None:
         folder, sha = save_weight_version(self.weights, version, self.model, self.tokenizer,

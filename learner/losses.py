@@ -17,15 +17,24 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 def ppo_clip_token_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                        clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+                        clip_ratio_low: float = 0.2, clip_ratio_high: float = 0.2,
+                        clip_ratio_c: float | None = 3.0) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO-clip per token with asymmetric clip (DAPO clip-higher):
         loss = max(-A * r, -A * clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high)),  r = exp(logp - old_logp)
-    Returns (loss per token, 1.0 where the clipped branch is the active one)."""
+    and, for A < 0, dual-clip (Ye et al. 2020): the loss is capped at -A * clip_ratio_c, so
+    a token whose ratio has exploded on a stale sample cannot dominate the gradient.
+    Returns (loss per token, 1.0 where a clipped branch is the active one)."""
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+    loss = torch.maximum(unclipped, clipped)
+    was_clipped = clipped > unclipped
+    if clip_ratio_c is not None:
+        cap = -advantages * clip_ratio_c
+        capped = (advantages < 0) & (loss > cap)
+        loss = torch.where(capped, cap, loss)
+        was_clipped = was_clipped | capped
+    return loss, was_clipped.float()
 
 
 def truncated_importance_weights(proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,

@@ -134,7 +134,8 @@ class GRPOTrainer(Trainer):
             old = logprobs.detach()
             cap = algo.get("truncated_is_cap", 2.0) if correction == "truncated_is" else math.inf
             weights = truncated_importance_weights(old, behaviour, cap)
-        token_loss, clipped = ppo_clip_token_loss(logprobs, old, advantages, algo["clip_ratio_low"], algo["clip_ratio_high"])
+        token_loss, clipped = ppo_clip_token_loss(logprobs, old, advantages, algo["clip_ratio_low"], algo["clip_ratio_high"],
+                                                  algo.get("clip_ratio_c", 3.0))
         if weights is not None:
             token_loss = token_loss * weights
             sums["importance_weight_sum"] = float((weights * mask).sum())

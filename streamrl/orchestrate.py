@@ -80,6 +80,10 @@ def summary_table(summary: RunSummary, wall_s: float) -> Table:
     table = Table(title=f"run {summary.run_id}")
     table.add_column("measure")
     table.add_column("value", justify="right")
+    if "val_accuracy_before_warmup" in summary.warmup:
+        table.add_row("validation accuracy, untrained model", f"{summary.warmup['val_accuracy_before_warmup']:.3f}")
+        table.add_row(f"cross-entropy warm-up ({summary.warmup['warmup_steps']} steps)",
+                      f"{summary.warmup['warmup_seconds']:.0f} s")
     if summary.val_accuracy:
         table.add_row("validation accuracy, first", f"{summary.val_accuracy[0]:.3f} (version {summary.val_versions[0]})")
         table.add_row("validation accuracy, last", f"{summary.val_accuracy[-1]:.3f} (version {summary.val_versions[-1]})")

@@ -101,6 +101,7 @@ class Algorithm:
     batch_size: Optional[int] = None
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28
+    clip_ratio_c: Optional[float] = 3.0  # dual-clip cap for negative advantages; null turns it off
     loss_agg_mode: str = "token-mean"
     filter_zero_variance: bool = True
     do_old_log_prob_compute: bool = False

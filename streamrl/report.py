@@ -19,6 +19,7 @@ class RunSummary:
     val_counts: list[int] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     totals: dict[str, float] = field(default_factory=dict)
+    warmup: dict = field(default_factory=dict)
 
 
 COUNT_QUERY = """
@@ -48,6 +49,9 @@ def load_summary(database_url: str, run_id: str, with_counts: bool = True) -> Ru
         summary.val_versions = [r[0] for r in rows]
         summary.val_accuracy = [float(r[1]) for r in rows]
         summary.val_counts = [r[2] for r in rows]
+        row = conn.execute("select details from run_events where run_id = %s and kind = 'started' and name = 'learner'",
+                           (run_id,)).fetchone()
+        summary.warmup = (row[0] or {}) if row else {}
         if with_counts:
             summary.counts = dict(conn.execute(COUNT_QUERY, {"run": run_id}).fetchall())
             row = conn.execute(

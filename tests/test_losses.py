@@ -20,11 +20,12 @@ def lp(x):
     (0.9, 1.0, -0.9, 0.0),    # inside the range
     (0.5, -1.0, 0.8, 1.0),    # low side: r clipped to 1 - 0.2; -A * 0.8 = 0.8 > 0.5
     (1.5, -1.0, 1.5, 0.0),    # negative advantage above the range: unclipped is the max
+    (5.0, -1.0, 3.0, 1.0),    # ... far above it: dual-clip caps -A * r = 5 at -A * 3
     (0.5, 1.0, -0.5, 0.0),    # positive advantage below the range: unclipped is the max
 ])
 def test_ppo_clip_both_sides(ratio, advantage, expected_loss, clipped):
     loss, was_clipped = ppo_clip_token_loss(lp([math.log(ratio)]), lp([0.0]), lp([advantage]),
-                                            clip_ratio_low=0.2, clip_ratio_high=0.28)
+                                            clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
     assert loss.item() == pytest.approx(expected_loss, abs=1e-9)
     assert was_clipped.item() == clipped
 

@@ -1,0 +1,54 @@
+"""The cross-entropy warm-up that may precede RL, and a quick greedy check of what it
+achieved (run in the learner, before the first weight version exists)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from learner.batching import TrainItem
+from learner.trainers import CrossEntropyTrainer
+
+
+def supervised_items(rows: list[dict], tokenizer, prompt_key: str, answer_key: str) -> list[TrainItem]:
+    """Prompt, then answer and end of sequence; only the answer and the end train."""
+    items = []
+    for row in rows:
+        prompt = tokenizer(str(row[prompt_key]))["input_ids"]
+        answer = tokenizer(str(row[answer_key]))["input_ids"] + [tokenizer.eos_token_id]
+        tokens = np.array(prompt + answer, dtype=np.int32)
+        mask = np.array([0] * len(prompt) + [1] * len(answer), dtype=np.uint8)
+        items.append(TrainItem(tokens=tokens, mask=mask, behaviour_logprobs=np.zeros(len(tokens), np.float32)))
+    return items
+
+
+@torch.no_grad()
+def greedy_exact_match(model, tokenizer, rows: list[dict], prompt_key: str, answer_key: str,
+                       max_new_tokens: int = 16) -> float:
+    """Fraction of rows whose greedy completion, stripped, equals the answer."""
+    if not rows:
+        return float("nan")
+    model.eval()
+    prompts = [tokenizer(str(r[prompt_key]))["input_ids"] for r in rows]
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
+                         do_sample=False, pad_token_id=pad, eos_token_id=tokenizer.eos_token_id)
+    texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    return float(np.mean([t.strip() == str(r[answer_key]).strip() for t, r in zip(texts, rows)]))
+
+
+def cross_entropy_warmup(model, tokenizer, items: list[TrainItem], steps: int, batch_size: int,
+                         trainer_config: dict, seed: int) -> dict:
+    trainer = CrossEntropyTrainer(model, tokenizer.pad_token_id, trainer_config, {})
+    rng = np.random.default_rng(seed)
+    started, losses = time.perf_counter(), []
+    for _ in range(steps):
+        batch = [items[i] for i in rng.integers(0, len(items), batch_size)]
+        losses.append(trainer.step(batch).loss)
+    return {"warmup_steps": steps, "warmup_first_loss": losses[0], "warmup_last_loss": float(np.mean(losses[-10:])),
+            "warmup_seconds": time.perf_counter() - started}
