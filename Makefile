@@ -17,7 +17,7 @@ install: $(STAMP)
 
 run: $(STAMP)
 	$(VENV)/bin/streamrl up
-	$(VENV)/bin/streamrl demo
+	$(VENV)/bin/streamrl run recipes/arith/recipe.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider
@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(PY) bench/codec_bench.py
 	$(PY) bench/bus_bench.py
 	$(PY) bench/sink_bench.py
+	$(PY) bench/learner_bench.py
 	STREAMRL_HOME=bench/out/home $(VENV)/bin/streamrl down
 
 clean:
