@@ -85,13 +85,26 @@ class StepBuffer:
     """What has arrived for one step: samples by event id, filtered groups, offsets."""
 
     samples: dict
-    groups: set
-    filtered: list
+    filtered: dict
     offsets: list
 
     @classmethod
     def empty(cls) -> "StepBuffer":
-        return cls({}, set(), [], [])
+        return cls({}, {}, [])
+
+    def complete_groups(self) -> int:
+        """Groups fully arrived: filtered ones, and those with all their samples (a
+        group's samples may span several polls; a step must not start with half of one)."""
+        arrived: dict[str, int] = {}
+        expected: dict[str, int] = {}
+        for sample in self.samples.values():
+            arrived[sample.group_id] = arrived.get(sample.group_id, 0) + 1
+            expected[sample.group_id] = sample.group_size
+        return len(self.filtered) + sum(1 for g, n in arrived.items() if n >= expected[g] and g not in self.filtered)
+
+    @property
+    def groups(self) -> set:
+        return {s.group_id for s in self.samples.values()} | set(self.filtered)
 
 
 class Learner:
@@ -198,13 +211,12 @@ class Learner:
                         continue  # trained (or accounted for) before a restart
                     buffer = buffers[event.step]
                     buffer.offsets.append((tp, offset))
-                    buffer.groups.add(event.group_id)
                     if isinstance(event, Sample):
                         buffer.samples.setdefault(event.event_id, event)
                     else:
-                        buffer.filtered.append(event)
+                        buffer.filtered.setdefault(event.group_id, event)
                 target = self.step + 1
-                if len(buffers[target].groups) >= self.groups_per_step:
+                if buffers[target].complete_groups() >= self.groups_per_step:
                     record = self.train_step(target, buffers.pop(target), reader, buffers)
                     if on_step:
                         on_step(record)
@@ -238,7 +250,7 @@ class Learner:
             loss, grad_norm, tokens, metrics = result.loss, result.grad_norm, result.tokens, dict(result.metrics)
         ages = [learner_version - i.weight_version for i in items] or [0]
         filtered_reasons: dict[str, int] = {}
-        for f in buffer.filtered:
+        for f in buffer.filtered.values():
             filtered_reasons[f.reason] = filtered_reasons.get(f.reason, 0) + 1
         rewards = [i.reward for i in items]
         metrics.update({

@@ -50,7 +50,11 @@ def assert_ledger_consistent(conn, run_id: str, steps: int, staleness_threshold:
         join samples s on s.run_id = ts.run_id and s.trajectory_id = trained.trajectory_id
         where ts.run_id = %s""", run_id)
     assert worst is not None and 0 <= worst <= staleness_threshold
-    # and no sample was trained twice
+    # every sample was trained or dropped as stale (none skipped) ...
+    trained = scalar(conn, "select coalesce(sum(samples), 0) + coalesce(sum((staleness->>'dropped')::float), 0) "
+                           "from train_steps where run_id = %s", run_id)
+    assert trained == samples
+    # ... and no sample was trained twice
     assert scalar(conn, """select count(*) - count(distinct t) from train_steps
                            cross join unnest(sample_ids) as t where run_id = %s""", run_id) == 0
 
