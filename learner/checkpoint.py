@@ -31,18 +31,29 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
-def save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, state: dict, keep_every: int = 0) -> Path:
-    """Write checkpoint `step` under root and point LATEST at it; returns its folder."""
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:06d}"
-    tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
+def write_model_dir(final: Path, model, tokenizer, extra=None) -> Path:
+    """Save model and tokenizer (and `extra(folder)`) to a temporary folder, then rename it
+    to `final`: a reader sees the whole folder or none of it."""
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state()}, tmp / "trainer_state.pt")
-    (tmp / "state.json").write_text(json.dumps({"step": step, **state}))
+    if extra is not None:
+        extra(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
+    return final
+
+
+def save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, state: dict, keep_every: int = 0) -> Path:
+    """Write checkpoint `step` under root and point LATEST at it; returns its folder."""
+    root.mkdir(parents=True, exist_ok=True)
+
+    def trainer_state(folder: Path) -> None:
+        torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state()}, folder / "trainer_state.pt")
+        (folder / "state.json").write_text(json.dumps({"step": step, **state}))
+
+    final = write_model_dir(root / f"step-{step:06d}", model, tokenizer, trainer_state)
     pointer = root / f".{LATEST}.tmp"
     pointer.write_text(final.name)
     os.replace(pointer, root / LATEST)
@@ -82,13 +93,7 @@ def directory_sha256(folder: Path) -> str:
 def save_weight_version(root: Path, version: int, model, tokenizer, keep_last: int = 4) -> tuple[Path, str]:
     """The weights of `version` as a model folder any loader can read; returns (folder, sha256)."""
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"v{version:06d}"
-    tmp = root / f".tmp-v{version:06d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    final = write_model_dir(root / f"v{version:06d}", model, tokenizer)
     for old in sorted(root.glob("v*"))[:-keep_last]:  # workers only ever need recent versions
         shutil.rmtree(old, ignore_errors=True)
     return final, directory_sha256(final)
