@@ -13,12 +13,21 @@ from tests.conftest import run_cli
 EXTERNAL_URL = os.environ.get("STREAMRL_TEST_EXTERNAL_DATABASE_URL")
 
 
+def head_revision() -> str:
+    """The newest migration in migrations/versions (what `up` must migrate to)."""
+    from alembic.script import ScriptDirectory
+
+    from streamrl.db import alembic_config
+
+    return ScriptDirectory.from_config(alembic_config("postgresql://unused/db")).get_current_head()
+
+
 def test_up_is_idempotent_and_down_stops_what_it_started(tmp_path):
     env = {"STREAMRL_HOME": str(tmp_path / "home"), "STREAMRL_KAFKA_PORT": "19192"}
     env_no_external = {**env, "STREAMRL_KAFKA_BOOTSTRAP": "", "STREAMRL_DATABASE_URL": ""}
     first = run_cli("up", env=env_no_external, check=True)
     assert "started embedded broker" in first.stdout and "started embedded server" in first.stdout
-    assert "migrated to revision 0002" in first.stdout
+    assert f"migrated to revision {head_revision()}" in first.stdout
     second = run_cli("up", env=env_no_external, check=True)
     assert "already running" in second.stdout and "started" not in second.stdout
     status = run_cli("status", env=env_no_external, check=True)
@@ -53,7 +62,7 @@ def test_external_postgres_by_url(stack, external_database, tmp_path, run_id):
            "STREAMRL_KAFKA_BOOTSTRAP": stack.kafka_bootstrap}
     up = run_cli("up", env=env, check=True)
     assert "postgres: external" in up.stdout and "kafka: external" in up.stdout
-    assert "migrated to revision 0002" in up.stdout
+    assert f"migrated to revision {head_revision()}" in up.stdout
     status = run_cli("status", env=env, check=True)
     assert status.stdout.count("external") == 2
     # The sink writes into the external database.
