@@ -17,19 +17,17 @@ group; groups re-emitted after a crash carry the same event ids (idempotent down
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-
 import numpy as np
 from kafka import TopicPartition
 
 from consumers.advantages import get_advantage_estimator, group_std, is_zero_variance
 from schema.events import Evaluation, GroupFiltered, Sample, Trajectory
 from streamrl.bus import EventPublisher, RunReader
+from streamrl.plugins import load_module
 from streamrl.settings import Settings
 
 log = logging.getLogger("streamrl.processor")
@@ -83,11 +81,8 @@ def group_outcome(run_id: str, group_id: str, step: int, group_size: int,
 
 def load_custom_advantages(path: str | None) -> None:
     """Import a recipe's module so that its @register_advantage functions register."""
-    if not path:
-        return
-    spec = importlib.util.spec_from_file_location(f"streamrl_advantages_{Path(path).stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    if path:
+        load_module(path)
 
 
 @dataclass
@@ -116,9 +111,10 @@ class StreamProcessor:
         self.stats = ProcessorStats()
 
     def _add(self, event, tp: TopicPartition, offset: int) -> str | None:
-        if event.is_val or event.group_id in self.closed:
-            if event.group_id in self.closed:
-                self.stats.duplicates += 1
+        if event.is_val:
+            return None
+        if event.group_id in self.closed:  # a late copy (a re-run task): the group is done
+            self.stats.duplicates += 1
             return None
         group = self.open.get(event.group_id)
         if group is None:

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -36,12 +36,13 @@ from learner.checkpoint import (
 )
 from learner.trainers import TRAINERS, Trainer
 from learner.warmup import cross_entropy_warmup, greedy_exact_match, supervised_items
-from producers.dataset import read_rows
-from producers.evaluator import load_class
 from schema.events import (
     GroupFiltered, RunEvent, Sample, TrainStep, WeightVersion, unpack_float32, unpack_int32, unpack_mask,
 )
 from streamrl.bus import EventPublisher, RunReader
+from streamrl.dataset import read_rows
+from streamrl.plugins import load_class
+from streamrl.recipe import total_train_steps
 from streamrl.settings import Settings
 
 log = logging.getLogger("streamrl.learner")
@@ -82,29 +83,30 @@ def trainer_class(recipe: dict) -> type[Trainer]:
 
 @dataclass
 class StepBuffer:
-    """What has arrived for one step: samples by event id, filtered groups, offsets."""
+    """What has arrived for one step: samples by event id, filtered groups, offsets, and
+    per group how many samples arrived of how many the processor emitted."""
 
-    samples: dict
-    filtered: dict
-    offsets: list
+    samples: dict = field(default_factory=dict)
+    filtered: dict = field(default_factory=dict)
+    offsets: list = field(default_factory=list)
+    arrived: dict = field(default_factory=dict)  # group id -> [arrived, expected]
+    complete: int = 0  # groups fully arrived (a group's samples may span several polls)
 
-    @classmethod
-    def empty(cls) -> "StepBuffer":
-        return cls({}, {}, [])
-
-    def complete_groups(self) -> int:
-        """Groups fully arrived: filtered ones, and those with all their samples (a
-        group's samples may span several polls; a step must not start with half of one)."""
-        arrived: dict[str, int] = {}
-        expected: dict[str, int] = {}
-        for sample in self.samples.values():
-            arrived[sample.group_id] = arrived.get(sample.group_id, 0) + 1
-            expected[sample.group_id] = sample.group_size
-        return len(self.filtered) + sum(1 for g, n in arrived.items() if n >= expected[g] and g not in self.filtered)
+    def add(self, event, tp: TopicPartition, offset: int) -> None:
+        self.offsets.append((tp, offset))
+        if isinstance(event, GroupFiltered):
+            if event.group_id not in self.filtered:
+                self.filtered[event.group_id] = event
+                self.complete += 1
+        elif event.event_id not in self.samples:  # a re-emitted copy counts once
+            self.samples[event.event_id] = event
+            counts = self.arrived.setdefault(event.group_id, [0, event.group_size])
+            counts[0] += 1
+            self.complete += counts[0] == counts[1]
 
     @property
     def groups(self) -> set:
-        return {s.group_id for s in self.samples.values()} | set(self.filtered)
+        return set(self.arrived) | set(self.filtered)
 
 
 class Learner:
@@ -114,11 +116,8 @@ class Learner:
         torch.set_num_threads(cfg["num_threads"])
         self.checkpoints = run_dir(settings, run_id, cfg["checkpoint_path"])
         self.weights = run_dir(settings, run_id, recipe["weight"]["sync_weight_path"])
-        self.total_steps = recipe["trainer"]["total_train_steps"]
-        if recipe["trainer"].get("total_epochs"):
-            from producers.publisher import pacing_for  # noqa: PLC0415  (the same arithmetic as the publisher)
-            rows = len(read_rows(recipe["data"]["data_files"], recipe["data"]["type"]))
-            self.total_steps = pacing_for(recipe, rows).total_steps
+        rows = len(read_rows(recipe["data"]["data_files"], recipe["data"]["type"])) if cfg["total_epochs"] else 0
+        self.total_steps = total_train_steps(recipe, rows)
         self.groups_per_step = recipe["trajectory_pool"]["batch_size"]
         self.staleness_threshold = recipe["weight"]["staleness_threshold"]
         self.publisher = EventPublisher(settings)
@@ -200,7 +199,7 @@ class Learner:
         self.start()
         reader = RunReader(self.settings, self.run_id, ["samples"], group_id=None,
                            start_offsets=self.start_offsets, stage="learner")
-        buffers: dict[int, StepBuffer] = defaultdict(StepBuffer.empty)
+        buffers: dict[int, StepBuffer] = defaultdict(StepBuffer)
         try:
             while not stop.is_set() and self.step < self.total_steps:
                 events, dead = reader.poll(timeout_ms=50, max_records=5000)
@@ -209,14 +208,9 @@ class Learner:
                 for event, tp, offset in events:
                     if not isinstance(event, (Sample, GroupFiltered)) or event.step <= self.step:
                         continue  # trained (or accounted for) before a restart
-                    buffer = buffers[event.step]
-                    buffer.offsets.append((tp, offset))
-                    if isinstance(event, Sample):
-                        buffer.samples.setdefault(event.event_id, event)
-                    else:
-                        buffer.filtered.setdefault(event.group_id, event)
+                    buffers[event.step].add(event, tp, offset)
                 target = self.step + 1
-                if buffers[target].complete_groups() >= self.groups_per_step:
+                if buffers[target].complete >= self.groups_per_step:
                     record = self.train_step(target, buffers.pop(target), reader, buffers)
                     if on_step:
                         on_step(record)

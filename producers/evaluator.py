@@ -13,13 +13,12 @@ with the error recorded, and a reward that is not a finite number is refused the
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 import traceback
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from streamrl.plugins import LoadError, load_class  # noqa: F401  (the seed API's loader, re-exported)
 
 
 @dataclass
@@ -62,39 +61,6 @@ def run_evaluator(evaluator: Evaluator, data: dict[str, Any], target: BaseEvalua
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
         return EvaluationOutcome(EvaluationRunResult(reward=0.0), error=error)
-
-
-class LoadError(ValueError):
-    pass
-
-
-def load_class(spec: str, base_dir: str | Path = ".", expected: type | None = None) -> type:
-    """The class named by "path/to/file.py:ClassName" (the path relative to `base_dir`).
-    The file's folder goes on sys.path so the module can import its neighbours."""
-    path_text, sep, class_name = spec.rpartition(":")
-    if not sep or not path_text or not class_name:
-        raise LoadError(f"{spec!r}: expected 'path/to/file.py:ClassName'")
-    path = (Path(base_dir) / path_text).resolve()
-    if not path.is_file():
-        raise LoadError(f"{spec!r}: file not found: {path}")
-    module_name = f"streamrl_user_{path.stem}_{abs(hash(str(path)))}"
-    if module_name not in sys.modules:
-        if str(path.parent) not in sys.path:
-            sys.path.insert(0, str(path.parent))
-        module_spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_name] = module
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as exc:
-            del sys.modules[module_name]
-            raise LoadError(f"{spec!r}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
-    cls = getattr(sys.modules[module_name], class_name, None)
-    if not isinstance(cls, type):
-        raise LoadError(f"{spec!r}: {path.name} defines no class {class_name!r}")
-    if expected is not None and not issubclass(cls, expected):
-        raise LoadError(f"{spec!r}: {class_name} is not a subclass of {expected.__name__}")
-    return cls
 
 
 class ExactMatchEvaluator(Evaluator):

@@ -15,15 +15,15 @@ final version.
 from __future__ import annotations
 
 import logging
-import math
 import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from producers.dataset import epoch_batches, read_rows
 from schema.events import RunEvent, Task, WeightVersion
 from streamrl.bus import EventPublisher, RunReader, create_run_topics
+from streamrl.dataset import epoch_batches, read_rows
+from streamrl.recipe import total_train_steps
 from streamrl.settings import Settings
 
 log = logging.getLogger("streamrl.publisher")
@@ -39,12 +39,9 @@ class Pacing:
 
 
 def pacing_for(recipe: dict, rows: int) -> Pacing:
-    trainer, weight = recipe["trainer"], recipe["weight"]
-    total = trainer["total_train_steps"]
-    if trainer.get("total_epochs"):
-        total = min(total, math.ceil(trainer["total_epochs"] * rows / recipe["trajectory_pool"]["batch_size"]))
+    weight = recipe["weight"]
     k = 0 if weight["sync_mode"] == "sync" else weight["staleness_threshold"]
-    return Pacing(total, k)
+    return Pacing(total_train_steps(recipe, rows), k)
 
 
 def validation_versions(recipe: dict, total_steps: int) -> list[int]:

@@ -25,11 +25,12 @@ from pathlib import Path
 
 from kafka import TopicPartition
 
-from producers.evaluator import Evaluator, ExactMatchEvaluator, load_class
+from producers.evaluator import Evaluator, ExactMatchEvaluator
 from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
 from producers.rollout import BaseRolloutWorker, InferenceClient, SingleTurnWorker
 from schema.events import Task, WeightVersion
 from streamrl.bus import EventPublisher, RunReader
+from streamrl.plugins import load_class
 from streamrl.settings import Settings
 
 log = logging.getLogger("streamrl.worker")

@@ -201,9 +201,7 @@ class RunReader:
             for record in records:
                 try:
                     events.append((unframe(record.value, self._blob_store_if_needed(record.value)), tp, record.offset))
-                except Exception as exc:  # undecodable: kept as a dead letter, processing goes on
-                    if not isinstance(exc, (codec.CodecError, LookupError, ValueError)):
-                        raise
+                except (codec.CodecError, LookupError, ValueError) as exc:  # kept as a dead letter; processing goes on
                     dead.append(DeadLetter(run_id=self.run_id, source_topic=record.topic,
                                            source_partition=record.partition, source_offset=record.offset,
                                            key=record.key, raw=record.value or b"", error=str(exc), stage=self.stage))

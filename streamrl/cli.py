@@ -238,6 +238,14 @@ def sql(
         _print_table(result.columns, result.rows)
 
 
+def _parse_shard(shard: str) -> tuple[int, int]:
+    index, _, count = shard.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        err_console.print(f"[red]error:[/] --shard {shard!r}: expected I/N with 0 <= I < N, e.g. 0/2")
+        raise typer.Exit(EXIT_USAGE)
+    return int(index), int(count)
+
+
 @app.command()
 def sink(
     run: Optional[str] = typer.Option(None, help="Only this run's topics (default: every run)."),
@@ -261,12 +269,9 @@ def sink(
         except ValueError as exc:
             err_console.print(f"[red]error:[/] --run: {exc}")
             raise typer.Exit(EXIT_USAGE)
-    index, _, count = shard.partition("/")
-    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
-        err_console.print(f"[red]error:[/] --shard {shard!r}: expected I/N with 0 <= I < N, e.g. 0/2")
-        raise typer.Exit(EXIT_USAGE)
+    index_count = _parse_shard(shard)
     _check_database(_database_url(settings))
-    worker = LedgerSink(settings, run_id=run, max_batch=max_batch, shard=(int(index), int(count)))
+    worker = LedgerSink(settings, run_id=run, max_batch=max_batch, shard=index_count)
     worker.install_signal_handlers()
     started = time.monotonic()
 
@@ -302,19 +307,38 @@ def topics(
         console.print(f"{name}  {'created' if name in created else 'exists'}")
 
 
-def _parse_shard(shard: str) -> tuple[int, int]:
-    index, _, count = shard.partition("/")
-    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
-        err_console.print(f"[red]error:[/] --shard {shard!r}: expected I/N with 0 <= I < N, e.g. 0/2")
-        raise typer.Exit(EXIT_USAGE)
-    return int(index), int(count)
+def recipe_code_problems(recipe: dict) -> list[str]:
+    """Load the recipe's own code now (evaluator, worker, trainer, advantage estimator),
+    so a typo fails the run before it starts, not in a worker's log minutes later."""
+    from consumers.advantages import get_advantage_estimator
+    from consumers.processor import load_custom_advantages
+    from learner.loop import trainer_class
+    from producers.worker_loop import make_evaluator, worker_class
+
+    problems = []
+    checks = [("rollout_worker.evaluator_module_path", lambda: make_evaluator(recipe)),
+              ("rollout_worker.custom_rollout_worker_module_path", lambda: worker_class(recipe)),
+              ("trainer.custom_trainer_module_path", lambda: trainer_class(recipe)),
+              ("algorithm.custom_advantage_module_path",
+               lambda: load_custom_advantages(recipe["algorithm"]["custom_advantage_module_path"])),
+              ("algorithm.type", lambda: get_advantage_estimator(recipe["algorithm"]["type"]))]
+    for key, check in checks:
+        try:
+            check()
+        except (ValueError, KeyError) as exc:  # LoadError is a ValueError
+            problems.append(f"{key}: {exc.args[0] if exc.args else exc}")
+    return problems
 
 
 def _prepared_recipe(file: Path) -> dict:
     from streamrl.recipe import RecipeError, prepare_recipe
 
     try:
-        return prepare_recipe(file)
+        recipe = prepare_recipe(file)
+        problems = recipe_code_problems(recipe)
+        if problems:
+            raise RecipeError(file, problems)
+        return recipe
     except RecipeError as exc:
         err_console.print(f"[red]invalid recipe[/] {exc.path}:", highlight=False, soft_wrap=True)
         for problem in exc.problems:
@@ -347,7 +371,7 @@ def publish(
 ) -> None:
     """Create a run from a recipe (its topics, and a `created` event holding the resolved
     config) and publish its tasks, paced by the weight versions the learner publishes."""
-    from producers.dataset import DatasetError
+    from streamrl.dataset import DatasetError
     from producers.publisher import create_run, run_publisher
     from schema.topics import TopicNameError, validate_run_id
     from streamrl.bus import EventPublisher

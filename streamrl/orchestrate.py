@@ -140,9 +140,6 @@ def run_locally(settings: Settings, recipe_file: Path, recipe: dict, run_id: str
                     if time.monotonic() - val_wait_started > final_val_timeout_s:
                         console.print("[yellow]final validation incomplete; stopping anyway[/]")
                         break
-                elif learner.process.poll() == 0:
-                    # the learner is done; the sink is still writing its last steps
-                    pass
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping the run's processes (they commit what they have)[/]")
         raise

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import subprocess
 import sys
 import typing
@@ -403,6 +404,16 @@ def consistency_problems(values: dict) -> list[str]:
     if worker["rollout_repeat_n"] < 1:
         problems.append("rollout_worker.rollout_repeat_n: must be >= 1")
     return problems
+
+
+def total_train_steps(recipe: dict, dataset_rows: int) -> int:
+    """`trainer.total_train_steps`, or fewer when `trainer.total_epochs` passes over the
+    data sooner (each step takes `trajectory_pool.batch_size` rows)."""
+    trainer = recipe["trainer"]
+    total = trainer["total_train_steps"]
+    if trainer.get("total_epochs"):
+        total = min(total, math.ceil(trainer["total_epochs"] * dataset_rows / recipe["trajectory_pool"]["batch_size"]))
+    return total
 
 
 def run_setup_script(path: str | Path) -> None:

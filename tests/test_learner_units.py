@@ -110,3 +110,22 @@ def test_checkpoint_round_trip_restores_model_optimizer_and_rng(tiny, tmp_path):
     save_checkpoint(tmp_path, 5, model, tokenizer, trainer.optimizer, {"offsets": {}})
     assert latest_checkpoint(tmp_path).name == "step-000005"
     assert not (tmp_path / "step-000004").exists()  # only the newest is kept (keep_every=0)
+
+
+def test_step_buffer_counts_a_group_once_all_its_samples_arrived():
+    from kafka import TopicPartition
+
+    from learner.loop import StepBuffer
+    from schema.events import GroupFiltered, Sample
+
+    tp = TopicPartition("t", 0)
+    buffer = StepBuffer()
+    a0, a1 = (Sample(run_id="r", trajectory_id=f"a-{i}", group_id="a", group_size=2, step=1) for i in range(2))
+    buffer.add(a0, tp, 0)
+    assert buffer.complete == 0  # half of group a
+    buffer.add(a0, tp, 1)  # a re-emitted copy
+    assert buffer.complete == 0
+    buffer.add(a1, tp, 2)
+    buffer.add(GroupFiltered(run_id="r", group_id="b", reason="zero_variance", step=1), tp, 3)
+    buffer.add(GroupFiltered(run_id="r", group_id="b", reason="zero_variance", step=1), tp, 4)
+    assert buffer.complete == 2 and buffer.groups == {"a", "b"} and len(buffer.samples) == 2

@@ -4,7 +4,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from producers.dataset import DatasetError, epoch_batches, read_rows
+from streamrl.dataset import DatasetError, epoch_batches, read_rows
 from producers.publisher import Pacing, step_tasks, validation_tasks, validation_versions
 
 

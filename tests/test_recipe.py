@@ -106,3 +106,18 @@ def test_cli_validate(recipe_tree):
     result = run_cli("recipe", "validate", str(bad))
     assert result.returncode == 2
     assert "trainer.totl_train_steps: unknown key (did you mean trainer.total_train_steps?)" in result.stderr
+
+
+def test_publish_refuses_recipe_code_that_does_not_load(recipe_tree):
+    recipe = write(recipe_tree / "bad_code.yaml", """
+        data:
+          data_files: [train.jsonl]
+        rollout_worker:
+          evaluator_module_path: missing_eval.py:Judge
+        algorithm:
+          type: grpo_typo
+    """)
+    result = run_cli("publish", str(recipe), "--run", "never-created")
+    assert result.returncode == 2
+    assert "rollout_worker.evaluator_module_path" in result.stderr and "missing_eval.py" in result.stderr
+    assert "algorithm.type" in result.stderr and "grpo_typo" in result.stderr

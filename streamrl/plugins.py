@@ -1,0 +1,50 @@
+"""Loading a recipe's own Python: evaluators, rollout workers, trainers, advantage
+estimators, named as "path/to/file.py:ClassName" (or a bare file for modules whose
+import registers something). The file's folder goes on sys.path so the module can
+import its neighbours."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+
+class LoadError(ValueError):
+    pass
+
+
+def load_module(path: str | Path, spec: str | None = None) -> ModuleType:
+    """Import the file at `path` once per process (by its absolute path)."""
+    path = Path(path).resolve()
+    spec = spec or str(path)
+    if not path.is_file():
+        raise LoadError(f"{spec!r}: file not found: {path}")
+    module_name = f"streamrl_user_{path.stem}_{abs(hash(str(path)))}"
+    if module_name not in sys.modules:
+        if str(path.parent) not in sys.path:
+            sys.path.insert(0, str(path.parent))
+        module_spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[module_name]
+            raise LoadError(f"{spec!r}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    return sys.modules[module_name]
+
+
+def load_class(spec: str, base_dir: str | Path = ".", expected: type | None = None) -> type:
+    """The class named by "path/to/file.py:ClassName" (the path relative to `base_dir`)."""
+    path_text, sep, class_name = spec.rpartition(":")
+    if not sep or not path_text or not class_name:
+        raise LoadError(f"{spec!r}: expected 'path/to/file.py:ClassName'")
+    module = load_module(Path(base_dir) / path_text, spec)
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        raise LoadError(f"{spec!r}: {Path(path_text).name} defines no class {class_name!r}")
+    if expected is not None and not issubclass(cls, expected):
+        raise LoadError(f"{spec!r}: {class_name} is not a subclass of {expected.__name__}")
+    return cls
