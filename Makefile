@@ -13,6 +13,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+BENCH_STAMP := $(VENV)/.installed-bench
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
 install: $(STAMP)
 
 run: $(STAMP)
@@ -22,11 +27,12 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider
 
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	$(PY) bench/codec_bench.py
 	$(PY) bench/bus_bench.py
 	$(PY) bench/sink_bench.py
 	$(PY) bench/learner_bench.py
+	$(PY) bench/time_to_accuracy.py
 	STREAMRL_HOME=bench/out/home $(VENV)/bin/streamrl down
 
 clean:

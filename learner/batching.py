@@ -25,6 +25,7 @@ class TrainItem:
     weight_version: int = 0
     trajectory_id: str = ""
     reward: float = 0.0
+    group_id: str = ""
     extra: dict = field(default_factory=dict)
 
 

@@ -18,6 +18,7 @@ trained. Samples of steps already trained are skipped, so none is trained twice.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import defaultdict
@@ -35,13 +36,14 @@ from learner.checkpoint import (
     latest_checkpoint, load_state, load_trainer_state, save_checkpoint, save_weight_version,
 )
 from learner.trainers import TRAINERS, Trainer
-from learner.warmup import cross_entropy_warmup, greedy_exact_match, supervised_items
+from learner.warmup import cross_entropy_warmup, demonstration_items, greedy_exact_match, supervised_items
 from schema.events import (
     GroupFiltered, RunEvent, Sample, TrainStep, WeightVersion, unpack_float32, unpack_int32, unpack_mask,
 )
 from streamrl.bus import EventPublisher, RunReader
 from streamrl.dataset import read_rows
 from streamrl.plugins import load_class
+from learner.lr_schedule import learning_rate_at
 from streamrl.recipe import total_train_steps
 from streamrl.settings import Settings
 
@@ -62,7 +64,7 @@ def sample_to_item(sample: Sample) -> TrainItem:
     return TrainItem(tokens=unpack_int32(sample.tokens), mask=unpack_mask(sample.loss_mask),
                      behaviour_logprobs=unpack_float32(sample.logprobs), advantage=sample.advantage,
                      token_advantages=advantages, weight_version=sample.weight_version,
-                     trajectory_id=sample.trajectory_id, reward=sample.reward)
+                     trajectory_id=sample.trajectory_id, reward=sample.reward, group_id=sample.group_id)
 
 
 def staleness_split(items: list[TrainItem], learner_version: int, threshold: int
@@ -119,7 +121,12 @@ class Learner:
         rows = len(read_rows(recipe["data"]["data_files"], recipe["data"]["type"])) if cfg["total_epochs"] else 0
         self.total_steps = total_train_steps(recipe, rows)
         self.groups_per_step = recipe["trajectory_pool"]["batch_size"]
-        self.staleness_threshold = recipe["weight"]["staleness_threshold"]
+        # A replayed run trains on another run's rollouts: every sample is off-policy by
+        # design (the recipe's off-policy correction handles it) and its weight version
+        # belongs to the source run's lineage, so nothing is dropped as stale.
+        self.replay = recipe.get("replay")
+        self.staleness_threshold = math.inf if self.replay else recipe["weight"]["staleness_threshold"]
+        self.keep_weight_versions = recipe["weight"]["staleness_threshold"] + 3
         self.publisher = EventPublisher(settings)
 
         checkpoint = latest_checkpoint(self.checkpoints)
@@ -156,30 +163,39 @@ class Learner:
         steps = cfg["warmup_cross_entropy_steps"]
         if not steps:
             return {}
-        val_cfg = self.recipe["validate"]["data"]
-        val_rows = read_rows(val_cfg["data_files"], val_cfg["type"]) if val_cfg["data_files"] else []
-        val_rows = val_rows[:val_cfg["max_rows"]] if val_cfg.get("max_rows") else val_rows
-        max_tokens = self.recipe["rollout_worker"]["max_response_length"]
-
-        def accuracy() -> float:
-            return greedy_exact_match(self.model, self.tokenizer, val_rows, val_cfg["prompt_key"],
-                                      val_cfg["answer_key"], max_tokens)
-
-        before = accuracy()
-        rows = read_rows(data["data_files"], data["type"], (data["prompt_key"], data["answer_key"]))
-        items = supervised_items(rows, self.tokenizer, data["prompt_key"], data["answer_key"])
+        before = self.val_accuracy()
+        if cfg["warmup_messages_key"]:  # multi-turn demonstrations (agent recipes)
+            rows = read_rows(data["data_files"], data["type"], (cfg["warmup_messages_key"],))
+            items = demonstration_items(rows, self.tokenizer, cfg["warmup_messages_key"])
+        else:
+            rows = read_rows(data["data_files"], data["type"], (data["prompt_key"], data["answer_key"]))
+            items = supervised_items(rows, self.tokenizer, data["prompt_key"], data["answer_key"])
         details = cross_entropy_warmup(self.model, self.tokenizer, items, steps, cfg["warmup_batch_size"],
                                        dict(cfg, lr=cfg["warmup_lr"] or cfg["lr"]), cfg["seed"])
-        return {**details, "val_accuracy_before_warmup": before, "val_accuracy_after_warmup": accuracy()}
+        return {**details, "val_accuracy_before_warmup": before, "val_accuracy_after_warmup": self.val_accuracy()}
+
+    def val_accuracy(self) -> float:
+        """Greedy exact-match accuracy on the validation rows, in this process (used where
+        no rollout worker validates: before a warm-up, and around a replayed run)."""
+        val_cfg = self.recipe["validate"]["data"]
+        worker = self.recipe["rollout_worker"]
+        if not val_cfg["data_files"] or worker["type"] != "single_turn" or worker["custom_rollout_worker_module_path"]:
+            return float("nan")  # only the rollout workers know how other workers' tasks are done
+        val_rows = read_rows(val_cfg["data_files"], val_cfg["type"])
+        val_rows = val_rows[:val_cfg["max_rows"]] if val_cfg.get("max_rows") else val_rows
+        return greedy_exact_match(self.model, self.tokenizer, val_rows, val_cfg["prompt_key"],
+                                  val_cfg["answer_key"], self.recipe["rollout_worker"]["max_response_length"])
 
     def publish_version(self, version: int) -> None:
         folder, sha = save_weight_version(self.weights, version, self.model, self.tokenizer,
-                                          keep_last=self.staleness_threshold + 3)
+                                          keep_last=self.keep_weight_versions)
         self.publisher.publish(WeightVersion(run_id=self.run_id, version=version, step=version, uri=str(folder), sha256=sha))
 
     def start(self) -> None:
         if self.step == 0 and self.resumed_record is None:
             details = self.warm_up()
+            if self.replay:
+                details["val_accuracy_before_replay"] = self.val_accuracy()
             if self.ref_model is not None:  # the reference is the policy GRPO starts from
                 self.model.save_pretrained(self.checkpoints / "reference")
                 self.ref_model.load_state_dict(self.model.state_dict())
@@ -215,8 +231,9 @@ class Learner:
                     if on_step:
                         on_step(record)
             if self.step >= self.total_steps:
+                details = {"val_accuracy_after_replay": self.val_accuracy()} if self.replay else {}
                 self.publisher.publish(RunEvent(run_id=self.run_id, kind="finished", name="learner",
-                                                message=f"{self.step} steps"))
+                                                message=f"{self.step} steps", details=details))
         finally:
             self.publisher.flush()
             reader.close()
@@ -239,6 +256,11 @@ class Learner:
         metrics: dict[str, float] = {}
         loss = grad_norm = 0.0
         tokens = 0
+        cfg = self.recipe["trainer"]
+        lr = learning_rate_at(step, self.total_steps, cfg["lr"], cfg["lr_schedule"], cfg["min_lr_ratio"],
+                              cfg["lr_warmup_steps"])
+        for group in self.trainer.optimizer.param_groups:
+            group["lr"] = lr
         if kept:
             result = self.trainer.step(kept)
             loss, grad_norm, tokens, metrics = result.loss, result.grad_norm, result.tokens, dict(result.metrics)
@@ -249,6 +271,7 @@ class Learner:
         rewards = [i.reward for i in items]
         metrics.update({
             "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+            "lr": lr,
             "groups": float(len(buffer.groups)),
             "groups_filtered": float(len(buffer.filtered)),
             **{f"groups_filtered_{reason}": float(n) for reason, n in filtered_reasons.items()},

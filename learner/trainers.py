@@ -4,7 +4,10 @@
                          optional off-policy correction, KL to a frozen reference, entropy
     CrossEntropyTrainer  supervised (SFT) loss on the masked tokens, for warm-up
     custom               a subclass loaded from `trainer.custom_trainer_module_path`
-                         ("file.py:Class") that overrides `_prepare_batch`
+                         ("file.py:Class") that overrides either hook of the guide:
+                         `_prepare_trajectories(trajectories, metrics)` on the step's
+                         samples as a list (re-derive advantages, re-weight, log), or
+                         `_prepare_batch(items)` just before the loss
 
 Every loss is summed over micro-batches with the *whole* batch's token and sequence
 counts (learner/losses.py), so micro-batching never changes the gradient.
@@ -16,6 +19,7 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from learner.batching import TrainItem, collate, micro_batches_by_tokens
@@ -54,6 +58,11 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=trainer_config["lr"],
                                            weight_decay=trainer_config.get("weight_decay", 0.0))
 
+    def _prepare_trajectories(self, trajectories: list[TrainItem], metrics: dict[str, float]) -> list[TrainItem]:
+        """Override to change the step's samples (advantages, weights, which ones train);
+        what is put in `metrics` is recorded with the step."""
+        return trajectories
+
     def _prepare_batch(self, items: list[TrainItem]) -> list[TrainItem]:
         """Override to reshape, filter or re-weight the batch before the loss."""
         return items
@@ -69,7 +78,8 @@ class Trainer:
 
     def step(self, items: list[TrainItem]) -> StepResult:
         started = time.perf_counter()
-        items = self._prepare_batch(items)
+        prepared: dict[str, float] = {}
+        items = self._prepare_batch(self._prepare_trajectories(list(items), prepared))
         if not items:
             raise ValueError("a training step needs at least one sample")
         self.model.train()
@@ -90,6 +100,7 @@ class Trainer:
         self.optimizer.step()
         # Sums of per-token quantities become means over the batch's trained tokens.
         metrics = {key.removesuffix("_sum"): value / global_tokens for key, value in totals.items()}
+        metrics.update({key: float(value) for key, value in prepared.items()})
         return StepResult(loss=loss_total, grad_norm=float(grad_norm), tokens=int(global_tokens),
                           samples=len(items), seconds=time.perf_counter() - started, metrics=metrics)
 
@@ -170,6 +181,22 @@ class CrossEntropyTrainer(Trainer):
         with torch.no_grad():
             entropy = entropy_from_logits(logits)
         return loss, {"entropy_sum": float((entropy * batch["mask"]).sum())}
+
+
+def compute_grpo_advantage_for_trajectories(trajectories: list[TrainItem], estimator: str = "grpo") -> list[TrainItem]:
+    """Advantages from the rewards of each group (samples sharing a group id), with a
+    registered estimator (GRPO by default): what a custom trainer calls after changing
+    rewards. Sets each item's `advantage` (and clears per-token advantages)."""
+    from consumers.advantages import get_advantage_estimator
+    estimate = get_advantage_estimator(estimator)
+    groups: dict[str, list[TrainItem]] = {}
+    for item in trajectories:
+        groups.setdefault(item.group_id, []).append(item)
+    for members in groups.values():
+        advantages = estimate(np.asarray([item.reward for item in members], dtype=np.float64))
+        for item, advantage in zip(members, advantages):
+            item.advantage, item.token_advantages = float(advantage), None
+    return trajectories
 
 
 TRAINERS: dict[str, type[Trainer]] = {"grpo": GRPOTrainer, "cross_entropy": CrossEntropyTrainer}

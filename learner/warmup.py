@@ -10,6 +10,20 @@ import torch
 
 from learner.batching import TrainItem
 from learner.trainers import CrossEntropyTrainer
+from producers.chat_format import demonstration_tokens
+
+
+def demonstration_items(rows: list[dict], tokenizer, messages_key: str) -> list[TrainItem]:
+    """Multi-turn demonstrations (a list of chat messages per row): only the assistant's
+    turns train, laid out exactly as the agent loop lays out its episodes."""
+    items = []
+    for i, row in enumerate(rows):
+        if not isinstance(row.get(messages_key), list):
+            raise ValueError(f"warm-up row {i}: {messages_key!r} must be a list of chat messages")
+        tokens, mask = demonstration_tokens(tokenizer, row[messages_key])
+        items.append(TrainItem(tokens=np.array(tokens, dtype=np.int32), mask=np.array(mask, dtype=np.uint8),
+                               behaviour_logprobs=np.zeros(len(tokens), np.float32)))
+    return items
 
 
 def supervised_items(rows: list[dict], tokenizer, prompt_key: str, answer_key: str) -> list[TrainItem]:

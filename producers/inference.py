@@ -27,8 +27,10 @@ class SamplingParams:
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()  # end the completion after sampling one of these (kept in it)
 
     def __post_init__(self):
+        self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -41,7 +43,7 @@ class Completion:
     response_token_ids: list[int]
     response_text: str
     logprobs: list[float]  # behaviour logprob of each response token
-    finish_reason: str  # "stop" (end of sequence) | "length"
+    finish_reason: str  # "stop" (end of sequence or a stop token) | "length"
     weight_version: int
 
 
@@ -71,7 +73,7 @@ class EmbeddedEngine:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         pad_id = self.tokenizer.pad_token_id
-        eos_id = self.tokenizer.eos_token_id
+        stop_ids = {self.tokenizer.eos_token_id, *params.stop_token_ids}
         width = max(len(p) for p in prompts)
         # Left padding: every prompt ends at the same position, so one step samples all.
         input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -104,7 +106,7 @@ class EmbeddedEngine:
                 token = int(sampled[row])
                 tokens[row].append(token)
                 logprobs[row].append(float(log_probs[row, token]))
-                if token == eos_id:
+                if token in stop_ids:
                     finished[row] = True
                     reasons[row] = "stop"
             if finished.all():
@@ -173,7 +175,8 @@ class BatchingEngine:
                 self.engine.load_weights(*pending)
             by_params: dict[tuple, list[_Request]] = {}
             for request in batch:
-                key = (request.params.max_new_tokens, request.params.temperature, request.params.top_p)
+                key = (request.params.max_new_tokens, request.params.temperature, request.params.top_p,
+                       request.params.stop_token_ids)
                 by_params.setdefault(key, []).append(request)
             for requests in by_params.values():
                 try:

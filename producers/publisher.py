@@ -92,8 +92,10 @@ def create_run(settings: Settings, run_id: str, recipe: dict, publisher: EventPu
 
 
 def run_publisher(settings: Settings, run_id: str, recipe: dict, stop: threading.Event | None = None,
-                  on_progress=None) -> int:
-    """Publish every task of the run; returns the number of training steps published."""
+                  on_progress=None, skip_task_ids: set[str] | None = None) -> int:
+    """Publish every task of the run (but those in `skip_task_ids`: a resumed run's
+    finished ones); returns the number of training steps published."""
+    skip = skip_task_ids or set()
     stop = stop or threading.Event()
     data, worker = recipe["data"], recipe["rollout_worker"]
     rows = read_rows(data["data_files"], data["type"], (data["prompt_key"],))
@@ -117,12 +119,14 @@ def run_publisher(settings: Settings, run_id: str, recipe: dict, stop: threading
             while val_versions and latest >= val_versions[0]:
                 version = val_versions.pop(0)
                 for task in validation_tasks(run_id, version, val_rows, val_cfg["prompt_key"]):
-                    publisher.publish(task)
+                    if task.task_id not in skip:
+                        publisher.publish(task)
             while next_step <= pacing.total_steps and latest >= pacing.min_version(next_step):
                 _, batch = next(batches)
                 for task in step_tasks(run_id, next_step, batch, group_size, data["prompt_key"],
                                        pacing.min_version(next_step)):
-                    publisher.publish(task)
+                    if task.task_id not in skip:
+                        publisher.publish(task)
                 next_step += 1
             publisher.flush()
             if on_progress:

@@ -25,7 +25,9 @@ from pathlib import Path
 
 from kafka import TopicPartition
 
-from producers.evaluator import Evaluator, ExactMatchEvaluator
+from producers.agent_worker import AgentRolloutWorker
+from producers.evaluator import Evaluator
+from producers.evaluator_builtins import make_evaluator as build_evaluator
 from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
 from producers.rollout import BaseRolloutWorker, InferenceClient, SingleTurnWorker
 from schema.events import Task, WeightVersion
@@ -37,9 +39,12 @@ log = logging.getLogger("streamrl.worker")
 WORKER_GROUP = "streamrl-worker"
 
 
+WORKER_TYPES: dict[str, type[BaseRolloutWorker]] = {"single_turn": SingleTurnWorker, "agent": AgentRolloutWorker}
+
+
 def make_evaluator(recipe: dict) -> Evaluator:
-    spec = recipe["rollout_worker"]["evaluator_module_path"]
-    return load_class(spec, ".", Evaluator)() if spec else ExactMatchEvaluator()
+    worker = recipe["rollout_worker"]
+    return build_evaluator(worker["evaluator_module_path"], worker["evaluator_kwargs"])
 
 
 def worker_class(recipe: dict) -> type[BaseRolloutWorker]:
@@ -47,10 +52,10 @@ def worker_class(recipe: dict) -> type[BaseRolloutWorker]:
     if worker["custom_rollout_worker_module_path"]:
         spec = f"{worker['custom_rollout_worker_module_path']}:{worker['custom_rollout_worker_class_name']}"
         return load_class(spec, ".", BaseRolloutWorker)
-    if worker["type"] != "single_turn":
+    if worker["type"] not in WORKER_TYPES:
         raise ValueError(f"rollout_worker.type: unknown worker {worker['type']!r} "
-                         "(built in: single_turn; or set custom_rollout_worker_module_path)")
-    return SingleTurnWorker
+                         f"(built in: {', '.join(WORKER_TYPES)}; or set custom_rollout_worker_module_path)")
+    return WORKER_TYPES[worker["type"]]
 
 
 class WeightWatcher:

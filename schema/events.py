@@ -99,7 +99,7 @@ class Task(Event, tag="task", kw_only=True):
 class Turn(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One segment of a multi-turn trajectory: tokens[start:end] spoken by `role`."""
 
-    role: str  # "assistant" | "tool" | "user" | "system"
+    role: str  # "prompt" (system, few-shot, question) | "assistant" | "tool" | "user"
     start: int
     end: int
     trained: bool = False
@@ -132,6 +132,7 @@ class Trajectory(Event, tag="trajectory", kw_only=True):
     step: int = 0
     extra_fields: dict[str, Any] = {}
     error: str | None = None
+    source_event_id: str | None = None  # replayed runs: the event this one copies
 
     def natural_key(self) -> tuple:
         return (self.trajectory_id,)
@@ -151,6 +152,7 @@ class Evaluation(Event, tag="evaluation", kw_only=True):
     is_val: bool = False
     step: int = 0
     error: str | None = None
+    source_event_id: str | None = None  # replayed runs: the evaluation this one copies (None when rescored)
 
     def natural_key(self) -> tuple:
         return (self.trajectory_id, self.evaluator)

@@ -105,6 +105,7 @@ trajectories = Table(
     Column("step", Integer, nullable=False),
     Column("extra_fields", JSONB),
     Column("error", Text),
+    Column("source_event_id", Text),
     Index("ix_trajectories_run_step", "run_id", "step"),
     Index("ix_trajectories_run_group", "run_id", "group_id"),
     Index("ix_trajectories_run_version", "run_id", "weight_version"),
@@ -124,6 +125,7 @@ evaluations = Table(
     Column("is_val", Boolean, nullable=False),
     Column("step", Integer, nullable=False),
     Column("error", Text),
+    Column("source_event_id", Text),
     Index("ix_evaluations_run_step", "run_id", "step"),
     Index("ix_evaluations_run_group", "run_id", "group_id"),
     Index("ix_evaluations_traj", "run_id", "trajectory_id"),
@@ -255,6 +257,14 @@ def event_row(event: Event, topic: str | None = None, partition: int | None = No
     if derive:
         row.update(derive(event))
     return row
+
+
+def row_event(event_type: type[Event], row: dict[str, Any]) -> Event:
+    """The event a ledger row was written from (the inverse of `event_row`): how replay
+    and recovery re-publish what the ledger holds once the broker no longer does."""
+    fields = {name: row[name] for name in event_type.__struct_fields__ if name in row and row[name] is not None}
+    fields["created_at"] = row["created_at"].timestamp()
+    return msgspec.convert(fields, event_type)
 
 
 # Where each ledger consumer is in each partition, written in the same transaction as

@@ -118,6 +118,25 @@ def db_upgrade(revision: str = typer.Argument("head", help="Target Alembic revis
     console.print(f"ledger at revision {db.current_revision(url)}")
 
 
+@recipe_app.command("new")
+def recipe_new(
+    name: str = typer.Argument(..., help="The recipe's name (letters, digits, underscores)."),
+    directory: Path = typer.Option(Path("recipes"), "--dir", help="Where to create the recipe's folder."),
+) -> None:
+    """Scaffold a recipe folder: common.yaml, NAME.yaml, NAME.env.sh, setup.py and an
+    agent_workspace/ (agent config, tools, evaluator, a custom worker), ready to run."""
+    from streamrl.scaffold import scaffold_recipe
+
+    try:
+        folder = scaffold_recipe(name, directory)
+    except (ValueError, FileExistsError) as exc:
+        err_console.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_USAGE)
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        console.print(f"  {path}", highlight=False)
+    console.print(f"run it: streamrl run {folder / (name + '.yaml')}", highlight=False)
+
+
 @recipe_app.command("validate")
 def recipe_validate(
     file: Path = typer.Argument(..., help="The recipe YAML."),
@@ -204,6 +223,7 @@ def sql(
     param: list[str] = typer.Option([], "--param", "-p", help="Bound parameter NAME=VALUE, used as %(NAME)s."),
     as_csv: bool = typer.Option(False, "--csv", help="Write CSV to stdout."),
     as_json: bool = typer.Option(False, "--json", help="Write a JSON array of objects to stdout."),
+    parquet: Optional[Path] = typer.Option(None, "--parquet", dir_okay=False, help="Write the result to this Parquet file."),
     timeout: float = typer.Option(30.0, help="Statement timeout in seconds."),
 ) -> None:
     """Run one read-only SQL statement against the ledger (a read-only transaction with a
@@ -213,8 +233,8 @@ def sql(
     if (query is None) == (file is None):
         err_console.print("[red]error:[/] give a QUERY or --file, not both or neither")
         raise typer.Exit(EXIT_USAGE)
-    if as_csv and as_json:
-        err_console.print("[red]error:[/] choose one of --csv and --json")
+    if sum([as_csv, as_json, parquet is not None]) > 1:
+        err_console.print("[red]error:[/] choose one of --csv, --json and --parquet")
         raise typer.Exit(EXIT_USAGE)
     text = file.read_text() if file else query
     url = _database_url(_settings())
@@ -227,7 +247,17 @@ def sql(
     except SqlFailed as exc:
         err_console.print(f"[red]query failed:[/] {exc}")
         raise typer.Exit(EXIT_FAILED)
-    if as_csv:
+    if parquet is not None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        columns = {c: [_plain(row[i]) for row in result.rows] for i, c in enumerate(result.columns)}
+        columns = {c: ([None if v is None else json.dumps(v) for v in values]
+                       if any(isinstance(v, (dict, list)) for v in values) else values)
+                   for c, values in columns.items()}  # JSON columns travel as JSON text
+        pq.write_table(pa.table(columns), parquet)
+        err_console.print(f"{len(result.rows)} rows -> {parquet}", highlight=False)
+    elif as_csv:
         writer = csv.writer(sys.stdout)
         writer.writerow(result.columns)
         writer.writerows([[_plain(v) for v in row] for row in result.rows])
@@ -313,11 +343,17 @@ def recipe_code_problems(recipe: dict) -> list[str]:
     from consumers.advantages import get_advantage_estimator
     from consumers.processor import load_custom_advantages
     from learner.loop import trainer_class
+    from producers.agent_worker import AgentRolloutWorker, load_agent_setup
     from producers.worker_loop import make_evaluator, worker_class
+
+    def agent_setup():
+        if issubclass(worker_class(recipe), AgentRolloutWorker):
+            load_agent_setup(recipe["rollout_worker"])
 
     problems = []
     checks = [("rollout_worker.evaluator_module_path", lambda: make_evaluator(recipe)),
               ("rollout_worker.custom_rollout_worker_module_path", lambda: worker_class(recipe)),
+              ("rollout_worker.agent_config_path", agent_setup),
               ("trainer.custom_trainer_module_path", lambda: trainer_class(recipe)),
               ("algorithm.custom_advantage_module_path",
                lambda: load_custom_advantages(recipe["algorithm"]["custom_advantage_module_path"])),
@@ -366,8 +402,10 @@ def _new_run_id(recipe: dict) -> str:
 
 @app.command()
 def publish(
-    file: Path = typer.Argument(..., help="The recipe YAML."),
+    file: Optional[Path] = typer.Argument(None, help="The recipe YAML (not with --resume)."),
     run: Optional[str] = typer.Option(None, help="Run id (default: experiment name + time)."),
+    resume: Optional[str] = typer.Option(None, help="Resume publishing RUN: its config from the ledger; tasks "
+                                                    "already rolled out and evaluated are not published again."),
 ) -> None:
     """Create a run from a recipe (its topics, and a `created` event holding the resolved
     config) and publish its tasks, paced by the weight versions the learner publishes."""
@@ -378,19 +416,30 @@ def publish(
     from streamrl.runs import stop_on_signals
 
     settings = _settings()
-    recipe = _prepared_recipe(file)
-    run = run or _new_run_id(recipe)
-    try:
-        validate_run_id(run)
-    except (TopicNameError, ValueError) as exc:
-        err_console.print(f"[red]error:[/] --run: {exc}")
+    if (file is None) == (resume is None):
+        err_console.print("[red]error:[/] give a recipe FILE or --resume RUN, not both or neither")
         raise typer.Exit(EXIT_USAGE)
+    skip: set[str] = set()
+    if resume:
+        from streamrl.recovery import finished_task_ids
+
+        run, recipe = resume, _run_config(settings, resume)
+        skip = finished_task_ids(_database_url(settings), run)
+        console.print(f"resuming run {run}: {len(skip)} tasks already done", highlight=False)
+    else:
+        recipe = _prepared_recipe(file)
+        run = run or _new_run_id(recipe)
+        try:
+            validate_run_id(run)
+        except (TopicNameError, ValueError) as exc:
+            err_console.print(f"[red]error:[/] --run: {exc}")
+            raise typer.Exit(EXIT_USAGE)
+        with EventPublisher(settings) as publisher:
+            create_run(settings, run, recipe, publisher)
+        console.print(f"run {run}", highlight=False)
     stop = stop_on_signals()
-    with EventPublisher(settings) as publisher:
-        create_run(settings, run, recipe, publisher)
-    console.print(f"run {run}", highlight=False)
     try:
-        steps = run_publisher(settings, run, recipe, stop)
+        steps = run_publisher(settings, run, recipe, stop, skip_task_ids=skip)
     except DatasetError as exc:
         err_console.print(f"[red]error:[/] {exc}", highlight=False)
         raise typer.Exit(EXIT_USAGE)
@@ -443,7 +492,11 @@ def processor(
 
 
 @app.command()
-def learner(run: str = typer.Argument(..., help="Run id.")) -> None:
+def learner(
+    run: str = typer.Argument(..., help="Run id."),
+    reset_offsets: bool = typer.Option(False, "--reset-offsets", help="Read the samples topic from its start "
+                                       "(the broker lost the topics the checkpoint's offsets refer to)."),
+) -> None:
     """Train RUN: batches of samples, optimizer steps, a checkpoint and a weight version
     per step. Restarted, it resumes after its last checkpointed step."""
     from learner.loop import Learner
@@ -453,6 +506,8 @@ def learner(run: str = typer.Argument(..., help="Run id.")) -> None:
     recipe = _run_config(settings, run)
     stop = stop_on_signals()
     trainer = Learner(settings, run, recipe)
+    if reset_offsets:
+        trainer.start_offsets = None  # samples of checkpointed steps are skipped by step number
 
     def report(record):
         console.print(f"step {record.step:5d}  reward {record.metrics.get('reward_mean', 0):.3f}  "
@@ -467,7 +522,9 @@ def learner(run: str = typer.Argument(..., help="Run id.")) -> None:
 
 @app.command("run")
 def run_recipe(
-    file: Path = typer.Argument(..., help="The recipe YAML."),
+    file: Optional[Path] = typer.Argument(None, help="The recipe YAML (not with --resume)."),
+    resume: Optional[str] = typer.Option(None, help="Finish RUN after a crash or a broker restart: what the "
+                                                    "broker lost is rebuilt from the ledger."),
     run: Optional[str] = typer.Option(None, help="Run id (default: experiment name + time)."),
     workers: Optional[int] = typer.Option(None, help="Rollout worker processes (default: rollout_worker.num_workers)."),
     out: Optional[Path] = typer.Option(None, help="Folder for the summary and reward curve (default: STREAMRL_HOME/runs/RUN)."),
@@ -478,7 +535,10 @@ def run_recipe(
     from streamrl.orchestrate import RunFailed, run_locally
 
     settings = _settings()
-    recipe = _prepared_recipe(file)
+    if (file is None) == (resume is None):
+        err_console.print("[red]error:[/] give a recipe FILE or --resume RUN, not both or neither")
+        raise typer.Exit(EXIT_USAGE)
+    recipe = _prepared_recipe(file) if file else None
     try:
         for line in services.up(settings):
             console.print(line, highlight=False)
@@ -488,11 +548,165 @@ def run_recipe(
     from streamrl import db
 
     db.upgrade(_database_url(settings))
+    reset_offsets = False
+    if resume:
+        from learner.checkpoint import latest_checkpoint, load_state
+        from learner.loop import run_dir
+        from streamrl.recovery import rebuild_from_ledger
+        from streamrl.report import run_config
+
+        run = resume
+        recipe, _ = run_config(_database_url(settings), run)
+        if not recipe:
+            err_console.print(f"[red]error:[/] --resume: run {run!r} is not in the ledger")
+            raise typer.Exit(EXIT_USAGE)
+        checkpoint = latest_checkpoint(run_dir(settings, run, recipe["trainer"]["checkpoint_path"]))
+        trained = load_state(checkpoint)["step"] if checkpoint else 0
+        rebuilt = rebuild_from_ledger(settings, run, trained)
+        reset_offsets = rebuilt.topics_recreated
+        console.print(f"resuming {run} after step {trained}: " + (
+            f"topics re-created; re-published {rebuilt.events} events from the ledger ({rebuilt.groups})"
+            if rebuilt.topics_recreated else "the broker still holds the run's topics"), highlight=False)
     run = run or _new_run_id(recipe)
     try:
-        run_locally(settings, file, recipe, run, workers or recipe["rollout_worker"]["num_workers"], out, console)
+        run_locally(settings, file, recipe, run, workers or recipe["rollout_worker"]["num_workers"], out, console,
+                    resume=bool(resume), reset_offsets=reset_offsets)
     except RunFailed as exc:
         err_console.print(f"[red]run failed:[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+def show(
+    run: str = typer.Argument(..., help="Run id."),
+    out: Optional[Path] = typer.Option(None, help="Folder for report.html and reward_curve.png (default: STREAMRL_HOME/runs/RUN)."),
+) -> None:
+    """A run's story from the ledger: its config, steps and validation, throughput,
+    staleness, filtered groups and dead letters; in the terminal, and as an HTML report
+    with the reward-curve PNG."""
+    import base64
+
+    from streamrl.orchestrate import summary_table
+    from streamrl.report import config_highlights, load_summary, plot_reward_curve, run_config, story_sections
+
+    settings = _settings()
+    url = _database_url(settings)
+    _check_database(url)
+    config, parent = run_config(url, run)
+    if not config:
+        err_console.print(f"[red]error:[/] run {run!r} is not in the ledger (streamrl runs lists the runs)")
+        raise typer.Exit(EXIT_USAGE)
+    out = out or settings.home / "runs" / run
+    summary = load_summary(url, run)
+    recorder = Console(record=True, width=max(console.width, 100))
+    table = Table("setting", "value", title=f"run {run}: config")
+    for key, value in config_highlights(config, parent):
+        table.add_row(key, value)
+    recorder.print(table)
+    wall = summary.totals.get("first to last step (s)", 0.0)
+    recorder.print(summary_table(summary, wall))
+    for name, (columns, rows) in story_sections(url, run).items():
+        section = Table(*columns, title=name)
+        for row in rows:
+            cells = [_plain(v) for v in row]
+            section.add_row(*("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in cells))
+        if not rows:
+            section.caption = "none"
+        recorder.print(section)
+    png = plot_reward_curve(summary, out / "reward_curve.png")
+    html = recorder.export_html(inline_styles=True)
+    image = base64.b64encode(png.read_bytes()).decode()
+    html = html.replace("</body>", f'<img alt="reward curve" src="data:image/png;base64,{image}"></body>')
+    (out / "report.html").write_text(html)
+    console.print(recorder.export_text(styles=True), end="")
+    console.print(f"report: {out / 'report.html'}  reward curve: {png}", highlight=False)
+
+
+@app.command()
+def replay(
+    source: str = typer.Argument(..., help="The recorded run to replay."),
+    into: str = typer.Option(..., "--into", help="Id of the new run that trains on the replayed rollouts."),
+    recipe_file: Optional[Path] = typer.Option(None, "--recipe", help="Train with this recipe (default: the source run's config)."),
+    source_kind: str = typer.Option("auto", "--from", help="auto | kafka | ledger: where the payloads are read."),
+    steps: Optional[str] = typer.Option(None, help="A:B: only the source's steps A to B (inclusive)."),
+    where: Optional[str] = typer.Option(None, help="SQL condition over t (trajectories) and e (evaluations)."),
+    rate: Optional[float] = typer.Option(None, help="Re-publish at most N rollouts a second."),
+    correction: Optional[str] = typer.Option(None, help="truncated_is | decoupled_ppo (default: the recipe's, else truncated_is)."),
+    recompute_advantages: Optional[str] = typer.Option(None, "--recompute-advantages", help="Advantage estimator for the new run (e.g. dr_grpo)."),
+    rescore: Optional[str] = typer.Option(None, "--rescore", help="Re-evaluate with this evaluator, file.py:Class."),
+    out: Optional[Path] = typer.Option(None, help="Folder for the summary and reward curve."),
+) -> None:
+    """Retrain off-policy on a recorded run's rollouts: re-publish its trajectories and
+    evaluations (behaviour logprobs and weight versions included) into a new run whose
+    processor recomputes advantages and whose learner trains with an off-policy
+    correction. The new run records its parent run and each source event id."""
+    from producers import replay as rp
+    from producers.publisher import create_run
+    from schema.topics import TopicNameError, validate_run_id
+    from streamrl.bus import EventPublisher
+    from streamrl.orchestrate import RunFailed, replay_locally
+    from streamrl.sql import SqlFailed, SqlRefused
+
+    settings = _settings()
+    url = _database_url(settings)
+    _check_database(url)
+    try:
+        validate_run_id(into)
+    except (TopicNameError, ValueError) as exc:
+        err_console.print(f"[red]error:[/] --into: {exc}")
+        raise typer.Exit(EXIT_USAGE)
+    from streamrl.db import connect
+
+    with connect(url, autocommit=True) as conn:
+        row = conn.execute("select config from run_events where run_id = %s and kind = 'created'", (source,)).fetchone()
+        taken = conn.execute("select 1 from run_events where run_id = %s limit 1", (into,)).fetchone()
+    if row is None:
+        err_console.print(f"[red]error:[/] run {source!r} is not in the ledger (streamrl runs lists the runs)")
+        raise typer.Exit(EXIT_USAGE)
+    if taken:
+        err_console.print(f"[red]error:[/] --into: run {into!r} already exists; choose a new id")
+        raise typer.Exit(EXIT_USAGE)
+    recipe = _prepared_recipe(recipe_file) if recipe_file else None
+    try:
+        step_range = rp.parse_steps(steps)
+        selected = rp.select_rollouts(url, source, step_range, where)
+        base = recipe or row[0]
+        plan = rp.plan_steps(selected, base["trajectory_pool"]["batch_size"])
+        if plan.steps == 0:
+            raise rp.ReplayError(f"the selection holds {len({g for _, g in selected})} groups, fewer than one step's "
+                                 f"{base['trajectory_pool']['batch_size']} (trajectory_pool.batch_size)")
+        config = rp.replay_config(row[0], recipe, source_run=source, plan=plan, source=source_kind, steps=steps,
+                                  where=where, correction=correction, recompute_advantages=recompute_advantages,
+                                  rescore=rescore, rate=rate)
+        rescorer = None
+        if rescore:
+            evaluator = rp.make_rescorer(rescore)
+            trajectories, evaluations, origin = rp.load_rollouts(settings, source, plan.order, source_kind)
+            task_ids = sorted({t.task_id for t in trajectories.values()})
+            rescorer = (evaluator, rescore, rp.task_data(url, source, task_ids))
+        else:
+            trajectories, evaluations, origin = rp.load_rollouts(settings, source, plan.order, source_kind)
+    except (SqlRefused, SqlFailed) as exc:
+        err_console.print(f"[red]error:[/] --where: {exc}", highlight=False)
+        raise typer.Exit(EXIT_USAGE)
+    except rp.ReplayError as exc:
+        err_console.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(EXIT_USAGE)
+    config["replay"]["read_from"] = origin
+    console.print(f"replaying {len(plan.order)} rollouts in {len(plan.group_size_of)} groups as {plan.steps} steps "
+                  f"(kafka: {origin['kafka']}, ledger: {origin['ledger']}; left out: {plan.left_out_groups} groups "
+                  f"of a partial step); correction {config['algorithm']['off_policy_correction']}, "
+                  f"advantages {config['algorithm']['type']}", highlight=False)
+    with EventPublisher(settings) as publisher:
+        create_run(settings, into, config, publisher, parent_run_id=source)
+
+    def publish(on_progress) -> int:
+        return rp.publish_replay(settings, into, plan, trajectories, evaluations, rescorer, rate, on_progress)
+
+    try:
+        replay_locally(settings, into, plan.steps, publish, out, console)
+    except RunFailed as exc:
+        err_console.print(f"[red]replay failed:[/] {exc}", highlight=False)
         raise typer.Exit(EXIT_FAILED)
 
 

@@ -80,8 +80,10 @@ def summary_table(summary: RunSummary, wall_s: float) -> Table:
     table = Table(title=f"run {summary.run_id}")
     table.add_column("measure")
     table.add_column("value", justify="right")
-    if "val_accuracy_before_warmup" in summary.warmup:
-        table.add_row("validation accuracy, untrained model", f"{summary.warmup['val_accuracy_before_warmup']:.3f}")
+    if "warmup_steps" in summary.warmup:
+        before = summary.warmup.get("val_accuracy_before_warmup")  # null where only workers can validate
+        if before is not None:
+            table.add_row("validation accuracy, untrained model", f"{before:.3f}")
         table.add_row(f"cross-entropy warm-up ({summary.warmup['warmup_steps']} steps)",
                       f"{summary.warmup['warmup_seconds']:.0f} s")
     if summary.val_accuracy:
@@ -98,8 +100,9 @@ def summary_table(summary: RunSummary, wall_s: float) -> Table:
     return table
 
 
-def run_locally(settings: Settings, recipe_file: Path, recipe: dict, run_id: str, workers: int,
-                out: Path | None, console: Console, poll_s: float = 1.0, final_val_timeout_s: float = 180.0) -> RunSummary:
+def run_locally(settings: Settings, recipe_file: Path | None, recipe: dict, run_id: str, workers: int,
+                out: Path | None, console: Console, poll_s: float = 1.0, final_val_timeout_s: float = 180.0,
+                resume: bool = False, reset_offsets: bool = False) -> RunSummary:
     out = out or settings.home / "runs" / run_id
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -110,11 +113,12 @@ def run_locally(settings: Settings, recipe_file: Path, recipe: dict, run_id: str
     started = time.monotonic()
     console.print(f"run [bold]{run_id}[/]: logs in {logs}", highlight=False)
 
-    children = [spawn("publisher", ["publish", str(recipe_file), "--run", run_id], logs, env)]
+    publish = ["publish", "--resume", run_id] if resume else ["publish", str(recipe_file), "--run", run_id]
+    children = [spawn("publisher", publish, logs, env)]
     # The other processes read the run's resolved config from its `created` event.
     children += [spawn("sink", ["sink", "--run", run_id], logs, env),
                  spawn("processor", ["processor", run_id], logs, env),
-                 spawn("learner", ["learner", run_id], logs, env)]
+                 spawn("learner", ["learner", run_id] + (["--reset-offsets"] if reset_offsets else []), logs, env)]
     children += [spawn(f"worker-{i}", ["worker", run_id, "--shard", f"{i}/{workers}"], logs, env) for i in range(workers)]
     learner = next(c for c in children if c.name == "learner")
     final_val_version = total if recipe["validate"]["data"]["data_files"] else None
@@ -152,4 +156,59 @@ def run_locally(settings: Settings, recipe_file: Path, recipe: dict, run_id: str
     console.print(f"reward curve: {png}", highlight=False)
     console.print(f"ask the ledger: streamrl sql \"select step, metrics->>'reward_mean' as reward from train_steps "
                   f"where run_id = '{run_id}' order by step\"", highlight=False)
+    return summary
+
+
+def replay_locally(settings: Settings, run_id: str, steps: int, publish, out: Path | None, console: Console,
+                   poll_s: float = 1.0) -> RunSummary:
+    """The trainers of a replayed run (sink, processor, learner) as processes, fed by
+    `publish(on_progress)` here; over when the learner has trained its last step."""
+    out = out or settings.home / "runs" / run_id
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = child_env(settings)
+    started = time.monotonic()
+    console.print(f"replay into [bold]{run_id}[/]: logs in {logs}", highlight=False)
+    children = [spawn("sink", ["sink", "--run", run_id], logs, env),
+                spawn("processor", ["processor", run_id], logs, env),
+                spawn("learner", ["learner", run_id], logs, env)]
+    learner = children[-1]
+
+    def check_children() -> None:
+        for child in children:
+            code = child.process.poll()
+            if code not in (None, 0) or (code == 0 and child is not learner):
+                raise RunFailed(f"{child.name} exited with code {code}; last lines of {child.log_path}:\n{child.tail()}")
+
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.fields[status]}"), console=console) as progress:
+            sent = progress.add_task("replayed rollouts", total=None, status="")
+            bar = progress.add_task("training steps", total=steps, status="")
+
+            def on_progress(count: int) -> None:
+                progress.update(sent, completed=count)
+                check_children()
+
+            total = publish(on_progress)
+            progress.update(sent, total=total, completed=total)
+            while True:
+                time.sleep(poll_s)
+                check_children()
+                summary = load_summary(settings.database_url, run_id, with_counts=False)
+                progress.update(bar, completed=len(summary.steps))
+                if learner.process.poll() == 0 and len(summary.steps) >= steps and summary.finish is not None:
+                    break
+    finally:
+        stop_children(children)
+    wall = time.monotonic() - started
+    summary = load_summary(settings.database_url, run_id)
+    png = plot_reward_curve(summary, out / "reward_curve.png")
+    table = summary_table(summary, wall)
+    for key in ("val_accuracy_before_replay", "val_accuracy_after_replay"):
+        value = (summary.finish or {}).get(key, summary.warmup.get(key))
+        if value is not None:
+            table.add_row(key.replace("_", " ").replace("val ", "validation "), f"{value:.3f}")
+    console.print(table)
+    console.print(f"reward curve: {png}", highlight=False)
     return summary

@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
+import re
 import subprocess
 import sys
 import typing
@@ -26,6 +28,8 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from learner.lr_schedule import LR_SCHEDULES
 
 
 class RecipeError(ValueError):
@@ -42,6 +46,7 @@ def path_field(default=None, **kwargs):
 @dataclass
 class Environment:
     setup_script: Optional[str] = path_field()
+    env_script: Optional[str] = path_field()  # a shell file sourced before ${oc.env:...} resolve
 
 
 @dataclass
@@ -63,7 +68,10 @@ class RolloutWorker:
     type: str = "single_turn"
     custom_rollout_worker_module_path: Optional[str] = path_field()
     custom_rollout_worker_class_name: Optional[str] = None
-    evaluator_module_path: Optional[str] = None  # "file.py:ClassName"
+    evaluator_module_path: Optional[str] = None  # "file.py:ClassName" or "builtin:NAME"
+    evaluator_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the evaluator's constructor
+    agent_config_path: Optional[str] = path_field()  # type: agent (producers/agent_worker.py)
+    agent_workspace: Optional[str] = path_field()  # a folder put on sys.path: its modules import each other
     tokenizer: Optional[str] = None
     model_path: Optional[str] = None
     task_name: str = ""
@@ -122,12 +130,16 @@ class Trainer:
     total_train_steps: int = 100
     total_epochs: Optional[int] = None  # stop after this many passes over the data, if sooner
     lr: float = 3e-4
+    lr_schedule: str = "constant"  # constant | linear | cosine, over total_train_steps
+    min_lr_ratio: float = 0.0  # the rate at the last step, as a fraction of lr
+    lr_warmup_steps: int = 0  # linear ramp from 0 at the start of RL
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_tokens: int = 8192
     warmup_cross_entropy_steps: int = 0
     warmup_batch_size: int = 64
     warmup_lr: Optional[float] = None
+    warmup_messages_key: Optional[str] = None  # rows hold multi-turn demonstrations under this key
     num_threads: int = 1  # torch threads of the learner process
     checkpoint_path: str = "runs/${experiment_name}/checkpoints"
     save_freq: int = 10
@@ -341,6 +353,10 @@ def load_recipe(path: str | Path) -> dict:
         raise RecipeError(path, [f"{getattr(exc, 'full_key', '') or 'interpolation'}: {exc.msg if hasattr(exc, 'msg') else exc}"]) from None
     coerce_strings(values, Recipe)
     problems = check_against(values, Recipe)
+    if values.get("rollout_worker", {}).get("custom_rollout_worker_module_path"):
+        # a custom worker's own settings live in its section, as in the guide
+        # (`self._config.use_few_shot`): its unknown keys are its own, not typos
+        problems = [p for p in problems if not re.fullmatch(r"rollout_worker\.[^.\[]+: unknown key.*", p)]
     if not problems:
         problems = missing_files(values, Recipe, path.resolve().parent)
     if problems:
@@ -368,7 +384,8 @@ def resolve_paths(values: dict, base: Path) -> dict:
     for section in (values["data"], values["validate"]["data"]):
         section["data_files"] = [_absolute(f, base) for f in section["data_files"]]
     worker = values["rollout_worker"]
-    for key in ("model_path", "tokenizer", "evaluator_module_path", "custom_rollout_worker_module_path"):
+    for key in ("model_path", "tokenizer", "evaluator_module_path", "custom_rollout_worker_module_path",
+                "agent_config_path", "agent_workspace"):
         worker[key] = _absolute(worker[key], base)
     values["trainer"]["custom_trainer_module_path"] = _absolute(values["trainer"]["custom_trainer_module_path"], base)
     values["algorithm"]["custom_advantage_module_path"] = _absolute(values["algorithm"]["custom_advantage_module_path"], base)
@@ -391,6 +408,7 @@ def consistency_problems(values: dict) -> list[str]:
         "algorithm.kl_estimator": (values["algorithm"]["kl_estimator"], ("k1", "k2", "k3")),
         "trajectory_pool.incomplete_group_policy": (pool["incomplete_group_policy"], ("drop", "train_partial")),
         "data.type": (values["data"]["type"], ("jsonl", "parquet")),
+        "trainer.lr_schedule": (values["trainer"]["lr_schedule"], LR_SCHEDULES),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:
@@ -401,6 +419,8 @@ def consistency_problems(values: dict) -> list[str]:
         problems.append("weight.staleness_threshold: must be >= 0")
     if values["weight"]["sync_every"] != 1:
         problems.append("weight.sync_every: only 1 is supported (a weight version per step; the publisher paces by it)")
+    if not 0.0 <= values["trainer"]["min_lr_ratio"] <= 1.0:
+        problems.append("trainer.min_lr_ratio: must be between 0 and 1")
     if worker["rollout_repeat_n"] < 1:
         problems.append("rollout_worker.rollout_repeat_n: must be >= 1")
     return problems
@@ -434,9 +454,36 @@ def run_setup_script(path: str | Path) -> None:
                                  f"{(result.stderr or result.stdout).strip()[-2000:]}"])
 
 
-def prepare_recipe(path: str | Path, run_setup: bool = True) -> dict:
-    """Set-up script, load, check consistency, absolute paths: what a run starts from."""
+def apply_env_script(path: str | Path) -> dict[str, str]:
+    """Source the recipe's `environment.env_script` (bash, `set -a`) and take the variables
+    it sets into this process's environment, so `${oc.env:...}` and the set-up script see
+    them. A variable already set keeps its value when the script writes `${VAR:-default}`,
+    the usual form. Returns what changed."""
     path = Path(path)
+    script = OmegaConf.select(compose(path), "environment.env_script", default=None)
+    if not script:
+        return {}
+    script_path = (path.resolve().parent / str(script)).resolve()
+    if not script_path.is_file():
+        raise RecipeError(path, [f"environment.env_script: file not found: {script}"])
+    result = subprocess.run(["bash", "-c", 'set -a; . "$0" >&2; env -0', str(script_path)],
+                            cwd=script_path.parent, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RecipeError(path, [f"environment.env_script: {script} exited {result.returncode}: "
+                                 f"{result.stderr.strip()[-2000:]}"])
+    changed = {}
+    for entry in result.stdout.split("\0"):
+        name, sep, value = entry.partition("=")
+        if sep and name and os.environ.get(name) != value and name not in ("_", "SHLVL", "PWD", "OLDPWD"):
+            changed[name] = value
+    os.environ.update(changed)
+    return changed
+
+
+def prepare_recipe(path: str | Path, run_setup: bool = True) -> dict:
+    """Env script, set-up script, load, check consistency, absolute paths: what a run starts from."""
+    path = Path(path)
+    apply_env_script(path)
     if run_setup:
         run_setup_script(path)
     values = load_recipe(path)

@@ -19,7 +19,8 @@ class RunSummary:
     val_counts: list[int] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     totals: dict[str, float] = field(default_factory=dict)
-    warmup: dict = field(default_factory=dict)
+    warmup: dict = field(default_factory=dict)  # the learner's `started` details
+    finish: dict | None = None  # the learner's `finished` details, once it has finished
 
 
 COUNT_QUERY = """
@@ -44,7 +45,9 @@ def load_summary(database_url: str, run_id: str, with_counts: bool = True) -> Ru
         summary.steps = [r[0] for r in rows]
         summary.reward_by_step = [r[1] or 0.0 for r in rows]
         rows = conn.execute(
-            "select step, avg(reward), count(*) from evaluations where run_id = %s and is_val "
+            # an evaluator's `accuracy` metric where it reports one (shaped rewards), else the reward
+            "select step, avg(coalesce((metrics->>'accuracy')::float, reward)), count(*) from evaluations "
+            "where run_id = %s and is_val "
             "group by step order by step", (run_id,)).fetchall()
         summary.val_versions = [r[0] for r in rows]
         summary.val_accuracy = [float(r[1]) for r in rows]
@@ -52,6 +55,9 @@ def load_summary(database_url: str, run_id: str, with_counts: bool = True) -> Ru
         row = conn.execute("select details from run_events where run_id = %s and kind = 'started' and name = 'learner'",
                            (run_id,)).fetchone()
         summary.warmup = (row[0] or {}) if row else {}
+        row = conn.execute("select details from run_events where run_id = %s and kind = 'finished' and name = 'learner'",
+                           (run_id,)).fetchone()
+        summary.finish = (row[0] or {}) if row else None
         if with_counts:
             summary.counts = dict(conn.execute(COUNT_QUERY, {"run": run_id}).fetchall())
             row = conn.execute(
@@ -104,3 +110,64 @@ def plot_reward_curve(summary: RunSummary, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# --- `streamrl show RUN`: the run's story ---------------------------------------------------
+
+STORY_QUERIES = {
+    "throughput": """
+        select count(*) as steps, extract(epoch from max(created_at) - min(created_at)) as seconds,
+               sum(samples) as trained_samples, sum(tokens) as trained_tokens, avg(seconds) as learner_seconds_per_step
+        from train_steps where run_id = %(run)s""",
+    "rollouts": """
+        select count(*) as rollouts, extract(epoch from max(created_at) - min(created_at)) as seconds,
+               count(*) filter (where error is not null) as failed, avg(num_tokens - prompt_length) as mean_response_tokens
+        from trajectories where run_id = %(run)s and not is_val""",
+    "staleness": """
+        select staleness, count(*) filter (where status = 'trained') as trained,
+               count(*) filter (where status = 'dropped') as dropped, count(*) filter (where status = 'pending') as pending
+        from sample_staleness where run_id = %(run)s group by staleness order by staleness""",
+    "filtered groups": """
+        select reason, count(*) as groups, sum(received) as rollouts from filtered_groups
+        where run_id = %(run)s group by reason order by reason""",
+    "dead letters": """
+        select stage, source_topic, count(*) as events, min(error) as example_error from dead_letters
+        where run_id = %(run)s group by stage, source_topic order by events desc""",
+}
+
+
+def run_config(database_url: str, run_id: str) -> tuple[dict, str | None]:
+    with connect(database_url, autocommit=True) as conn:
+        row = conn.execute("select config, parent_run_id from run_events where run_id = %s and kind = 'created'",
+                           (run_id,)).fetchone()
+    return (row[0] or {}, row[1]) if row else ({}, None)
+
+
+def config_highlights(config: dict, parent: str | None) -> list[tuple[str, str]]:
+    """The settings a reader of a run's story wants first."""
+    def get(path: str):
+        value = config
+        for key in path.split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    keys = ["experiment_name", "rollout_worker.model_path", "rollout_worker.rollout_repeat_n", "trajectory_pool.batch_size",
+            "algorithm.type", "algorithm.off_policy_correction", "trainer.type", "trainer.lr", "trainer.lr_schedule",
+            "trainer.total_train_steps", "trainer.warmup_cross_entropy_steps", "weight.sync_mode",
+            "weight.staleness_threshold"]
+    rows = [("parent run", parent)] if parent else []
+    rows += [(key, get(key)) for key in keys if get(key) is not None]
+    replay = config.get("replay")
+    if replay:
+        rows += [(f"replay.{k}", v) for k, v in replay.items() if v is not None]
+    return [(k, str(v)) for k, v in rows]
+
+
+def story_sections(database_url: str, run_id: str) -> dict[str, tuple[list[str], list[tuple]]]:
+    """Each section of the story as (columns, rows), straight from the ledger."""
+    sections = {}
+    with connect(database_url, autocommit=True) as conn:
+        for name, query in STORY_QUERIES.items():
+            cur = conn.execute(query, {"run": run_id})
+            sections[name] = ([d.name for d in cur.description], cur.fetchall())
+    return sections

@@ -12,19 +12,27 @@ import string
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
 
 SPECIAL_TOKENS = ["<pad>", "<unk>", "<bos>", "<eos>"]
 CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
+# The chat markers of Qwen-style chat models, for agent recipes: the turn markers are
+# special tokens (skipped when decoding), the tool and thinking tags ordinary added
+# tokens (kept in decoded text, so a parser can find them), as in Qwen's tokenizers.
+CHAT_SPECIAL_TOKENS = ["<|im_start|>", "<|im_end|>"]
+CHAT_TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 
 
-def build_char_tokenizer(characters: str = CHARACTERS) -> PreTrainedTokenizerFast:
+def build_char_tokenizer(characters: str = CHARACTERS, chat_tokens: bool = False) -> PreTrainedTokenizerFast:
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + sorted(set(characters)))}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     # One token per character. (`tokenizers` rejects the regex "(?s)."; [\s\S] is the same.)
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
+    if chat_tokens:
+        tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CHAT_SPECIAL_TOKENS])
+        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in CHAT_TAG_TOKENS])
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>",
                                    bos_token="<bos>", eos_token="<eos>")
 
@@ -39,10 +47,10 @@ def tiny_qwen2_config(vocab_size: int, hidden_size: int = 128, layers: int = 2, 
     )
 
 
-def build_tiny_model(directory: str | Path, seed: int = 0, **config_overrides) -> Path:
+def build_tiny_model(directory: str | Path, seed: int = 0, chat_tokens: bool = False, **config_overrides) -> Path:
     """Write a randomly initialised tiny Qwen2 and its tokenizer to `directory`."""
     directory = Path(directory)
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_char_tokenizer(chat_tokens=chat_tokens)
     config = tiny_qwen2_config(len(tokenizer), bos_token_id=tokenizer.bos_token_id,
                                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                                **config_overrides)

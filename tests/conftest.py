@@ -99,3 +99,17 @@ class SinkThread:
         self.sink.stop_requested.set()
         self.thread.join(30)
         self.sink.close()
+
+
+def command_lines() -> dict[int, list[str]]:
+    """pid -> argv of every process, from /proc: `ps` cuts its output to the terminal
+    width, which hides the arguments of long command lines."""
+    lines = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                raw = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            lines[int(entry.name)] = [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
+    return lines

@@ -129,3 +129,43 @@ def test_step_buffer_counts_a_group_once_all_its_samples_arrived():
     buffer.add(GroupFiltered(run_id="r", group_id="b", reason="zero_variance", step=1), tp, 3)
     buffer.add(GroupFiltered(run_id="r", group_id="b", reason="zero_variance", step=1), tp, 4)
     assert buffer.complete == 2 and buffer.groups == {"a", "b"} and len(buffer.samples) == 2
+
+
+def test_custom_trainer_prepare_trajectories_with_the_grpo_helper():
+    """The guide's remote-API trainer shape: change rewards in `_prepare_trajectories`,
+    re-derive advantages with compute_grpo_advantage_for_trajectories, log a metric."""
+    import numpy as np
+    import torch
+
+    from learner.batching import TrainItem
+    from learner.trainers import GRPOTrainer, compute_grpo_advantage_for_trajectories
+    from streamrl.tiny_lm import build_char_tokenizer, tiny_qwen2_config
+    from transformers import AutoModelForCausalLM
+
+    class LengthPenalty(GRPOTrainer):
+        def _prepare_trajectories(self, trajectories, metrics):
+            for item in trajectories:
+                item.reward -= 0.5 * (int(item.mask.sum()) > 2)  # long answers lose half a point
+            compute_grpo_advantage_for_trajectories(trajectories)
+            metrics["custom/advantage_mean"] = float(np.mean([t.advantage for t in trajectories]))
+            self.seen = [t.advantage for t in trajectories]
+            return trajectories
+
+    tokenizer = build_char_tokenizer()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_qwen2_config(len(tokenizer), hidden_size=32, layers=1, heads=2))
+    trainer = LengthPenalty(model, tokenizer.pad_token_id, {"lr": 1e-3, "micro_batch_tokens": 64},
+                            {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2})
+
+    def item(group, reward, trained):
+        tokens = np.arange(5, 5 + 2 + trained, dtype=np.int32)
+        return TrainItem(tokens=tokens, mask=np.array([0, 0] + [1] * trained, np.uint8),
+                         behaviour_logprobs=np.zeros(len(tokens), np.float32), reward=reward, group_id=group)
+
+    # group a: rewards 1, 1, 0 become 1, 0.5, 0 after the penalty (the second is long)
+    items = [item("a", 1.0, 1), item("a", 1.0, 3), item("a", 0.0, 1), item("b", 1.0, 1), item("b", 0.0, 1)]
+    result = trainer.step(items)
+    # GRPO with the sample standard deviation: (r - mean) / (std + 1e-6)
+    # a: mean 0.5, std 0.5 -> 1, 0, -1;  b: mean 0.5, std sqrt(0.5) -> +-0.70711
+    np.testing.assert_allclose(trainer.seen, [1.0, 0.0, -1.0, 0.70711, -0.70711], atol=1e-4)
+    assert result.metrics["custom/advantage_mean"] == pytest.approx(0.0, abs=1e-6)

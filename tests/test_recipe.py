@@ -121,3 +121,17 @@ def test_publish_refuses_recipe_code_that_does_not_load(recipe_tree):
     assert result.returncode == 2
     assert "rollout_worker.evaluator_module_path" in result.stderr and "missing_eval.py" in result.stderr
     assert "algorithm.type" in result.stderr and "grpo_typo" in result.stderr
+
+
+def test_a_custom_workers_own_keys_are_allowed_in_its_section(tmp_path):
+    from streamrl.recipe import RecipeError, load_recipe
+    (tmp_path / "w.py").write_text("")
+    (tmp_path / "r.yaml").write_text(
+        "rollout_worker:\n  custom_rollout_worker_module_path: w.py\n  custom_rollout_worker_class_name: W\n"
+        "  use_few_shot: true\n  few_shot: [{question: q, answer: a}]\ntrainer:\n  totl_train_steps: 3\n")
+    with pytest.raises(RecipeError) as error:
+        load_recipe(tmp_path / "r.yaml")
+    assert error.value.problems == ["trainer.totl_train_steps: unknown key (did you mean trainer.total_train_steps?)"]
+    (tmp_path / "r.yaml").write_text("rollout_worker:\n  use_few_shot: true\n")
+    with pytest.raises(RecipeError, match="rollout_worker.use_few_shot: unknown key"):
+        load_recipe(tmp_path / "r.yaml")

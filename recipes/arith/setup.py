@@ -6,7 +6,7 @@ Writes, next to this file (in generated/, not committed):
                              save_pretrained and loaded back by the run through
                              AutoModelForCausalLM / AutoTokenizer.from_pretrained
 
-Environment: ARITH_VARIANT (last_digit | sum), ARITH_MAX_OPERAND (default 29),
+Environment: ARITH_VARIANT (last_digit | sum), ARITH_MAX_OPERAND (default 99),
 ARITH_TRAIN_ROWS (default 5000), ARITH_VAL_ROWS (default 200), ARITH_SEED (default 1).
 Re-running with the same settings changes nothing.
 """
@@ -28,7 +28,7 @@ from streamrl.tiny_lm import build_tiny_model  # noqa: E402
 def main() -> None:
     settings = {
         "variant": os.environ.get("ARITH_VARIANT", "last_digit"),
-        "max_operand": int(os.environ.get("ARITH_MAX_OPERAND", "29")),
+        "max_operand": int(os.environ.get("ARITH_MAX_OPERAND", "99")),
         "train_rows": int(os.environ.get("ARITH_TRAIN_ROWS", "5000")),
         "val_rows": int(os.environ.get("ARITH_VAL_ROWS", "200")),
         "seed": int(os.environ.get("ARITH_SEED", "1")),

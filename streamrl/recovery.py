@@ -1,0 +1,125 @@
+"""`streamrl run --resume RUN`: finish a run after its processes died, and after the
+embedded broker lost everything it held (it keeps topics in memory).
+
+The ledger is the durable record, so it is where a run is rebuilt from:
+
+1. If the run's topics are gone, they are made again, the run's `created` event (its
+   resolved config) is re-published, and the ledger sink's saved positions for those
+   topics are cleared (they count offsets of topics that no longer exist).
+2. Every training group the learner still needs is re-published from the ledger in the
+   furthest-along form the ledger holds: its GroupFiltered record, else its complete set
+   of samples, else its trajectories and evaluations (for the stream processor to join
+   again). Groups of steps the learner has checkpointed are only re-published when they
+   never reached a sample (their samples would be skipped).
+3. The publisher re-publishes, paced as usual, only the tasks with no trajectory and
+   evaluation in the ledger; the workers do those again.
+
+Every re-published event keeps its event id, so the ledger stores each fact once. What
+the broker held and the sink had not yet written (its lag, well under a second) is
+redone by the workers rather than recovered. A validation of an earlier version redone
+this way runs on newer weights, and its trajectories say so (`weight_version`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schema.events import Evaluation, GroupFiltered, RunEvent, Sample, Trajectory
+from schema.ledger import row_event
+from schema.topics import run_topics, topic_name
+from streamrl.bus import EventPublisher, create_run_topics, make_consumer
+from streamrl.db import connect
+from streamrl.settings import Settings
+
+
+@dataclass
+class Rebuilt:
+    topics_recreated: bool = False
+    groups: dict[str, int] = field(default_factory=dict)  # how each group was re-published
+    events: int = 0
+
+
+def run_topics_exist(settings: Settings, run_id: str) -> bool:
+    consumer = make_consumer(settings, None)
+    try:
+        return topic_name(run_id, "runs") in consumer.topics()
+    finally:
+        consumer.close()
+
+
+def _events(conn, event_type, query: str, params: tuple):
+    cur = conn.execute(query, params)
+    names = [d.name for d in cur.description]
+    return [row_event(event_type, dict(zip(names, row))) for row in cur.fetchall()]
+
+
+def group_plan(filtered: set[str], sample_counts: dict[str, tuple[int, int]], rollout_groups: dict[str, int],
+               trained_step: int) -> dict[str, str]:
+    """For each training group in the ledger, what to re-publish: 'filtered', 'samples',
+    'rollouts', or nothing (left out). Pure.
+
+    `sample_counts`: group -> (samples in the ledger, the group's sample count);
+    `rollout_groups`: group -> its step."""
+    plan = {}
+    for group_id, step in rollout_groups.items():
+        needed = step > trained_step
+        if group_id in filtered:
+            if needed:
+                plan[group_id] = "filtered"
+        elif group_id in sample_counts and sample_counts[group_id][0] >= sample_counts[group_id][1]:
+            if needed:
+                plan[group_id] = "samples"
+        else:
+            plan[group_id] = "rollouts"
+    return plan
+
+
+def rebuild_from_ledger(settings: Settings, run_id: str, trained_step: int) -> Rebuilt:
+    """Re-create what the broker lost of `run_id`; `trained_step` is the learner's last
+    checkpointed step."""
+    rebuilt = Rebuilt()
+    url = settings.database_url
+    with connect(url, autocommit=True) as conn:
+        created = _events(conn, RunEvent, "select * from run_events where run_id = %s and kind = 'created'", (run_id,))
+        if not created:
+            raise LookupError(f"run {run_id!r} has no 'created' event in the ledger")
+        if not run_topics_exist(settings, run_id):
+            create_run_topics(settings, run_id)
+            conn.execute("delete from consumer_offsets where topic = any(%s)", (list(run_topics(run_id).values()),))
+            rebuilt.topics_recreated = True
+        filtered = {r[0] for r in conn.execute("select group_id from filtered_groups where run_id = %s", (run_id,))}
+        sample_counts = {g: (int(n), int(size)) for g, n, size in conn.execute(
+            "select group_id, count(*), max(group_size) from samples where run_id = %s group by group_id", (run_id,))}
+        rollout_groups = {g: s for g, s in conn.execute(
+            "select group_id, min(step) from trajectories where run_id = %s and not is_val group by group_id", (run_id,))}
+        plan = group_plan(filtered, sample_counts, rollout_groups, trained_step)
+        chosen = {kind: [g for g, k in plan.items() if k == kind] for kind in ("filtered", "samples", "rollouts")}
+        with EventPublisher(settings) as publisher:
+            publisher.publish(created[0])
+            batches = [
+                (GroupFiltered, "select * from filtered_groups where run_id = %s and group_id = any(%s)", chosen["filtered"]),
+                (Sample, "select * from samples where run_id = %s and group_id = any(%s)", chosen["samples"]),
+                (Trajectory, "select t.* from trajectories t join evaluations e on e.run_id = t.run_id "
+                             "and e.trajectory_id = t.trajectory_id where t.run_id = %s and t.group_id = any(%s)",
+                 chosen["rollouts"]),
+                (Evaluation, "select e.* from evaluations e join trajectories t on t.run_id = e.run_id "
+                             "and t.trajectory_id = e.trajectory_id where e.run_id = %s and e.group_id = any(%s) "
+                             "and not e.is_val", chosen["rollouts"]),
+            ]
+            for event_type, query, groups in batches:
+                if not groups:
+                    continue
+                for event in _events(conn, event_type, query, (run_id, groups)):
+                    publisher.publish(event)
+                    rebuilt.events += 1
+            publisher.flush()
+        rebuilt.groups = {kind: len(groups) for kind, groups in chosen.items()}
+    return rebuilt
+
+
+def finished_task_ids(database_url: str, run_id: str) -> set[str]:
+    """Tasks whose rollout and evaluation are both in the ledger: not to be done again."""
+    with connect(database_url, autocommit=True) as conn:
+        return {r[0] for r in conn.execute(
+            "select t.task_id from trajectories t join evaluations e on e.run_id = t.run_id "
+            "and e.trajectory_id = t.trajectory_id where t.run_id = %s", (run_id,))}

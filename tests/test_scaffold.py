@@ -1,0 +1,52 @@
+"""`streamrl recipe new`: the scaffold is a valid recipe whose code loads, whose env
+script and set-up script run, and whose agent worker rolls a task out."""
+
+from __future__ import annotations
+
+import os
+
+from producers.evaluator import Evaluator
+from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
+from producers.rollout import InferenceClient
+from producers.worker_loop import make_evaluator, worker_class
+from schema.events import Task, unpack_mask
+from streamrl.cli import recipe_code_problems
+from streamrl.recipe import prepare_recipe
+from tests.conftest import run_cli
+
+
+def test_recipe_new_scaffolds_a_recipe_that_runs_a_rollout(tmp_path, monkeypatch):
+    result = run_cli("recipe", "new", "word_game", "--dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    folder = tmp_path / "word_game"
+    for name in ("common.yaml", "word_game.yaml", "word_game.env.sh", "setup.py", "agent_workspace/agent_config.yaml",
+                 "agent_workspace/tools.yaml", "agent_workspace/evaluator.py", "agent_workspace/my_worker.py"):
+        assert (folder / name).is_file(), name
+    again = run_cli("recipe", "new", "word_game", "--dir", str(tmp_path))
+    assert again.returncode == 2 and "already exists" in again.stderr
+
+    monkeypatch.setenv("WORD_GAME_STEPS", "7")  # the caller's value beats the env script's default
+    monkeypatch.delenv("WORD_GAME_WARMUP_STEPS", raising=False)
+    recipe = prepare_recipe(folder / "word_game.yaml")
+    assert recipe["trainer"]["total_train_steps"] == 7 and recipe["trainer"]["warmup_cross_entropy_steps"] == 100
+    assert os.environ["WORD_GAME_WARMUP_STEPS"] == "100"  # set by word_game.env.sh
+    assert recipe_code_problems(recipe) == []
+    assert isinstance(make_evaluator(recipe), Evaluator)
+
+    engine = BatchingEngine(EmbeddedEngine(recipe["rollout_worker"]["model_path"]))
+    try:
+        published = []
+        client = InferenceClient(engine, SamplingParams(max_new_tokens=48))
+        worker = worker_class(recipe)(recipe["rollout_worker"], client, make_evaluator(recipe), published.append)
+        task = Task(run_id="scaffold", task_id="t", group_id="g", prompt="reverse abcd",
+                    data={"prompt": "reverse abcd", "answer": "dcba"})
+        trajectory, evaluation = worker.run_task(task)
+    finally:
+        engine.close()
+    assert trajectory.error is None and evaluation.error is None
+    assert trajectory.turns[0].role == "prompt" and unpack_mask(trajectory.loss_mask).sum() > 0
+
+
+def test_recipe_new_refuses_a_bad_name(tmp_path):
+    result = run_cli("recipe", "new", "9lives", "--dir", str(tmp_path))
+    assert result.returncode == 2 and "use letters, digits and underscores" in result.stderr
