@@ -57,17 +57,24 @@ def _json_dumps(value) -> bytes:
 
 
 class TableWriter:
-    """A prepared `INSERT ... ON CONFLICT (event_id) DO NOTHING` for one ledger table."""
+    """Idempotent bulk insert into one ledger table: the batch's rows are COPYed into a
+    session-private staging table, then moved with `INSERT ... SELECT ... ON CONFLICT
+    (event_id) DO NOTHING`. COPY costs PostgreSQL (and the sink) far less per row than
+    one prepared INSERT per row, and the conflict rule still drops events read twice."""
 
     def __init__(self, table: Table):
         self.table = table
         self.columns = [c.name for c in table.columns if c.name not in ("id", "ingested_at")]
         json_columns = {c.name for c in table.columns if isinstance(c.type, JSONB)}
         self._layout = [(c, c in json_columns) for c in self.columns]
-        self.sql = (
-            f"insert into {table.name} ({', '.join(self.columns)}) "
-            f"values ({', '.join(['%s'] * len(self.columns))}) on conflict (event_id) do nothing"
-        )
+        columns = ", ".join(self.columns)
+        self.stage = f"stage_{table.name}"
+        # Without constraints or defaults: a staged row is checked when it is moved.
+        self.create_stage_sql = f"create temp table if not exists {self.stage} as select {columns} from {table.name} with no data"
+        self.copy_sql = f"copy {self.stage} ({columns}) from stdin"
+        self.move_sql = (f"insert into {table.name} ({columns}) select {columns} from {self.stage} "
+                         f"on conflict (event_id) do nothing")
+        self.clear_sql = f"truncate {self.stage}"
 
     def params(self, row: dict) -> tuple:
         return tuple([
@@ -75,8 +82,23 @@ class TableWriter:
             for value, is_json in ((row[c], j) for c, j in self._layout)
         ])
 
+    def write(self, cur: psycopg.Cursor, rows: list[tuple]) -> None:
+        with cur.copy(self.copy_sql) as copy:
+            for row in rows:
+                copy.write_row(row)
+        cur.execute(self.move_sql)
+        cur.execute(self.clear_sql)
+
 
 WRITERS = {event_type: TableWriter(table) for event_type, table in TABLE_BY_EVENT.items()}
+
+
+def create_staging_tables(conn: psycopg.Connection) -> None:
+    """The COPY targets of `insert_events`, once per database session and outside any
+    transaction (a rolled-back batch must not take them with it)."""
+    with conn.transaction():
+        for writer in WRITERS.values():
+            conn.execute(writer.create_stage_sql)
 
 
 @dataclass
@@ -120,14 +142,15 @@ def dead_letter(record, error: str) -> DeadLetter:
 
 
 def insert_events(conn: psycopg.Connection, placed: list[Placed]) -> None:
-    """Insert one batch (inside the caller's transaction), grouped by table."""
+    """Insert one batch (inside the caller's transaction), grouped by table. The
+    session must have its staging tables (`create_staging_tables`)."""
     by_type: dict[type, list[tuple]] = {}
     for p in placed:
         by_type.setdefault(type(p.event), []).append(
             WRITERS[type(p.event)].params(event_row(p.event, p.topic, p.partition, p.offset)))
     with conn.cursor() as cur:
         for event_type, params in by_type.items():
-            cur.executemany(WRITERS[event_type].sql, params)
+            WRITERS[event_type].write(cur, params)
         run_ids = sorted({p.event.run_id for p in placed})
         cur.executemany("insert into runs (run_id) values (%s) on conflict (run_id) do nothing",
                         [(r,) for r in run_ids])
@@ -207,6 +230,7 @@ class LedgerSink:
         self.shard = shard
         self.topic_pattern = re.compile(run_pattern(run_id) if run_id else all_runs_pattern())
         self.conn = connect(settings.database_url, autocommit=True)
+        create_staging_tables(self.conn)
         self.blobs = PostgresBlobStore(self.conn)
         self.consumer = make_consumer(settings, group_id)
         self.publisher = EventPublisher(settings)

@@ -31,29 +31,49 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
-def write_model_dir(final: Path, model, tokenizer, extra=None) -> Path:
-    """Save model and tokenizer (and `extra(folder)`) to a temporary folder, then rename it
-    to `final`: a reader sees the whole folder or none of it."""
+def write_folder(final: Path, fill) -> Path:
+    """Fill a temporary folder (`fill(folder)`), then rename it to `final`: a reader sees
+    the whole folder or none of it."""
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if extra is not None:
-        extra(tmp)
+    tmp.mkdir(parents=True)
+    fill(tmp)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return final
 
 
-def save_checkpoint(root: Path, step: int, model, tokenizer, optimizer, state: dict, keep_every: int = 0) -> Path:
-    """Write checkpoint `step` under root and point LATEST at it; returns its folder."""
+def write_model_dir(final: Path, model, tokenizer) -> Path:
+    """Model and tokenizer as a folder `from_pretrained` reads, written atomically."""
+    def fill(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return write_folder(final, fill)
+
+
+def link_files(source: Path, folder: Path) -> None:
+    """Hard-link (or, across file systems, copy) the files of `source` into `folder`.
+    Saved model files are never rewritten in place, so a link is as good as a copy."""
+    for path in source.iterdir():
+        if path.is_file():
+            try:
+                os.link(path, folder / path.name)
+            except OSError:
+                shutil.copy2(path, folder / path.name)
+
+
+def save_checkpoint(root: Path, step: int, model_folder: Path, optimizer, state: dict, keep_every: int = 0) -> Path:
+    """Write checkpoint `step` under root and point LATEST at it; returns its folder.
+    `model_folder` holds the step's saved model (its weight version): the checkpoint
+    links to its files rather than serialising the model a second time."""
     root.mkdir(parents=True, exist_ok=True)
 
-    def trainer_state(folder: Path) -> None:
+    def fill(folder: Path) -> None:
+        link_files(model_folder, folder)
         torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state()}, folder / "trainer_state.pt")
         (folder / "state.json").write_text(json.dumps({"step": step, **state}))
 
-    final = write_model_dir(root / f"step-{step:06d}", model, tokenizer, trainer_state)
+    final = write_folder(root / f"step-{step:06d}", fill)
     pointer = root / f".{LATEST}.tmp"
     pointer.write_text(final.name)
     os.replace(pointer, root / LATEST)
@@ -90,10 +110,12 @@ def directory_sha256(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def save_weight_version(root: Path, version: int, model, tokenizer, keep_last: int = 4) -> tuple[Path, str]:
-    """The weights of `version` as a model folder any loader can read; returns (folder, sha256)."""
+def write_weight_version(root: Path, version: int, model, tokenizer) -> Path:
+    """The weights of `version` as a model folder any loader can read."""
     root.mkdir(parents=True, exist_ok=True)
-    final = write_model_dir(root / f"v{version:06d}", model, tokenizer)
+    return write_model_dir(root / f"v{version:06d}", model, tokenizer)
+
+
+def prune_weight_versions(root: Path, keep_last: int = 4) -> None:
     for old in sorted(root.glob("v*"))[:-keep_last]:  # workers only ever need recent versions
         shutil.rmtree(old, ignore_errors=True)
-    return final, directory_sha256(final)

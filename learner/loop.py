@@ -33,7 +33,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from learner.batching import TrainItem
 from learner.checkpoint import (
-    latest_checkpoint, load_state, load_trainer_state, save_checkpoint, save_weight_version,
+    directory_sha256, latest_checkpoint, load_state, load_trainer_state, prune_weight_versions, save_checkpoint,
+    write_weight_version,
 )
 from learner.trainers import TRAINERS, Trainer
 from learner.warmup import cross_entropy_warmup, demonstration_items, greedy_exact_match, supervised_items
@@ -186,10 +187,12 @@ class Learner:
         return greedy_exact_match(self.model, self.tokenizer, val_rows, val_cfg["prompt_key"],
                                   val_cfg["answer_key"], self.recipe["rollout_worker"]["max_response_length"])
 
-    def publish_version(self, version: int) -> None:
-        folder, sha = save_weight_version(self.weights, version, self.model, self.tokenizer,
-                                          keep_last=self.keep_weight_versions)
-        self.publisher.publish(WeightVersion(run_id=self.run_id, version=version, step=version, uri=str(folder), sha256=sha))
+    def publish_version(self, version: int, folder: Path | None = None) -> None:
+        """Announce weight version `version` (written now unless `folder` already holds it)."""
+        folder = folder or write_weight_version(self.weights, version, self.model, self.tokenizer)
+        prune_weight_versions(self.weights, keep_last=self.keep_weight_versions)
+        self.publisher.publish(WeightVersion(run_id=self.run_id, version=version, step=version, uri=str(folder),
+                                             sha256=directory_sha256(folder)))
 
     def start(self) -> None:
         if self.step == 0 and self.resumed_record is None:
@@ -290,10 +293,13 @@ class Learner:
             consumed_offsets={f"{tp.topic}:{tp.partition}": o for tp, o in offsets.items()},
             metrics={**metrics, "off_policy_correction_" + self.recipe["algorithm"]["off_policy_correction"]: 1.0})
         state = {"offsets": record.consumed_offsets, "train_step": _record_dict(record)}
-        save_checkpoint(self.checkpoints, step, self.model, self.tokenizer, self.trainer.optimizer, state,
+        # The weights are written once: the checkpoint links to the version's files, and
+        # the version is announced only after the checkpoint that can reproduce it exists.
+        version_folder = write_weight_version(self.weights, step, self.model, self.tokenizer)
+        save_checkpoint(self.checkpoints, step, version_folder, self.trainer.optimizer, state,
                         keep_every=self.recipe["trainer"]["save_freq"])
         self.step = step
-        self.publish_version(step)
+        self.publish_version(step, version_folder)
         self.publisher.publish(record)
         self.publisher.flush()
         return record

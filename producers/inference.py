@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
@@ -58,6 +59,33 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+def read_safetensors_weights(folder: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of a saved model folder, read straight from its safetensors files.
+
+    Building a throw-away model with `from_pretrained` for every weight version costs
+    more CPU than the rollouts of a small model; the folder's tensors are all that
+    changes. Tied weights are saved once, so a missing key is filled from the tensor it
+    shares storage with.
+    """
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no *.safetensors weights in this weight version")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(file))
+    current = model.state_dict()
+    unexpected = sorted(set(state) - set(current))
+    if unexpected:
+        raise KeyError(f"{folder}: weights the model does not have: {', '.join(unexpected[:5])}")
+    by_storage = {current[k].data_ptr(): k for k in state}
+    for key in set(current) - set(state):
+        twin = by_storage.get(current[key].data_ptr())
+        if twin is None:
+            raise KeyError(f"{folder}: weight {key} is missing")
+        state[key] = state[twin]
+    return state
+
+
 class EmbeddedEngine:
     def __init__(self, model_path: str | Path, weight_version: int = 0, seed: int = 0):
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -66,8 +94,7 @@ class EmbeddedEngine:
         self.generator = torch.Generator().manual_seed(seed)
 
     def load_weights(self, model_path: str | Path, weight_version: int) -> None:
-        fresh = AutoModelForCausalLM.from_pretrained(model_path)
-        self.model.load_state_dict(fresh.state_dict())
+        self.model.load_state_dict(read_safetensors_weights(Path(model_path), self.model))
         self.weight_version = weight_version
 
     @torch.no_grad()

@@ -17,6 +17,7 @@ completion sampled is refused ("fail"): the learner could not compute its ratio.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -50,6 +51,10 @@ class InferenceClient:
         self._train_defaults = defaults
         self._val_defaults = val_defaults or defaults
         self._local = threading.local()
+        # A group's rollouts share their prompt, so most prompts are tokenised again
+        # and again; the tokenizer's call costs more than a small model's sampling step.
+        self._prompt_ids: OrderedDict[str, list[int]] = OrderedDict()
+        self._prompt_ids_lock = threading.Lock()
 
     @property
     def _defaults(self) -> SamplingParams:
@@ -59,6 +64,19 @@ class InferenceClient:
     @property
     def tokenizer(self):
         return self._engine.tokenizer
+
+    def tokenize(self, prompt: str, cache_size: int = 4096) -> list[int]:
+        with self._prompt_ids_lock:
+            ids = self._prompt_ids.get(prompt)
+            if ids is not None:
+                self._prompt_ids.move_to_end(prompt)
+                return list(ids)
+        ids = self.tokenizer(prompt)["input_ids"]
+        with self._prompt_ids_lock:
+            self._prompt_ids[prompt] = ids
+            if len(self._prompt_ids) > cache_size:
+                self._prompt_ids.popitem(last=False)
+        return list(ids)
 
     def begin(self, is_val: bool = False) -> None:
         self._local.completions = []
@@ -70,7 +88,7 @@ class InferenceClient:
     def completion(self, prompt: str | list[int], temperature: float | None = None,
                    max_tokens: int | None = None, top_p: float | None = None,
                    stop_token_ids: list[int] | tuple[int, ...] = ()) -> dict[str, Any]:
-        prompt_ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
+        prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         params = SamplingParams(
             max_new_tokens=max_tokens if max_tokens is not None else self._defaults.max_new_tokens,
             temperature=temperature if temperature is not None else self._defaults.temperature,

@@ -88,3 +88,13 @@ def test_concurrent_requests_are_batched_and_weights_change_between_batches(mode
     assert all(torch.equal(a, b) for a, b in zip(server.engine.model.state_dict().values(),
                                                  fresh.model.state_dict().values()))
     server.close()
+
+
+def test_a_weight_version_that_does_not_fit_the_model_is_refused_by_name(model_dir, tmp_path):
+    engine = EmbeddedEngine(model_dir)
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+        engine.load_weights(tmp_path, 3)
+    bigger = build_tiny_model(tmp_path / "bigger", seed=2, layers=3)
+    with pytest.raises(KeyError, match="model.layers.2"):
+        engine.load_weights(bigger, 3)
+    assert engine.weight_version == 0

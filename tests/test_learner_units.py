@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from learner.batching import TrainItem, collate, micro_batches_by_tokens
-from learner.checkpoint import latest_checkpoint, load_state, load_trainer_state, save_checkpoint
+from learner.checkpoint import (
+    latest_checkpoint, load_state, load_trainer_state, prune_weight_versions, save_checkpoint, write_weight_version,
+)
 from learner.kl_control import AdaptiveKLController, kl_reward_to_go
 from learner.loop import staleness_split
 from learner.trainers import CrossEntropyTrainer, GRPOTrainer
@@ -97,9 +99,16 @@ def test_checkpoint_round_trip_restores_model_optimizer_and_rng(tiny, tmp_path):
     trainer = CrossEntropyTrainer(model, tokenizer.pad_token_id, {"lr": 1e-2, "micro_batch_tokens": 64, "grad_clip": 1.0}, {})
     trainer.step([item([5, 6, 7], [0, 1, 1])])
     torch.manual_seed(123)
-    save_checkpoint(tmp_path, 4, model, tokenizer, trainer.optimizer, {"offsets": {"t:0": 17}})
+    weights, checkpoints = tmp_path / "weights", tmp_path / "checkpoints"
+    version = write_weight_version(weights, 4, model, tokenizer)
+    save_checkpoint(checkpoints, 4, version, trainer.optimizer, {"offsets": {"t:0": 17}})
     expected_draw = torch.rand(3)
-    folder = latest_checkpoint(tmp_path)
+    # the checkpoint outlives its weight version's folder (workers only keep recent ones)
+    for later in (5, 6):
+        write_weight_version(weights, later, model, tokenizer)
+    prune_weight_versions(weights, keep_last=2)
+    assert not version.exists()
+    folder = latest_checkpoint(checkpoints)
     assert folder.name == "step-000004" and load_state(folder) == {"step": 4, "offsets": {"t:0": 17}}
     _, restored = load(folder)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), restored.state_dict().values()))
@@ -107,9 +116,9 @@ def test_checkpoint_round_trip_restores_model_optimizer_and_rng(tiny, tmp_path):
     load_trainer_state(folder, fresh.optimizer)
     assert fresh.optimizer.state_dict()["state"][0]["step"] == trainer.optimizer.state_dict()["state"][0]["step"]
     assert torch.equal(torch.rand(3), expected_draw)  # the RNG continues where it was saved
-    save_checkpoint(tmp_path, 5, model, tokenizer, trainer.optimizer, {"offsets": {}})
-    assert latest_checkpoint(tmp_path).name == "step-000005"
-    assert not (tmp_path / "step-000004").exists()  # only the newest is kept (keep_every=0)
+    save_checkpoint(checkpoints, 5, weights / "v000005", trainer.optimizer, {"offsets": {}})
+    assert latest_checkpoint(checkpoints).name == "step-000005"
+    assert not (checkpoints / "step-000004").exists()  # only the newest is kept (keep_every=0)
 
 
 def test_step_buffer_counts_a_group_once_all_its_samples_arrived():

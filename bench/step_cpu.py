@@ -1,0 +1,110 @@
+"""Where a training step's CPU goes: CPU seconds per step for each process of a run.
+
+Runs the built-in recipe (from the warmed model that bench/time_to_accuracy.py saves,
+so there is no warm-up) and samples /proc while it trains. Between the ledger's step A
+and step B it charges every process's user+system CPU time to the steps in between:
+the run's own processes (publisher, sink, processor, learner, workers), the embedded
+broker and PostgreSQL. The baseline in the same run is the wall-clock time per step,
+which on 2 cores can be no less than the total CPU per step / 2.
+
+    python bench/step_cpu.py [--sync-mode fully-async] [--steps 80] [--window 20:70]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import OUT, bench_settings, fresh_run_id  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from streamrl.db import connect  # noqa: E402
+from streamrl.recipe import prepare_recipe  # noqa: E402
+from time_to_accuracy import RECIPE, bench_recipe, warmed_model  # noqa: E402
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_role(args: list[str], run_id: str) -> str | None:
+    """The part of the run a process plays, from its command line."""
+    if "streamrl.cli" in args and run_id in args:
+        role = args[args.index("streamrl.cli") + 1]
+        return "orchestrator" if role == "run" else role  # workers share one row
+    name = Path(args[0]).name if args else ""
+    if name.startswith("tansu"):
+        return "broker"
+    if name.startswith("postgres") or (args and args[0].startswith("postgres:")):
+        return "postgresql"
+    return None
+
+
+def cpu_by_role(run_id: str) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        role = process_role(args, run_id)
+        if role is not None:
+            # utime and stime are fields 14 and 15 of /proc/PID/stat (1-based)
+            totals[role] = totals.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return totals
+
+
+def steps_done(conn, run_id: str) -> int:
+    return conn.execute("select count(*) from train_steps where run_id = %s", (run_id,)).fetchone()[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sync-mode", default="fully-async")
+    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--window", default="20:70", help="ledger steps A:B to measure between")
+    args = parser.parse_args()
+    first, last = (int(x) for x in args.window.split(":"))
+    settings = bench_settings()
+    recipe = prepare_recipe(RECIPE)
+    model_dir = warmed_model(recipe, OUT / "time_to_accuracy" / "warm_model")
+    run_id = fresh_run_id(f"cpu-{args.sync_mode}")
+    path = bench_recipe(recipe, model_dir, args.sync_mode, args.steps, OUT / "step_cpu" / f"{run_id}.yaml")
+    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(path), "--run", run_id,
+                            "--out", str(OUT / "step_cpu" / run_id)], stdout=subprocess.DEVNULL)
+    marks = {}
+    with connect(settings.database_url, autocommit=True) as conn:
+        while run.poll() is None and len(marks) < 2:
+            done = steps_done(conn, run_id)
+            for step in (first, last):
+                if step not in marks and done >= step:
+                    marks[step] = (time.monotonic(), cpu_by_role(run_id))
+            time.sleep(0.05)
+    run.wait()
+    if len(marks) < 2:
+        sys.exit(f"the run ended before step {last}")
+    (t0, before), (t1, after) = marks[first], marks[last]
+    steps = last - first
+    wall = (t1 - t0) / steps
+    table = Table(title=f"CPU per step, {args.sync_mode}, steps {first}..{last} (2 cores)")
+    for column in ("process", "CPU ms/step", "share"):
+        table.add_column(column, justify="right" if column != "process" else "left")
+    deltas = {role: (after.get(role, 0.0) - before.get(role, 0.0)) / steps for role in after}
+    total = sum(deltas.values())
+    for role, seconds in sorted(deltas.items(), key=lambda kv: -kv[1]):
+        table.add_row(role, f"{seconds * 1000:.0f}", f"{seconds / total:.0%}")
+    table.add_row("all", f"{total * 1000:.0f}", "100%")
+    table.add_row("wall-clock per step", f"{wall * 1000:.0f}", f"{total / wall:.2f} cores busy")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
