@@ -129,6 +129,9 @@ def run_trl(recipe: dict, model_dir: Path, steps: int, target: float) -> dict:
         lr_scheduler_kwargs={"min_lr_rate": cfg["min_lr_ratio"]}, warmup_steps=cfg["lr_warmup_steps"],
         weight_decay=cfg["weight_decay"], max_grad_norm=cfg["grad_clip"], beta=0.0, epsilon=algo["clip_ratio_low"],
         epsilon_high=algo["clip_ratio_high"], loss_type="dapo", scale_rewards="group", num_iterations=1,
+        # TRL's defaults are bf16 autocast and gradient checkpointing: on a CPU without
+        # bf16 units both only slow it down, and StreamRL trains in float32 without them.
+        bf16=False, fp16=False, gradient_checkpointing=False,
         use_cpu=True, report_to="none", save_strategy="no", logging_steps=VALIDATE_EVERY, seed=cfg["seed"],
         disable_tqdm=False,
     )
