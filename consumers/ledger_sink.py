@@ -94,8 +94,8 @@ WRITERS = {event_type: TableWriter(table) for event_type, table in TABLE_BY_EVEN
 
 
 def create_staging_tables(conn: psycopg.Connection) -> None:
-    """The COPY targets of `insert_events`, once per database session and outside any
-    transaction (a rolled-back batch must not take them with it)."""
+    """The COPY targets of `insert_events`, once per database session, in a transaction
+    of their own: created inside a batch's, a rolled-back batch would take them along."""
     with conn.transaction():
         for writer in WRITERS.values():
             conn.execute(writer.create_stage_sql)

@@ -29,9 +29,10 @@ import time
 from dataclasses import dataclass, field
 
 from consumers.advantages import get_advantage_estimator
-from producers.evaluator import BaseEvaluationTarget, Evaluator, load_class, run_evaluator
+from producers.evaluator import BaseEvaluationTarget, Evaluator, run_evaluator
+from producers.evaluator_builtins import make_evaluator
 from schema.events import Evaluation, Trajectory
-from schema.ledger import row_event
+from schema.ledger import query_events
 from streamrl.bus import EventPublisher, RunReader
 from streamrl.db import connect
 from streamrl.plugins import load_module
@@ -171,17 +172,11 @@ def read_from_ledger(database_url: str, source_run: str, ids: list[str]
     if not ids:
         return trajectories, evaluations
     with connect(database_url, autocommit=True) as conn:
-        cur = conn.cursor()
-        cur.execute("select * from trajectories where run_id = %s and trajectory_id = any(%s)", (source_run, ids))
-        names = [d.name for d in cur.description]
-        for row in cur:
-            event = row_event(Trajectory, dict(zip(names, row)))
+        for event in query_events(conn, Trajectory, "select * from trajectories where run_id = %s "
+                                  "and trajectory_id = any(%s)", (source_run, ids)):
             trajectories[event.trajectory_id] = event
-        cur.execute("select * from evaluations where run_id = %s and trajectory_id = any(%s) and not is_val",
-                    (source_run, ids))
-        names = [d.name for d in cur.description]
-        for row in cur:
-            event = row_event(Evaluation, dict(zip(names, row)))
+        for event in query_events(conn, Evaluation, "select * from evaluations where run_id = %s "
+                                  "and trajectory_id = any(%s) and not is_val", (source_run, ids)):
             evaluations[event.trajectory_id] = event
     return trajectories, evaluations
 
@@ -282,6 +277,6 @@ def publish_replay(settings: Settings, run_id: str, plan: Plan, trajectories: di
 
 def make_rescorer(spec: str) -> Evaluator:
     try:
-        return load_class(spec, ".", Evaluator)()
+        return make_evaluator(spec)
     except Exception as exc:
         raise ReplayError(f"--rescore: {exc}") from None

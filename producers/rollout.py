@@ -16,8 +16,8 @@ completion sampled is refused ("fail"): the learner could not compute its ratio.
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -53,8 +53,8 @@ class InferenceClient:
         self._local = threading.local()
         # A group's rollouts share their prompt, so most prompts are tokenised again
         # and again; the tokenizer's call costs more than a small model's sampling step.
-        self._prompt_ids: OrderedDict[str, list[int]] = OrderedDict()
-        self._prompt_ids_lock = threading.Lock()
+        self._prompt_ids = functools.lru_cache(maxsize=4096)(
+            lambda prompt: tuple(self.tokenizer(prompt)["input_ids"]))
 
     @property
     def _defaults(self) -> SamplingParams:
@@ -65,18 +65,8 @@ class InferenceClient:
     def tokenizer(self):
         return self._engine.tokenizer
 
-    def tokenize(self, prompt: str, cache_size: int = 4096) -> list[int]:
-        with self._prompt_ids_lock:
-            ids = self._prompt_ids.get(prompt)
-            if ids is not None:
-                self._prompt_ids.move_to_end(prompt)
-                return list(ids)
-        ids = self.tokenizer(prompt)["input_ids"]
-        with self._prompt_ids_lock:
-            self._prompt_ids[prompt] = ids
-            if len(self._prompt_ids) > cache_size:
-                self._prompt_ids.popitem(last=False)
-        return list(ids)
+    def tokenize(self, prompt: str) -> list[int]:
+        return list(self._prompt_ids(prompt))
 
     def begin(self, is_val: bool = False) -> None:
         self._local.completions = []

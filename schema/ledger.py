@@ -267,6 +267,13 @@ def row_event(event_type: type[Event], row: dict[str, Any]) -> Event:
     return msgspec.convert(fields, event_type)
 
 
+def query_events(conn, event_type: type[Event], query: str, params: tuple) -> list[Event]:
+    """The events of the rows a `select * from <event table> ...` query returns."""
+    cur = conn.execute(query, params)
+    names = [d.name for d in cur.description]
+    return [row_event(event_type, dict(zip(names, row))) for row in cur.fetchall()]
+
+
 # Where each ledger consumer is in each partition, written in the same transaction as
 # the rows it consumed: the database, not the broker, is the source of truth for
 # progress, so a killed consumer resumes exactly where its last commit left it.

@@ -678,14 +678,12 @@ def replay(
         config = rp.replay_config(row[0], recipe, source_run=source, plan=plan, source=source_kind, steps=steps,
                                   where=where, correction=correction, recompute_advantages=recompute_advantages,
                                   rescore=rescore, rate=rate)
+        evaluator = rp.make_rescorer(rescore) if rescore else None  # a bad spec fails before any reading
+        trajectories, evaluations, origin = rp.load_rollouts(settings, source, plan.order, source_kind)
         rescorer = None
-        if rescore:
-            evaluator = rp.make_rescorer(rescore)
-            trajectories, evaluations, origin = rp.load_rollouts(settings, source, plan.order, source_kind)
+        if evaluator is not None:
             task_ids = sorted({t.task_id for t in trajectories.values()})
             rescorer = (evaluator, rescore, rp.task_data(url, source, task_ids))
-        else:
-            trajectories, evaluations, origin = rp.load_rollouts(settings, source, plan.order, source_kind)
     except (SqlRefused, SqlFailed) as exc:
         err_console.print(f"[red]error:[/] --where: {exc}", highlight=False)
         raise typer.Exit(EXIT_USAGE)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schema.events import Evaluation, GroupFiltered, RunEvent, Sample, Trajectory
-from schema.ledger import row_event
+from schema.ledger import query_events
 from schema.topics import run_topics, topic_name
 from streamrl.bus import EventPublisher, create_run_topics, make_consumer
 from streamrl.db import connect
@@ -45,12 +45,6 @@ def run_topics_exist(settings: Settings, run_id: str) -> bool:
         return topic_name(run_id, "runs") in consumer.topics()
     finally:
         consumer.close()
-
-
-def _events(conn, event_type, query: str, params: tuple):
-    cur = conn.execute(query, params)
-    names = [d.name for d in cur.description]
-    return [row_event(event_type, dict(zip(names, row))) for row in cur.fetchall()]
 
 
 def group_plan(filtered: set[str], sample_counts: dict[str, tuple[int, int]], rollout_groups: dict[str, int],
@@ -80,7 +74,7 @@ def rebuild_from_ledger(settings: Settings, run_id: str, trained_step: int) -> R
     rebuilt = Rebuilt()
     url = settings.database_url
     with connect(url, autocommit=True) as conn:
-        created = _events(conn, RunEvent, "select * from run_events where run_id = %s and kind = 'created'", (run_id,))
+        created = query_events(conn, RunEvent, "select * from run_events where run_id = %s and kind = 'created'", (run_id,))
         if not created:
             raise LookupError(f"run {run_id!r} has no 'created' event in the ledger")
         if not run_topics_exist(settings, run_id):
@@ -109,7 +103,7 @@ def rebuild_from_ledger(settings: Settings, run_id: str, trained_step: int) -> R
             for event_type, query, groups in batches:
                 if not groups:
                     continue
-                for event in _events(conn, event_type, query, (run_id, groups)):
+                for event in query_events(conn, event_type, query, (run_id, groups)):
                     publisher.publish(event)
                     rebuilt.events += 1
             publisher.flush()

@@ -187,3 +187,12 @@ def test_rescore_re_evaluates_recorded_trajectories(source_run, ledger, tmp_path
     for response, reward, name, source_event, truth, answer in scored:
         assert reward == float(response.strip() == "7") and name == spec and source_event is None and truth == answer
     assert {r[1] for r in scored} == {0.0, 1.0}
+
+
+def test_rescore_takes_the_same_evaluator_specs_as_a_recipe():
+    from producers.evaluator_builtins import ExactMatch
+    from producers.replay import ReplayError, make_rescorer
+
+    assert isinstance(make_rescorer("builtin:exact_match"), ExactMatch)
+    with pytest.raises(ReplayError, match="--rescore: .*no built-in evaluator 'nope'"):
+        make_rescorer("builtin:nope")
