@@ -18,7 +18,9 @@ import torch
 import common  # noqa: F401  (puts the repo on sys.path)
 from learner.batching import TrainItem, collate
 from learner.trainers import GRPOTrainer
-from streamrl.tiny_lm import build_tiny_model, load
+from runtime.config import Algorithm as AlgorithmConfig
+from runtime.config import Trainer as TrainerConfig
+from runtime.tiny_lm import build_tiny_model, load
 
 ROUNDS = 5
 STEPS_PER_ROUND = 5
@@ -55,8 +57,8 @@ def measure(hidden: int, count: int, length: int) -> tuple[float, float]:
     items = make_items(len(tokenizer), count, length)
     tokens = sum(int(i.mask.sum()) for i in items)
     bare_optimizer = torch.optim.AdamW(bare_model.parameters(), lr=1e-4)
-    trainer = GRPOTrainer(ours_model, tokenizer.pad_token_id, {"lr": 1e-4, "micro_batch_tokens": 10 ** 9, "grad_clip": 1.0},
-                          {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "loss_agg_mode": "token-mean"})
+    trainer = GRPOTrainer(ours_model, tokenizer.pad_token_id, TrainerConfig(lr=1e-4, micro_batch_tokens=10 ** 9, grad_clip=1.0),
+                          AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-mean"))
     bare, ours = [], []
     for _ in range(ROUNDS):
         start = time.perf_counter()

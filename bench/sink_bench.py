@@ -13,8 +13,8 @@ from common import bench_settings, drop_database, fresh_database, fresh_run_id
 from consumers.ledger_sink import WRITERS, LedgerSink
 from schema.events import Trajectory
 from schema.ledger import event_row
-from streamrl.bus import EventPublisher, create_run_topics
-from streamrl.db import connect
+from runtime.bus import EventPublisher, create_run_topics
+from runtime.db import connect
 
 BATCH = 2000
 ROUNDS = 3

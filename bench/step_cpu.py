@@ -25,8 +25,8 @@ from common import OUT, bench_settings, fresh_run_id  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from streamrl.db import connect  # noqa: E402
-from streamrl.recipe import prepare_recipe  # noqa: E402
+from runtime.db import connect  # noqa: E402
+from runtime.recipe import prepare_recipe  # noqa: E402
 from time_to_accuracy import RECIPE, bench_recipe, warmed_model  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

@@ -27,6 +27,7 @@ and the embedded services (`streamrl up`, started here if they are not running).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -46,11 +47,12 @@ from rich.table import Table  # noqa: E402
 from learner.warmup import cross_entropy_warmup, greedy_exact_match, supervised_items  # noqa: E402
 from producers.evaluator import BaseEvaluationTarget, run_evaluator  # noqa: E402
 from producers.worker_loop import make_evaluator  # noqa: E402
-from streamrl.dataset import read_rows  # noqa: E402
-from streamrl.db import connect  # noqa: E402
-from streamrl.recipe import prepare_recipe  # noqa: E402
-from streamrl.settings import Settings  # noqa: E402
-from streamrl.tiny_lm import load  # noqa: E402
+from runtime.config import Recipe  # noqa: E402
+from runtime.dataset import read_rows  # noqa: E402
+from runtime.db import connect  # noqa: E402
+from runtime.recipe import prepare_recipe  # noqa: E402
+from runtime.settings import Settings  # noqa: E402
+from runtime.tiny_lm import load  # noqa: E402
 
 RECIPE = ROOT / "recipes" / "arith" / "recipe.yaml"
 OUT = ROOT / "bench" / "out" / "time_to_accuracy"
@@ -58,24 +60,24 @@ VALIDATE_EVERY = 25
 TARGETS = {"streamrl-fully-async": 0.7, "streamrl-sync": 1.5}
 
 
-def warmed_model(recipe: dict, directory: Path) -> Path:
+def warmed_model(recipe: Recipe, directory: Path) -> Path:
     """The recipe's cross-entropy warm-up, once, saved for every contender."""
     if (directory / "config.json").exists():
         return directory
-    cfg, data = recipe["trainer"], recipe["data"]
-    torch.manual_seed(cfg["seed"])
-    tokenizer, model = load(recipe["rollout_worker"]["model_path"])
-    rows = read_rows(data["data_files"], data["type"], [data["prompt_key"], data["answer_key"]])
-    items = supervised_items(rows, tokenizer, data["prompt_key"], data["answer_key"])
-    cross_entropy_warmup(model, tokenizer, items, cfg["warmup_cross_entropy_steps"], cfg["warmup_batch_size"],
-                         dict(cfg, lr=cfg["warmup_lr"] or cfg["lr"]), cfg["seed"])
+    cfg, data = recipe.trainer, recipe.data
+    torch.manual_seed(cfg.seed)
+    tokenizer, model = load(recipe.rollout_worker.model_path)
+    rows = read_rows(data.data_files, data.type, [data.prompt_key, data.answer_key])
+    items = supervised_items(rows, tokenizer, data.prompt_key, data.answer_key)
+    cross_entropy_warmup(model, tokenizer, items, cfg.warmup_cross_entropy_steps, cfg.warmup_batch_size,
+                         dataclasses.replace(cfg, lr=cfg.warmup_lr or cfg.lr), cfg.seed)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
 
 
-def bench_recipe(recipe: dict, model_dir: Path, sync_mode: str, steps: int, path: Path) -> Path:
-    values = json.loads(json.dumps(recipe))
+def bench_recipe(recipe: Recipe, model_dir: Path, sync_mode: str, steps: int, path: Path) -> Path:
+    values = recipe.to_dict()
     values["environment"]["setup_script"] = None
     values["rollout_worker"]["model_path"] = str(model_dir)
     values["trainer"].update(warmup_cross_entropy_steps=0, total_train_steps=steps)
@@ -86,7 +88,7 @@ def bench_recipe(recipe: dict, model_dir: Path, sync_mode: str, steps: int, path
     return path
 
 
-def run_streamrl(recipe: dict, model_dir: Path, sync_mode: str, steps: int, target: float, val_rows: int) -> dict:
+def run_streamrl(recipe: Recipe, model_dir: Path, sync_mode: str, steps: int, target: float, val_rows: int) -> dict:
     name = f"tta-{sync_mode}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = bench_recipe(recipe, model_dir, sync_mode, steps, OUT / f"{name}.yaml")
     started_wall = time.time()
@@ -102,16 +104,16 @@ def run_streamrl(recipe: dict, model_dir: Path, sync_mode: str, steps: int, targ
             "time_to_target_s": next((t for t, _, acc in curve if acc >= target), None)}
 
 
-def run_trl(recipe: dict, model_dir: Path, steps: int, target: float) -> dict:
+def run_trl(recipe: Recipe, model_dir: Path, steps: int, target: float) -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    data, worker, cfg, algo = recipe["data"], recipe["rollout_worker"], recipe["trainer"], recipe["algorithm"]
-    val_cfg = recipe["validate"]["data"]
-    prompt_key, answer_key = data["prompt_key"], data["answer_key"]
-    train = read_rows(data["data_files"], data["type"], [prompt_key, answer_key])
-    val = read_rows(val_cfg["data_files"], data["type"], [prompt_key, answer_key])[:val_cfg["max_rows"] or None]
+    data, worker, cfg, algo = recipe.data, recipe.rollout_worker, recipe.trainer, recipe.algorithm
+    val_cfg = recipe.validate.data
+    prompt_key, answer_key = data.prompt_key, data.answer_key
+    train = read_rows(data.data_files, data.type, [prompt_key, answer_key])
+    val = read_rows(val_cfg.data_files, data.type, [prompt_key, answer_key])[:val_cfg.max_rows or None]
     evaluator = make_evaluator(recipe)
 
     def recipe_reward(prompts, completions, answer, **_):
@@ -121,18 +123,18 @@ def run_trl(recipe: dict, model_dir: Path, steps: int, target: float) -> dict:
 
     dataset = Dataset.from_list([{"prompt": str(r[prompt_key]), "answer": str(r[answer_key])} for r in train])
     tokenizer, model = load(model_dir)
-    group = worker["rollout_repeat_n"]
+    group = worker.rollout_repeat_n
     args = GRPOConfig(
-        output_dir=str(OUT / "trl"), max_steps=steps, per_device_train_batch_size=recipe["trajectory_pool"]["batch_size"] * group,
-        num_generations=group, max_completion_length=worker["max_response_length"], temperature=worker["temperature"],
-        top_p=worker["top_p"], learning_rate=cfg["lr"], lr_scheduler_type="cosine_with_min_lr",
-        lr_scheduler_kwargs={"min_lr_rate": cfg["min_lr_ratio"]}, warmup_steps=cfg["lr_warmup_steps"],
-        weight_decay=cfg["weight_decay"], max_grad_norm=cfg["grad_clip"], beta=0.0, epsilon=algo["clip_ratio_low"],
-        epsilon_high=algo["clip_ratio_high"], loss_type="dapo", scale_rewards="group", num_iterations=1,
+        output_dir=str(OUT / "trl"), max_steps=steps, per_device_train_batch_size=recipe.trajectory_pool.batch_size * group,
+        num_generations=group, max_completion_length=worker.max_response_length, temperature=worker.temperature,
+        top_p=worker.top_p, learning_rate=cfg.lr, lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": cfg.min_lr_ratio}, warmup_steps=cfg.lr_warmup_steps,
+        weight_decay=cfg.weight_decay, max_grad_norm=cfg.grad_clip, beta=0.0, epsilon=algo.clip_ratio_low,
+        epsilon_high=algo.clip_ratio_high, loss_type="dapo", scale_rewards="group", num_iterations=1,
         # TRL's defaults are bf16 autocast and gradient checkpointing: on a CPU without
         # bf16 units both only slow it down, and StreamRL trains in float32 without them.
         bf16=False, fp16=False, gradient_checkpointing=False,
-        use_cpu=True, report_to="none", save_strategy="no", logging_steps=VALIDATE_EVERY, seed=cfg["seed"],
+        use_cpu=True, report_to="none", save_strategy="no", logging_steps=VALIDATE_EVERY, seed=cfg.seed,
         disable_tqdm=False,
     )
     curve: list[tuple[float, int, float]] = []
@@ -141,7 +143,7 @@ def run_trl(recipe: dict, model_dir: Path, steps: int, target: float) -> dict:
     class GreedyCheck(TrainerCallback):
         def check(self, step, model):
             began = time.perf_counter()
-            acc = greedy_exact_match(model, tokenizer, val, prompt_key, answer_key, worker["max_response_length"])
+            acc = greedy_exact_match(model, tokenizer, val, prompt_key, answer_key, worker.max_response_length)
             model.train()
             clock["eval"] += time.perf_counter() - began
             curve.append((time.perf_counter() - clock["start"] - clock["eval"], step, acc))
@@ -189,7 +191,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     recipe = prepare_recipe(RECIPE)
     model_dir = warmed_model(recipe, OUT / "warm_model")
-    val_rows = recipe["validate"]["data"]["max_rows"]
+    val_rows = recipe.validate.data.max_rows
     wanted = args.only.split(",")
     results = []
     for mode in ("fully-async", "sync"):

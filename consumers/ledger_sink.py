@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import re
-import signal
 import zlib
 import threading
 import time
@@ -39,10 +38,10 @@ from schema.codec import CodecError
 from schema.events import DeadLetter, Event, RunEvent
 from schema.ledger import TABLE_BY_EVENT, event_row
 from schema.topics import all_runs_pattern, parse_topic, run_pattern, topic_name
-from streamrl.blobs import BlobMissing, PostgresBlobStore
-from streamrl.bus import EventPublisher, create_topics, make_consumer, unframe
-from streamrl.db import connect
-from streamrl.settings import Settings
+from runtime.blobs import BlobMissing, PostgresBlobStore
+from runtime.bus import EventPublisher, create_topics, dead_letter, make_consumer, unframe
+from runtime.db import connect
+from runtime.settings import Settings
 
 log = logging.getLogger("streamrl.ledger_sink")
 
@@ -132,13 +131,9 @@ def decode_record(record, blobs) -> Event:
     return event
 
 
-def dead_letter(record, error: str) -> DeadLetter:
+def undecodable(record, error: str) -> DeadLetter:
     parsed = parse_topic(record.topic)
-    return DeadLetter(
-        run_id=parsed[0] if parsed else "unknown",
-        source_topic=record.topic, source_partition=record.partition, source_offset=record.offset,
-        key=record.key, raw=record.value or b"", error=error, stage=SINK_STAGE,
-    )
+    return dead_letter(record, parsed[0] if parsed else "unknown", error, SINK_STAGE)
 
 
 def insert_events(conn: psycopg.Connection, placed: list[Placed]) -> None:
@@ -223,7 +218,7 @@ class LedgerSink:
     """Owns the consumer, the database connection and the dead-letter producer."""
 
     def __init__(self, settings: Settings, run_id: str | None = None, max_batch: int = 2000,
-                 group_id: str = SINK_GROUP, shard: tuple[int, int] = (0, 1)):
+                 group_id: str = SINK_GROUP, shard: tuple[int, int] = (0, 1), stop: threading.Event | None = None):
         self.settings = settings
         self.max_batch = max_batch
         self.group_id = group_id
@@ -234,7 +229,7 @@ class LedgerSink:
         self.blobs = PostgresBlobStore(self.conn)
         self.consumer = make_consumer(settings, group_id)
         self.publisher = EventPublisher(settings)
-        self.stop_requested = threading.Event()
+        self.stop_requested = stop or threading.Event()
         self.stats = SinkStats()
         self.positions: dict[TopicPartition, int] = {}  # next offset to read, per partition
         self._dead_letter_topics: set[str] = set()
@@ -281,7 +276,7 @@ class LedgerSink:
                     placed.append(Placed(decode_record(record, self.blobs), record.topic,
                                          record.partition, record.offset))
                 except (CodecError, BlobMissing) as exc:
-                    dead.append(dead_letter(record, str(exc)))
+                    dead.append(undecodable(record, str(exc)))
             next_offsets[tp] = records[-1].offset + 1
         dead = write_batch(self.conn, placed, dead, self.group_id, next_offsets)
         self.positions.update(next_offsets)
@@ -316,7 +311,8 @@ class LedgerSink:
             self.stats.by_type[name] = self.stats.by_type.get(name, 0) + 1
 
     def run(self, idle_exit_s: float | None = None, on_batch=None) -> SinkStats:
-        """Loop until stopped (SIGTERM/SIGINT or `stop_requested`), or idle for `idle_exit_s`."""
+        """Loop until `stop_requested` is set (the CLI sets it on SIGTERM/SIGINT, after the
+        batch in hand is written with its offsets), or idle for `idle_exit_s`."""
         last_data = time.monotonic()
         while not self.stop_requested.is_set():
             try:
@@ -334,13 +330,6 @@ class LedgerSink:
             elif idle_exit_s is not None and time.monotonic() - last_data > idle_exit_s:
                 break
         return self.stats
-
-    def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT: finish the batch in hand (database and offsets), then exit."""
-        def request_stop(signum, frame):
-            self.stop_requested.set()
-        signal.signal(signal.SIGTERM, request_stop)
-        signal.signal(signal.SIGINT, request_stop)
 
     def close(self) -> None:
         self.consumer.close(autocommit=False)

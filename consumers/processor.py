@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from kafka import TopicPartition
 
-from consumers.advantages import get_advantage_estimator, group_std, is_zero_variance
+from algos.advantages import get_advantage_estimator, group_std, is_zero_variance
 from schema.events import Evaluation, GroupFiltered, Sample, Trajectory
-from streamrl.bus import EventPublisher, RunReader
-from streamrl.plugins import load_module
-from streamrl.settings import Settings
+from runtime.bus import EventPublisher, RunReader
+from runtime.config import Recipe
+from runtime.plugins import load_module
+from runtime.settings import Settings
 
 log = logging.getLogger("streamrl.processor")
 PROCESSOR_GROUP = "streamrl-processor"
@@ -94,15 +95,15 @@ class ProcessorStats:
 
 
 class StreamProcessor:
-    def __init__(self, settings: Settings, run_id: str, recipe: dict, shard: tuple[int, int] = (0, 1)):
+    def __init__(self, settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int, int] = (0, 1)):
         self.run_id = run_id
-        algorithm, pool = recipe["algorithm"], recipe["trajectory_pool"]
-        load_custom_advantages(algorithm.get("custom_advantage_module_path"))
-        self.estimator = algorithm["type"]
+        algorithm, pool = recipe.algorithm, recipe.trajectory_pool
+        load_custom_advantages(algorithm.custom_advantage_module_path)
+        self.estimator = algorithm.type
         get_advantage_estimator(self.estimator)  # fail now, with the known names, not on the first group
-        self.filter_zero_variance = algorithm["filter_zero_variance"]
-        self.timeout_s = pool["group_timeout_s"]
-        self.train_partial = pool["incomplete_group_policy"] == "train_partial"
+        self.filter_zero_variance = algorithm.filter_zero_variance
+        self.timeout_s = pool.group_timeout_s
+        self.train_partial = pool.incomplete_group_policy == "train_partial"
         self.reader = RunReader(settings, run_id, ["trajectories", "evaluations"],
                                 group_id=f"{PROCESSOR_GROUP}.{run_id}", shard=shard, stage="processor")
         self.publisher = EventPublisher(settings)
@@ -161,16 +162,9 @@ class StreamProcessor:
             self._emit(group_id, timed_out=True)
         self.publisher.flush()
         if events or dead:
-            self.reader.commit(self._safe_offsets())
+            self.reader.commit(self.reader.first_needed_offsets(
+                (tp, offset) for group in self.open.values() for tp, offset in group.offsets))
         return len(events) + len(dead)
-
-    def _safe_offsets(self) -> dict[TopicPartition, int]:
-        """Per partition: the first offset of an open group if any, else the position."""
-        safe = self.reader.positions()
-        for group in self.open.values():
-            for tp, offset in group.offsets:
-                safe[tp] = min(safe[tp], offset)
-        return safe
 
     def run(self, stop: threading.Event, idle_exit_s: float | None = None) -> ProcessorStats:
         last = time.monotonic()

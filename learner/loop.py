@@ -17,6 +17,7 @@ trained. Samples of steps already trained are skipped, so none is trained twice.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -36,17 +37,17 @@ from learner.checkpoint import (
     directory_sha256, latest_checkpoint, load_state, load_trainer_state, prune_weight_versions, save_checkpoint,
     write_weight_version,
 )
+from algos.lr_schedule import learning_rate_at
 from learner.trainers import TRAINERS, Trainer
 from learner.warmup import cross_entropy_warmup, demonstration_items, greedy_exact_match, supervised_items
+from runtime.bus import EventPublisher, RunReader
+from runtime.config import Recipe
+from runtime.dataset import read_rows, total_train_steps
+from runtime.plugins import load_class
+from runtime.settings import Settings
 from schema.events import (
     GroupFiltered, RunEvent, Sample, TrainStep, WeightVersion, unpack_float32, unpack_int32, unpack_mask,
 )
-from streamrl.bus import EventPublisher, RunReader
-from streamrl.dataset import read_rows
-from streamrl.plugins import load_class
-from learner.lr_schedule import learning_rate_at
-from streamrl.recipe import total_train_steps
-from streamrl.settings import Settings
 
 log = logging.getLogger("streamrl.learner")
 
@@ -77,11 +78,11 @@ def staleness_split(items: list[TrainItem], learner_version: int, threshold: int
     return kept, dropped
 
 
-def trainer_class(recipe: dict) -> type[Trainer]:
-    cfg = recipe["trainer"]
-    if cfg["type"] == "custom" or cfg["custom_trainer_module_path"]:
-        return load_class(cfg["custom_trainer_module_path"], ".", Trainer)
-    return TRAINERS[cfg["type"]]
+def trainer_class(recipe: Recipe) -> type[Trainer]:
+    cfg = recipe.trainer
+    if cfg.type == "custom" or cfg.custom_trainer_module_path:
+        return load_class(cfg.custom_trainer_module_path, ".", Trainer)
+    return TRAINERS.get(cfg.type)
 
 
 @dataclass
@@ -113,36 +114,35 @@ class StepBuffer:
 
 
 class Learner:
-    def __init__(self, settings: Settings, run_id: str, recipe: dict):
+    def __init__(self, settings: Settings, run_id: str, recipe: Recipe):
         self.settings, self.run_id, self.recipe = settings, run_id, recipe
-        cfg = recipe["trainer"]
-        torch.set_num_threads(cfg["num_threads"])
-        self.checkpoints = run_dir(settings, run_id, cfg["checkpoint_path"])
-        self.weights = run_dir(settings, run_id, recipe["weight"]["sync_weight_path"])
-        rows = len(read_rows(recipe["data"]["data_files"], recipe["data"]["type"])) if cfg["total_epochs"] else 0
-        self.total_steps = total_train_steps(recipe, rows)
-        self.groups_per_step = recipe["trajectory_pool"]["batch_size"]
+        cfg = recipe.trainer
+        torch.set_num_threads(cfg.num_threads)
+        self.checkpoints = run_dir(settings, run_id, cfg.checkpoint_path)
+        self.weights = run_dir(settings, run_id, recipe.weight.sync_weight_path)
+        self.total_steps = total_train_steps(recipe)
+        self.groups_per_step = recipe.trajectory_pool.batch_size
         # A replayed run trains on another run's rollouts: every sample is off-policy by
         # design (the recipe's off-policy correction handles it) and its weight version
         # belongs to the source run's lineage, so nothing is dropped as stale.
-        self.replay = recipe.get("replay")
-        self.staleness_threshold = math.inf if self.replay else recipe["weight"]["staleness_threshold"]
-        self.keep_weight_versions = recipe["weight"]["staleness_threshold"] + 3
+        self.replay = recipe.replay
+        self.staleness_threshold = math.inf if self.replay else recipe.weight.staleness_threshold
+        self.keep_weight_versions = recipe.weight.staleness_threshold + 3
         self.publisher = EventPublisher(settings)
 
         checkpoint = latest_checkpoint(self.checkpoints)
-        source = checkpoint or recipe["rollout_worker"]["model_path"]
+        source = checkpoint or recipe.rollout_worker.model_path
         self.tokenizer = AutoTokenizer.from_pretrained(source)
         self.model = AutoModelForCausalLM.from_pretrained(source)
-        algorithm = recipe["algorithm"]
+        algorithm = recipe.algorithm
         self.ref_model = None
-        if algorithm["use_kl_loss"] or algorithm["use_kl_in_reward"]:
+        if algorithm.use_kl_loss or algorithm.use_kl_in_reward:
             reference = self.checkpoints / "reference"
             self.ref_model = AutoModelForCausalLM.from_pretrained(reference if reference.exists() else source).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.trainer = trainer_class(recipe)(self.model, self.tokenizer.pad_token_id, cfg, algorithm,
-                                             temperature=recipe["rollout_worker"]["temperature"],
+                                             temperature=recipe.rollout_worker.temperature,
                                              ref_model=self.ref_model)
         self.step = 0
         self.start_offsets: dict[TopicPartition, int] | None = None
@@ -160,32 +160,32 @@ class Learner:
         """Cross-entropy warm-up on the training rows' answers; records the greedy
         held-out accuracy before and after it, so a run shows what the warm-up did and
         what RL did."""
-        cfg, data = self.recipe["trainer"], self.recipe["data"]
-        steps = cfg["warmup_cross_entropy_steps"]
+        cfg, data = self.recipe.trainer, self.recipe.data
+        steps = cfg.warmup_cross_entropy_steps
         if not steps:
             return {}
         before = self.val_accuracy()
-        if cfg["warmup_messages_key"]:  # multi-turn demonstrations (agent recipes)
-            rows = read_rows(data["data_files"], data["type"], (cfg["warmup_messages_key"],))
-            items = demonstration_items(rows, self.tokenizer, cfg["warmup_messages_key"])
+        if cfg.warmup_messages_key:  # multi-turn demonstrations (agent recipes)
+            rows = read_rows(data.data_files, data.type, (cfg.warmup_messages_key,))
+            items = demonstration_items(rows, self.tokenizer, cfg.warmup_messages_key)
         else:
-            rows = read_rows(data["data_files"], data["type"], (data["prompt_key"], data["answer_key"]))
-            items = supervised_items(rows, self.tokenizer, data["prompt_key"], data["answer_key"])
-        details = cross_entropy_warmup(self.model, self.tokenizer, items, steps, cfg["warmup_batch_size"],
-                                       dict(cfg, lr=cfg["warmup_lr"] or cfg["lr"]), cfg["seed"])
+            rows = read_rows(data.data_files, data.type, (data.prompt_key, data.answer_key))
+            items = supervised_items(rows, self.tokenizer, data.prompt_key, data.answer_key)
+        details = cross_entropy_warmup(self.model, self.tokenizer, items, steps, cfg.warmup_batch_size,
+                                       dataclasses.replace(cfg, lr=cfg.warmup_lr or cfg.lr), cfg.seed)
         return {**details, "val_accuracy_before_warmup": before, "val_accuracy_after_warmup": self.val_accuracy()}
 
     def val_accuracy(self) -> float:
         """Greedy exact-match accuracy on the validation rows, in this process (used where
         no rollout worker validates: before a warm-up, and around a replayed run)."""
-        val_cfg = self.recipe["validate"]["data"]
-        worker = self.recipe["rollout_worker"]
-        if not val_cfg["data_files"] or worker["type"] != "single_turn" or worker["custom_rollout_worker_module_path"]:
+        val_cfg = self.recipe.validate.data
+        worker = self.recipe.rollout_worker
+        if not val_cfg.data_files or worker.type != "single_turn" or worker.custom_rollout_worker_module_path:
             return float("nan")  # only the rollout workers know how other workers' tasks are done
-        val_rows = read_rows(val_cfg["data_files"], val_cfg["type"])
-        val_rows = val_rows[:val_cfg["max_rows"]] if val_cfg.get("max_rows") else val_rows
-        return greedy_exact_match(self.model, self.tokenizer, val_rows, val_cfg["prompt_key"],
-                                  val_cfg["answer_key"], self.recipe["rollout_worker"]["max_response_length"])
+        val_rows = read_rows(val_cfg.data_files, val_cfg.type)
+        val_rows = val_rows[:val_cfg.max_rows] if val_cfg.max_rows else val_rows
+        return greedy_exact_match(self.model, self.tokenizer, val_rows, val_cfg.prompt_key,
+                                  val_cfg.answer_key, worker.max_response_length)
 
     def publish_version(self, version: int, folder: Path | None = None) -> None:
         """Announce weight version `version` (written now unless `folder` already holds it)."""
@@ -242,15 +242,6 @@ class Learner:
             reader.close()
         return self.step
 
-    def resume_offsets(self, reader: RunReader, buffers: dict[int, StepBuffer]) -> dict[TopicPartition, int]:
-        """Per partition, the first offset still needed: the earliest buffered event of a
-        later step, else the read position."""
-        offsets = reader.positions()
-        for buffer in buffers.values():
-            for tp, offset in buffer.offsets:
-                offsets[tp] = min(offsets[tp], offset)
-        return offsets
-
     def train_step(self, step: int, buffer: StepBuffer, reader: RunReader, buffers: dict[int, StepBuffer]) -> TrainStep:
         started = time.perf_counter()
         learner_version = step - 1
@@ -259,9 +250,8 @@ class Learner:
         metrics: dict[str, float] = {}
         loss = grad_norm = 0.0
         tokens = 0
-        cfg = self.recipe["trainer"]
-        lr = learning_rate_at(step, self.total_steps, cfg["lr"], cfg["lr_schedule"], cfg["min_lr_ratio"],
-                              cfg["lr_warmup_steps"])
+        cfg = self.recipe.trainer
+        lr = learning_rate_at(step, self.total_steps, cfg.lr, cfg.lr_schedule, cfg.min_lr_ratio, cfg.lr_warmup_steps)
         for group in self.trainer.optimizer.param_groups:
             group["lr"] = lr
         if kept:
@@ -280,7 +270,8 @@ class Learner:
             **{f"groups_filtered_{reason}": float(n) for reason, n in filtered_reasons.items()},
             "learner_seconds": time.perf_counter() - started,
         })
-        offsets = self.resume_offsets(reader, buffers)
+        # Resume from the earliest buffered event of a later step, else the read position.
+        offsets = reader.first_needed_offsets(pair for buffer in buffers.values() for pair in buffer.offsets)
         record = TrainStep(
             run_id=self.run_id, step=step, weight_version=step, loss=loss, kl=metrics.get("kl"),
             entropy=metrics.get("entropy"), clip_fraction=metrics.get("clip_fraction", 0.0), grad_norm=grad_norm,
@@ -291,13 +282,13 @@ class Learner:
             dropped_ids=[i.trajectory_id for i in dropped],
             seconds=time.perf_counter() - started,
             consumed_offsets={f"{tp.topic}:{tp.partition}": o for tp, o in offsets.items()},
-            metrics={**metrics, "off_policy_correction_" + self.recipe["algorithm"]["off_policy_correction"]: 1.0})
+            metrics={**metrics, "off_policy_correction_" + self.recipe.algorithm.off_policy_correction: 1.0})
         state = {"offsets": record.consumed_offsets, "train_step": _record_dict(record)}
         # The weights are written once: the checkpoint links to the version's files, and
         # the version is announced only after the checkpoint that can reproduce it exists.
         version_folder = write_weight_version(self.weights, step, self.model, self.tokenizer)
         save_checkpoint(self.checkpoints, step, version_folder, self.trainer.optimizer, state,
-                        keep_every=self.recipe["trainer"]["save_freq"])
+                        keep_every=cfg.save_freq)
         self.step = step
         self.publish_version(step, version_folder)
         self.publisher.publish(record)

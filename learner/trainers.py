@@ -22,14 +22,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from algos.advantages import get_advantage_estimator
+from algos.kl import kl_penalty, kl_reward_to_go, make_kl_controller
+from algos.losses import POLICY_LOSSES, aggregate_loss, entropy_from_logits, token_logprobs
 from learner.batching import TrainItem, collate, micro_batches_by_tokens
-from learner.kl_control import kl_reward_to_go, make_kl_controller
-from learner.losses import (
-    aggregate_loss, entropy_from_logits, kl_penalty, ppo_clip_token_loss, token_logprobs,
-    truncated_importance_weights,
-)
+from runtime.config import Algorithm as AlgorithmConfig
+from runtime.config import Trainer as TrainerConfig
+from runtime.registry import Registry
 
-OFF_POLICY_CORRECTIONS = ("none", "truncated_is", "decoupled_ppo")
+# `trainer.type`: Trainer subclasses, constructed as
+# `cls(model, pad_id, trainer_config, algorithm_config, temperature=, ref_model=)`.
+TRAINERS: Registry[type] = Registry(
+    "trainer", "trainer.type", reserved={"custom": "the class trainer.custom_trainer_module_path names"})
+register_trainer = TRAINERS.register
 
 
 @dataclass
@@ -47,16 +52,17 @@ class Trainer:
 
     name = "base"
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, trainer_config: dict, algorithm_config: dict,
-                 temperature: float = 1.0, ref_model: torch.nn.Module | None = None):
+    def __init__(self, model: torch.nn.Module, pad_id: int, trainer_config: TrainerConfig,
+                 algorithm_config: AlgorithmConfig | None = None, temperature: float = 1.0,
+                 ref_model: torch.nn.Module | None = None):
         self.model = model
         self.pad_id = pad_id
         self.config = trainer_config
-        self.algorithm = algorithm_config
+        self.algorithm = algorithm_config or AlgorithmConfig()
         self.temperature = temperature
         self.ref_model = ref_model
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=trainer_config["lr"],
-                                           weight_decay=trainer_config.get("weight_decay", 0.0))
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=trainer_config.lr,
+                                           weight_decay=trainer_config.weight_decay)
 
     def _prepare_trajectories(self, trajectories: list[TrainItem], metrics: dict[str, float]) -> list[TrainItem]:
         """Override to change the step's samples (advantages, weights, which ones train);
@@ -88,7 +94,7 @@ class Trainer:
         global_sequences = float(len(items))
         totals: dict[str, float] = {}
         loss_total = 0.0
-        groups = micro_batches_by_tokens([len(item.tokens) for item in items], self.config["micro_batch_tokens"])
+        groups = micro_batches_by_tokens([len(item.tokens) for item in items], self.config.micro_batch_tokens)
         for indices in groups:
             batch = collate([items[i] for i in indices], self.pad_id)
             loss, sums = self.micro_batch_loss(batch, global_tokens, global_sequences)
@@ -96,7 +102,7 @@ class Trainer:
             loss_total += float(loss.detach())
             for key, value in sums.items():
                 totals[key] = totals.get(key, 0.0) + value
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.get("grad_clip") or math.inf)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf)
         self.optimizer.step()
         # Sums of per-token quantities become means over the batch's trained tokens.
         metrics = {key.removesuffix("_sum"): value / global_tokens for key, value in totals.items()}
@@ -105,16 +111,15 @@ class Trainer:
                           samples=len(items), seconds=time.perf_counter() - started, metrics=metrics)
 
 
+@register_trainer("grpo")
 class GRPOTrainer(Trainer):
     name = "grpo"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        correction = self.algorithm.get("off_policy_correction", "none")
-        if correction not in OFF_POLICY_CORRECTIONS:
-            raise ValueError(f"algorithm.off_policy_correction: expected one of {OFF_POLICY_CORRECTIONS}, got {correction!r}")
-        self.kl_controller = make_kl_controller(self.algorithm.get("kl_ctrl", {"type": "fixed", "kl_coef": 0.0}))
-        uses_kl = self.algorithm.get("use_kl_loss") or self.algorithm.get("use_kl_in_reward")
+        self.policy_loss = POLICY_LOSSES.get(self.algorithm.off_policy_correction)
+        self.kl_controller = make_kl_controller(self.algorithm.kl_ctrl)
+        uses_kl = self.algorithm.use_kl_loss or self.algorithm.use_kl_in_reward
         if uses_kl and self.ref_model is None:
             raise ValueError("algorithm.use_kl_loss / use_kl_in_reward need a reference model")
 
@@ -126,33 +131,21 @@ class GRPOTrainer(Trainer):
         advantages = batch["advantages"]
         sums: dict[str, float] = {}
         token_kl = None
-        if self.ref_model is not None and (algo.get("use_kl_loss") or algo.get("use_kl_in_reward")):
+        if self.ref_model is not None and (algo.use_kl_loss or algo.use_kl_in_reward):
             with torch.no_grad():
                 ref_logprobs, _ = self.logprobs(self.ref_model, batch)
-            token_kl = kl_penalty(logprobs, ref_logprobs, algo.get("kl_estimator", "k3"))
+            token_kl = kl_penalty(logprobs, ref_logprobs, algo.kl_estimator)
             sums["kl_sum"] = float((token_kl.detach() * mask).sum())
-            if algo.get("use_kl_in_reward"):
+            if algo.use_kl_in_reward:
                 advantages = advantages - self.kl_controller.kl_coef * kl_reward_to_go(token_kl.detach(), mask)
 
-        correction = algo.get("off_policy_correction", "none")
-        if correction == "none":
-            old = behaviour  # the ratio is taken against the policy that sampled the tokens
-            weights = None
-        else:
-            # Decoupled PPO: clip against the proximal policy (the current weights before
-            # this step's update; one update per batch, so its values are the detached
-            # current logprobs), and correct for the behaviour policy by importance weights.
-            old = logprobs.detach()
-            cap = algo.get("truncated_is_cap", 2.0) if correction == "truncated_is" else math.inf
-            weights = truncated_importance_weights(old, behaviour, cap)
-        token_loss, clipped = ppo_clip_token_loss(logprobs, old, advantages, algo["clip_ratio_low"], algo["clip_ratio_high"],
-                                                  algo.get("clip_ratio_c", 3.0))
-        if weights is not None:
-            token_loss = token_loss * weights
-            sums["importance_weight_sum"] = float((weights * mask).sum())
-        if token_kl is not None and algo.get("use_kl_loss"):
+        policy = self.policy_loss(logprobs, behaviour, advantages, algo)  # algos/losses.py, by off_policy_correction
+        token_loss, clipped = policy.token_loss, policy.clipped
+        if policy.importance_weights is not None:
+            sums["importance_weight_sum"] = float((policy.importance_weights * mask).sum())
+        if token_kl is not None and algo.use_kl_loss:
             token_loss = token_loss + self.kl_controller.kl_coef * token_kl
-        loss = aggregate_loss(token_loss, mask, algo.get("loss_agg_mode", "token-mean"), global_tokens, global_sequences)
+        loss = aggregate_loss(token_loss, mask, algo.loss_agg_mode, global_tokens, global_sequences)
         with torch.no_grad():
             entropy = entropy_from_logits(logits)
             ratio = torch.exp(logprobs.detach() - behaviour)
@@ -170,6 +163,7 @@ class GRPOTrainer(Trainer):
         return result
 
 
+@register_trainer("cross_entropy")
 class CrossEntropyTrainer(Trainer):
     """Supervised warm-up: -log p of the masked tokens, token-mean over the batch."""
 
@@ -187,7 +181,6 @@ def compute_grpo_advantage_for_trajectories(trajectories: list[TrainItem], estim
     """Advantages from the rewards of each group (samples sharing a group id), with a
     registered estimator (GRPO by default): what a custom trainer calls after changing
     rewards. Sets each item's `advantage` (and clears per-token advantages)."""
-    from consumers.advantages import get_advantage_estimator
     estimate = get_advantage_estimator(estimator)
     groups: dict[str, list[TrainItem]] = {}
     for item in trajectories:
@@ -198,5 +191,3 @@ def compute_grpo_advantage_for_trajectories(trajectories: list[TrainItem], estim
             item.advantage, item.token_advantages = float(advantage), None
     return trajectories
 
-
-TRAINERS: dict[str, type[Trainer]] = {"grpo": GRPOTrainer, "cross_entropy": CrossEntropyTrainer}

@@ -10,7 +10,8 @@ import torch
 
 from learner.batching import TrainItem
 from learner.trainers import CrossEntropyTrainer
-from producers.chat_format import demonstration_tokens
+from runtime.chat_format import demonstration_tokens
+from runtime.config import Trainer as TrainerConfig
 
 
 def demonstration_items(rows: list[dict], tokenizer, messages_key: str) -> list[TrainItem]:
@@ -57,8 +58,8 @@ def greedy_exact_match(model, tokenizer, rows: list[dict], prompt_key: str, answ
 
 
 def cross_entropy_warmup(model, tokenizer, items: list[TrainItem], steps: int, batch_size: int,
-                         trainer_config: dict, seed: int) -> dict:
-    trainer = CrossEntropyTrainer(model, tokenizer.pad_token_id, trainer_config, {})
+                         trainer_config: TrainerConfig, seed: int) -> dict:
+    trainer = CrossEntropyTrainer(model, tokenizer.pad_token_id, trainer_config)
     rng = np.random.default_rng(seed)
     started, losses = time.perf_counter(), []
     for _ in range(steps):

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from producers.chat_format import (
+from runtime.chat_format import (
     encode, parse_tool_calls, render_prompt, render_tool_results, render_user_turn, stop_token_ids,
 )
 from producers.interaction import Interaction

@@ -37,12 +37,12 @@ from typing import Any
 import yaml
 
 from producers.agent_loop import AgentLimits, Episode, episode_turns, run_agent_loop
-from producers.chat_format import tools_system_text
+from runtime.chat_format import tools_system_text
 from producers.evaluator import BaseEvaluationTarget, EvaluationOutcome, run_evaluator
 from producers.interaction import Interaction
-from producers.rollout import BaseRolloutWorker, Trajectory
+from producers.rollout import BaseRolloutWorker, Trajectory, register_rollout_worker
 from producers.tools import ToolConfigError, ToolRegistry
-from streamrl.plugins import load_class
+from runtime.plugins import load_class
 
 AGENT_CONFIG_KEYS = {"system_prompt", "few_shot", "query_template", "tools", "tools_in_system_prompt",
                      "llm_config", "limits", "interaction", "max_tool_output_chars"}
@@ -118,6 +118,7 @@ def load_agent_setup(worker_config: dict) -> AgentSetup:
     return AgentSetup(config, registry, interaction_class, limits)
 
 
+@register_rollout_worker("agent")
 class AgentRolloutWorker(BaseRolloutWorker):
     """Multi-turn, tool-using rollouts from an agent config."""
 

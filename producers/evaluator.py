@@ -18,7 +18,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamrl.plugins import LoadError, load_class  # noqa: F401  (the seed API's loader, re-exported)
+from runtime.plugins import LoadError, load_class  # noqa: F401  (the seed API's loader, re-exported)
 
 
 @dataclass

@@ -26,12 +26,19 @@ from producers.evaluator import (
     BaseEvaluationTarget, EvaluationRunResult, Evaluator, ExactMatchEvaluator, run_evaluator,
 )
 from producers.sandbox import SandboxLimits, run_python
+from runtime.registry import Registry
+
+# `rollout_worker.evaluator_module_path: builtin:NAME`: Evaluator classes, constructed
+# with `rollout_worker.evaluator_kwargs`.
+BUILTIN_EVALUATORS: Registry[type] = Registry("built-in evaluator", None)
+register_evaluator = BUILTIN_EVALUATORS.register
 
 
 def _answer(data: dict, key: str) -> str:
     return str(data.get(key, "")).strip()
 
 
+@register_evaluator("exact_match")
 class ExactMatch(ExactMatchEvaluator):
     def __init__(self, answer_key: str = "answer", case_sensitive: bool = True):
         self.answer_key, self.case_sensitive = answer_key, case_sensitive
@@ -44,6 +51,7 @@ class ExactMatch(ExactMatchEvaluator):
         return EvaluationRunResult(reward=correct, ground_truth=truth, metrics={"accuracy": correct})
 
 
+@register_evaluator("regex")
 class RegexExtract(Evaluator):
     """Extract with `pattern` (its first group, or the whole match), then compare."""
 
@@ -69,11 +77,13 @@ class RegexExtract(Evaluator):
                                    metrics={"accuracy": float(same), "format_ok": 1.0}, extra_info={"extracted": extracted})
 
 
+@register_evaluator("tag")
 class TagExtract(RegexExtract):
     def __init__(self, tag: str = "answer", **kwargs):
         super().__init__(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", **kwargs)
 
 
+@register_evaluator("fuzzy")
 class FuzzyMatch(Evaluator):
     """rapidfuzz similarity (0..1) of output and answer; with `threshold`, 1 at or above it."""
 
@@ -90,6 +100,7 @@ class FuzzyMatch(Evaluator):
         return EvaluationRunResult(reward=reward, ground_truth=truth, metrics={"similarity": similarity})
 
 
+@register_evaluator("math")
 class MathEquivalence(Evaluator):
     """Equivalence by math-verify: "\\boxed{0.5}" matches "1/2", "$\\frac{1}{2}$", ..."""
 
@@ -119,6 +130,7 @@ def extract_code(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
+@register_evaluator("code")
 class CodeExecution(Evaluator):
     """Runs the output's last ```python block against the row's tests in the sandbox.
 
@@ -153,6 +165,7 @@ class CodeExecution(Evaluator):
             extra_info={"statuses": statuses})
 
 
+@register_evaluator("weighted")
 class Weighted(Evaluator):
     """criteria: [{evaluator: "builtin:tag", weight: 0.8, kwargs: {...}}, ...]; the reward
     is the weighted mean, and each criterion's reward is a metric."""
@@ -182,6 +195,7 @@ class Weighted(Evaluator):
         return EvaluationRunResult(reward=total / weights, metrics=metrics, extra_info={"errors": errors} if errors else {})
 
 
+@register_evaluator("llm_judge")
 class LLMJudge(Evaluator):
     """Asks a judge model (any OpenAI-compatible /v1/chat/completions) to grade the output.
 
@@ -215,23 +229,19 @@ class LLMJudge(Evaluator):
                                    extra_info={"judge_reply": text[:2000]})
 
 
-BUILTIN_EVALUATORS: dict[str, type[Evaluator]] = {
-    "exact_match": ExactMatch, "regex": RegexExtract, "tag": TagExtract, "fuzzy": FuzzyMatch,
-    "math": MathEquivalence, "code": CodeExecution, "weighted": Weighted, "llm_judge": LLMJudge,
-}
 
 
 def make_evaluator(spec: str | None, kwargs: dict[str, Any] | None = None, base_dir: str = ".") -> Evaluator:
     """ "builtin:NAME" or "file.py:Class", constructed with `kwargs`; None gives exact match."""
-    from streamrl.plugins import LoadError, load_class
+    from runtime.plugins import LoadError, load_class
     kwargs = dict(kwargs or {})
     if not spec:
         return ExactMatch(**kwargs)
     if spec.startswith("builtin:"):
         name = spec.removeprefix("builtin:")
         if name not in BUILTIN_EVALUATORS:
-            raise LoadError(f"{spec!r}: no built-in evaluator {name!r} (built in: {', '.join(BUILTIN_EVALUATORS)})")
-        cls = BUILTIN_EVALUATORS[name]
+            raise LoadError(f"{spec!r}: no built-in evaluator {name!r} (built in: {', '.join(BUILTIN_EVALUATORS.names())})")
+        cls = BUILTIN_EVALUATORS.get(name)
     else:
         cls = load_class(spec, base_dir, Evaluator)
     try:

@@ -22,6 +22,13 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from runtime.registry import Registry
+
+# `service.inference_service.backend`: factories `fn(recipe, seed) -> engine`, an engine
+# being what `BatchingEngine` drives (`tokenizer`, `generate`, `load_weights`).
+INFERENCE_BACKENDS: Registry = Registry("inference backend", "service.inference_service.backend")
+register_inference_backend = INFERENCE_BACKENDS.register
+
 
 @dataclass
 class SamplingParams:
@@ -147,6 +154,12 @@ class EmbeddedEngine:
                        logprobs=logprobs[row], finish_reason=reasons[row], weight_version=self.weight_version)
             for row, prompt in enumerate(prompts)
         ]
+
+
+@register_inference_backend("embedded")
+def embedded_backend(recipe, seed: int) -> EmbeddedEngine:
+    """transformers in this process, on the recipe's model."""
+    return EmbeddedEngine(recipe.rollout_worker.model_path, seed=seed)
 
 
 @dataclass

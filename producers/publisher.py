@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from schema.events import RunEvent, Task, WeightVersion
-from streamrl.bus import EventPublisher, RunReader, create_run_topics
-from streamrl.dataset import epoch_batches, read_rows
-from streamrl.recipe import total_train_steps
-from streamrl.settings import Settings
+from runtime.bus import EventPublisher, RunReader, create_run_topics
+from runtime.dataset import epoch_batches, read_rows
+from runtime.config import Recipe
+from runtime.settings import Settings
 
 log = logging.getLogger("streamrl.publisher")
 
@@ -38,19 +38,19 @@ class Pacing:
         return max(0, step - 1 - self.staleness)
 
 
-def pacing_for(recipe: dict, rows: int) -> Pacing:
-    weight = recipe["weight"]
-    k = 0 if weight["sync_mode"] == "sync" else weight["staleness_threshold"]
-    return Pacing(total_train_steps(recipe, rows), k)
+def pacing_for(recipe: Recipe, rows: int) -> Pacing:
+    weight = recipe.weight
+    k = 0 if weight.sync_mode == "sync" else weight.staleness_threshold
+    return Pacing(recipe.total_train_steps(rows), k)
 
 
-def validation_versions(recipe: dict, total_steps: int) -> list[int]:
-    validate = recipe["validate"]
-    if not validate["data"]["data_files"]:
+def validation_versions(recipe: Recipe, total_steps: int) -> list[int]:
+    validate = recipe.validate
+    if not validate.data.data_files:
         return []
-    every = max(1, validate["eval"]["compute_interval"])
+    every = max(1, validate.eval.compute_interval)
     versions = set(range(every, total_steps + 1, every)) | {total_steps}
-    if validate["validate_before_train"]:
+    if validate.validate_before_train:
         versions.add(0)
     return sorted(versions)
 
@@ -83,30 +83,30 @@ def git_sha() -> str | None:
         return None
 
 
-def create_run(settings: Settings, run_id: str, recipe: dict, publisher: EventPublisher,
+def create_run(settings: Settings, run_id: str, recipe: Recipe, publisher: EventPublisher,
                parent_run_id: str | None = None) -> None:
     create_run_topics(settings, run_id)
-    publisher.publish(RunEvent(run_id=run_id, kind="created", name=recipe["experiment_name"], config=recipe,
+    publisher.publish(RunEvent(run_id=run_id, kind="created", name=recipe.experiment_name, config=recipe.to_dict(),
                                parent_run_id=parent_run_id, details={"git_sha": git_sha()}))
     publisher.flush()
 
 
-def run_publisher(settings: Settings, run_id: str, recipe: dict, stop: threading.Event | None = None,
+def run_publisher(settings: Settings, run_id: str, recipe: Recipe, stop: threading.Event | None = None,
                   on_progress=None, skip_task_ids: set[str] | None = None) -> int:
     """Publish every task of the run (but those in `skip_task_ids`: a resumed run's
     finished ones); returns the number of training steps published."""
     skip = skip_task_ids or set()
     stop = stop or threading.Event()
-    data, worker = recipe["data"], recipe["rollout_worker"]
-    rows = read_rows(data["data_files"], data["type"], (data["prompt_key"],))
-    val_cfg = recipe["validate"]["data"]
-    val_rows = read_rows(val_cfg["data_files"], val_cfg["type"], (val_cfg["prompt_key"],)) if val_cfg["data_files"] else []
-    if val_cfg.get("max_rows"):
-        val_rows = val_rows[:val_cfg["max_rows"]]
+    data = recipe.data
+    rows = read_rows(data.data_files, data.type, (data.prompt_key,))
+    val_cfg = recipe.validate.data
+    val_rows = read_rows(val_cfg.data_files, val_cfg.type, (val_cfg.prompt_key,)) if val_cfg.data_files else []
+    if val_cfg.max_rows:
+        val_rows = val_rows[:val_cfg.max_rows]
     pacing = pacing_for(recipe, len(rows))
     val_versions = validation_versions(recipe, pacing.total_steps) if val_rows else []
-    batches = epoch_batches(rows, recipe["trajectory_pool"]["batch_size"], data["shuffle"], data["seed"])
-    group_size = worker["rollout_repeat_n"]
+    batches = epoch_batches(rows, recipe.trajectory_pool.batch_size, data.shuffle, data.seed)
+    group_size = recipe.rollout_worker.rollout_repeat_n
 
     weights = RunReader(settings, run_id, ["weights"], group_id=None, stage="publisher")
     publisher = EventPublisher(settings)
@@ -118,12 +118,12 @@ def run_publisher(settings: Settings, run_id: str, recipe: dict, stop: threading
             latest = max([latest] + [e.version for e, _, _ in events if isinstance(e, WeightVersion)])
             while val_versions and latest >= val_versions[0]:
                 version = val_versions.pop(0)
-                for task in validation_tasks(run_id, version, val_rows, val_cfg["prompt_key"]):
+                for task in validation_tasks(run_id, version, val_rows, val_cfg.prompt_key):
                     if task.task_id not in skip:
                         publisher.publish(task)
             while next_step <= pacing.total_steps and latest >= pacing.min_version(next_step):
                 _, batch = next(batches)
-                for task in step_tasks(run_id, next_step, batch, group_size, data["prompt_key"],
+                for task in step_tasks(run_id, next_step, batch, group_size, data.prompt_key,
                                        pacing.min_version(next_step)):
                     if task.task_id not in skip:
                         publisher.publish(task)

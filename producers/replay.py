@@ -25,22 +25,32 @@ another estimator) and its learner trains with the recipe's off-policy correctio
 
 from __future__ import annotations
 
+import copy
+import enum
 import time
 from dataclasses import dataclass, field
 
-from consumers.advantages import get_advantage_estimator
+from algos.advantages import get_advantage_estimator
+from algos.losses import POLICY_LOSSES
 from producers.evaluator import BaseEvaluationTarget, Evaluator, run_evaluator
 from producers.evaluator_builtins import make_evaluator
 from schema.events import Evaluation, Trajectory
 from schema.ledger import query_events
-from streamrl.bus import EventPublisher, RunReader
-from streamrl.db import connect
-from streamrl.plugins import load_module
-from streamrl.settings import Settings
-from streamrl.sql import run_readonly
+from runtime.bus import EventPublisher, RunReader
+from runtime.config import Recipe, Replay
+from runtime.db import connect
+from runtime.plugins import load_module
+from runtime.settings import Settings
+from runtime.sql import run_readonly
 
-REPLAY_SOURCES = ("auto", "kafka", "ledger")
-OFF_POLICY_CORRECTIONS = ("truncated_is", "decoupled_ppo")
+
+
+class ReplaySource(str, enum.Enum):
+    """Where a replay reads the recorded payloads: the broker, falling back to the
+    ledger for what it no longer holds (auto), or only one of them."""
+    auto = "auto"
+    kafka = "kafka"
+    ledger = "ledger"
 
 
 class ReplayError(ValueError):
@@ -191,8 +201,7 @@ def task_data(database_url: str, source_run: str, task_ids: list[str]) -> dict[s
 def load_rollouts(settings: Settings, source_run: str, ids: list[str], source: str
                   ) -> tuple[dict[str, Trajectory], dict[str, Evaluation], dict[str, int]]:
     """The wanted rollouts' trajectory and evaluation events, and how many came from where."""
-    if source not in REPLAY_SOURCES:
-        raise ReplayError(f"--from: expected one of {', '.join(REPLAY_SOURCES)}, got {source!r}")
+    source = ReplaySource(source).value
     trajectories: dict[str, Trajectory] = {}
     evaluations: dict[str, Evaluation] = {}
     if source in ("auto", "kafka"):
@@ -212,34 +221,35 @@ def load_rollouts(settings: Settings, source_run: str, ids: list[str], source: s
     return trajectories, evaluations, {"kafka": from_kafka, "ledger": len(ids) - from_kafka}
 
 
-def replay_config(source_config: dict, recipe: dict | None, *, source_run: str, plan: Plan, source: str,
+def replay_config(source_config: Recipe, recipe: Recipe | None, *, source_run: str, plan: Plan, source: str,
                   steps: str | None, where: str | None, correction: str | None, recompute_advantages: str | None,
-                  rescore: str | None, rate: float | None) -> dict:
-    """The new run's resolved config: the recipe (or the source's), trained off-policy for
+                  rescore: str | None, rate: float | None) -> Recipe:
+    """The new run's typed config: the recipe (or the source's), trained off-policy for
     the planned steps, with a `replay` section saying where its data came from."""
-    config = dict(recipe or source_config)
-    config = {key: (dict(value) if isinstance(value, dict) else value) for key, value in config.items()}
-    algorithm = config["algorithm"]
-    chosen = correction or (algorithm["off_policy_correction"] if algorithm["off_policy_correction"] != "none"
+    config = copy.deepcopy(recipe or source_config)
+    algorithm = config.algorithm
+    # Every replayed sample is off-policy: a policy loss with a correction, never "none".
+    chosen = correction or (algorithm.off_policy_correction if algorithm.off_policy_correction != "none"
                             else "truncated_is")
-    if chosen not in OFF_POLICY_CORRECTIONS:
-        raise ReplayError(f"--correction: expected one of {', '.join(OFF_POLICY_CORRECTIONS)}, got {chosen!r}")
-    algorithm["off_policy_correction"] = chosen
+    if chosen not in POLICY_LOSSES or chosen == "none":
+        corrections = [name for name in POLICY_LOSSES.names() if name != "none"]
+        raise ReplayError(f"--correction: expected one of {', '.join(corrections)}, got {chosen!r}")
+    algorithm.off_policy_correction = chosen
     if recompute_advantages:
-        if algorithm.get("custom_advantage_module_path"):
-            load_module(algorithm["custom_advantage_module_path"])  # registers the recipe's own estimators
+        if algorithm.custom_advantage_module_path:
+            load_module(algorithm.custom_advantage_module_path)  # registers the recipe's own estimators
         try:
             get_advantage_estimator(recompute_advantages)
         except KeyError as exc:
-            raise ReplayError(f"--recompute-advantages: {exc.args[0]}") from None
-        algorithm["type"] = recompute_advantages
+            raise ReplayError(f"--recompute-advantages: {exc}") from None
+        algorithm.type = recompute_advantages
     if rescore:
-        config["rollout_worker"] = dict(config["rollout_worker"], evaluator_module_path=rescore)
-    config["trainer"] = dict(config["trainer"], total_train_steps=plan.steps, total_epochs=None)
-    config["replay"] = {"parent_run": source_run, "source": source, "steps": steps, "where": where,
-                        "recompute_advantages": recompute_advantages, "rescore": rescore, "rate": rate,
-                        "train_steps": plan.steps, "groups": len(plan.group_size_of),
-                        "trajectories": len(plan.order), "left_out_groups": plan.left_out_groups}
+        config.rollout_worker.evaluator_module_path = rescore
+    config.trainer.total_train_steps, config.trainer.total_epochs = plan.steps, None
+    config.replay = Replay(parent_run=source_run, source=source, steps=steps, where=where,
+                           recompute_advantages=recompute_advantages, rescore=rescore, rate=rate,
+                           train_steps=plan.steps, groups=len(plan.group_size_of), trajectories=len(plan.order),
+                           left_out_groups=plan.left_out_groups)
     return config
 
 

@@ -25,6 +25,7 @@ from producers.evaluator import BaseEvaluationTarget, Evaluator, run_evaluator
 from producers.inference import BatchingEngine, Completion, SamplingParams
 from schema.events import Evaluation, Task, Turn, pack_float32, pack_int32, pack_mask
 from schema.events import Trajectory as TrajectoryEvent
+from runtime.registry import Registry
 
 SUCCESS, FAIL, RE_ROLLOUT = "success", "fail", "re-rollout"
 
@@ -46,8 +47,10 @@ class Trajectory:
 class InferenceClient:
     """`completion(prompt)` for workers; records the completions of the current rollout."""
 
-    def __init__(self, engine: BatchingEngine, defaults: SamplingParams, val_defaults: SamplingParams | None = None):
+    def __init__(self, engine: BatchingEngine, defaults: SamplingParams, val_defaults: SamplingParams | None = None,
+                 max_prompt_tokens: int | None = None):
         self._engine = engine
+        self.max_prompt_tokens = max_prompt_tokens  # a task's prompt may not be longer (in tokens)
         self._train_defaults = defaults
         self._val_defaults = val_defaults or defaults
         self._local = threading.local()
@@ -113,6 +116,13 @@ def behaviour_logprobs(tokens: list[int], loss_mask: list[int], completions: lis
         raise ValueError(f"{len(unsampled)} trained token(s) (first at position {unsampled[0]}) were not "
                          "sampled by any completion of this rollout: no behaviour logprob to train with")
     return logprobs
+
+
+# `rollout_worker.type`: classes with the seed API's constructor
+# `(config, inference_client, evaluator, publish, worker_id)`; a custom worker is named by
+# `custom_rollout_worker_module_path` instead.
+ROLLOUT_WORKERS: Registry[type] = Registry("rollout worker type", "rollout_worker.type")
+register_rollout_worker = ROLLOUT_WORKERS.register
 
 
 class BaseRolloutWorker:
@@ -186,11 +196,16 @@ class BaseRolloutWorker:
         return trajectory_event, evaluation
 
 
+@register_rollout_worker("single_turn")
 class SingleTurnWorker(BaseRolloutWorker):
     """The default worker: one completion of the formatted prompt, scored by the evaluator."""
 
     def rollout(self, task):
-        result = self._inference_client.completion(self.format_task_query(task))
+        prompt = self._inference_client.tokenize(self.format_task_query(task))
+        limit = self._inference_client.max_prompt_tokens
+        if limit is not None and len(prompt) > limit:
+            raise ValueError(f"the prompt has {len(prompt)} tokens, more than max_prompt_length ({limit})")
+        result = self._inference_client.completion(prompt)
         mask = self.get_train_loss_mask(result["prompt_tokens"], result["response_tokens"])
         outcome = run_evaluator(self.evaluator, task.get("data", {}), BaseEvaluationTarget(result["response"]))
         return self._put_trajectory(Trajectory(

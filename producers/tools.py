@@ -35,7 +35,7 @@ from typing import Any, Callable
 import jsonschema
 import yaml
 
-from streamrl.plugins import LoadError, load_module
+from runtime.plugins import LoadError, load_module
 
 
 class ToolConfigError(ValueError):

@@ -25,37 +25,35 @@ from pathlib import Path
 
 from kafka import TopicPartition
 
-from producers.agent_worker import AgentRolloutWorker
+import producers.agent_worker  # noqa: F401  (registers the "agent" worker type)
 from producers.evaluator import Evaluator
 from producers.evaluator_builtins import make_evaluator as build_evaluator
-from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
-from producers.rollout import BaseRolloutWorker, InferenceClient, SingleTurnWorker
+from producers.inference import INFERENCE_BACKENDS, BatchingEngine, SamplingParams
+from producers.rollout import ROLLOUT_WORKERS, BaseRolloutWorker, InferenceClient
+from runtime.bus import EventPublisher, RunReader
+from runtime.config import Recipe
+from runtime.plugins import load_class
+from runtime.settings import Settings
 from schema.events import Task, WeightVersion
-from streamrl.bus import EventPublisher, RunReader
-from streamrl.plugins import load_class
-from streamrl.settings import Settings
 
 log = logging.getLogger("streamrl.worker")
 WORKER_GROUP = "streamrl-worker"
 
 
-WORKER_TYPES: dict[str, type[BaseRolloutWorker]] = {"single_turn": SingleTurnWorker, "agent": AgentRolloutWorker}
+def make_evaluator(recipe: Recipe) -> Evaluator:
+    worker = recipe.rollout_worker
+    return build_evaluator(worker.evaluator_module_path, worker.evaluator_kwargs)
 
 
-def make_evaluator(recipe: dict) -> Evaluator:
-    worker = recipe["rollout_worker"]
-    return build_evaluator(worker["evaluator_module_path"], worker["evaluator_kwargs"])
-
-
-def worker_class(recipe: dict) -> type[BaseRolloutWorker]:
-    worker = recipe["rollout_worker"]
-    if worker["custom_rollout_worker_module_path"]:
-        spec = f"{worker['custom_rollout_worker_module_path']}:{worker['custom_rollout_worker_class_name']}"
+def worker_class(recipe: Recipe) -> type[BaseRolloutWorker]:
+    worker = recipe.rollout_worker
+    if worker.custom_rollout_worker_module_path:
+        spec = f"{worker.custom_rollout_worker_module_path}:{worker.custom_rollout_worker_class_name}"
         return load_class(spec, ".", BaseRolloutWorker)
-    if worker["type"] not in WORKER_TYPES:
-        raise ValueError(f"rollout_worker.type: unknown worker {worker['type']!r} "
-                         f"(built in: {', '.join(WORKER_TYPES)}; or set custom_rollout_worker_module_path)")
-    return WORKER_TYPES[worker["type"]]
+    try:
+        return ROLLOUT_WORKERS.get(worker.type)
+    except KeyError as exc:
+        raise ValueError(f"rollout_worker.type: {exc} (or set custom_rollout_worker_module_path)") from None
 
 
 class WeightWatcher:
@@ -80,21 +78,23 @@ class WeightWatcher:
         return None
 
 
-def run_worker(settings: Settings, run_id: str, recipe: dict, shard: tuple[int, int] = (0, 1),
+def run_worker(settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int, int] = (0, 1),
                stop: threading.Event | None = None, idle_exit_s: float | None = None) -> int:
     """Serve tasks until stopped; returns the number of tasks completed."""
     stop = stop or threading.Event()
-    cfg = recipe["rollout_worker"]
-    mode = recipe["weight"]["sync_mode"]
+    cfg = recipe.rollout_worker
+    mode = recipe.weight.sync_mode
     worker_id = f"{os.uname().nodename}-{os.getpid()}-{shard[0]}"
-    engine = BatchingEngine(EmbeddedEngine(cfg["model_path"], seed=recipe["trainer"]["seed"] + shard[0]),
-                            max_batch_size=recipe["service"]["inference_service"]["max_batch_size"])
+    service = recipe.service.inference_service
+    backend = INFERENCE_BACKENDS.get(service.backend)
+    engine = BatchingEngine(backend(recipe, seed=recipe.trainer.seed + shard[0]), max_batch_size=service.max_batch_size)
     client = InferenceClient(
         engine,
-        SamplingParams(max_new_tokens=cfg["max_response_length"], temperature=cfg["temperature"], top_p=cfg["top_p"]),
-        SamplingParams(max_new_tokens=cfg["max_response_length"], temperature=recipe["validate"]["temperature"]))
+        SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature, top_p=cfg.top_p),
+        SamplingParams(max_new_tokens=cfg.max_response_length, temperature=recipe.validate.temperature),
+        max_prompt_tokens=min(cfg.max_prompt_length, recipe.data.max_prompt_length))
     publisher = EventPublisher(settings)
-    worker = worker_class(recipe)(cfg, client, make_evaluator(recipe), publisher.publish, worker_id)
+    worker = worker_class(recipe)(cfg.worker_config(), client, make_evaluator(recipe), publisher.publish, worker_id)
     tasks = RunReader(settings, run_id, ["tasks"], group_id=f"{WORKER_GROUP}.{run_id}", shard=shard, stage="worker")
     watcher = WeightWatcher(settings, run_id)
     loaded = {"version": -1}
@@ -117,10 +117,10 @@ def run_worker(settings: Settings, run_id: str, recipe: dict, shard: tuple[int, 
 
     done = 0
     last_work = time.monotonic()
-    pool = ThreadPoolExecutor(max_workers=cfg["max_concurrent_tasks"], thread_name_prefix="rollout")
+    pool = ThreadPoolExecutor(max_workers=cfg.max_concurrent_tasks, thread_name_prefix="rollout")
     try:
         while not stop.is_set():
-            events, dead = tasks.poll(timeout_ms=100, max_records=cfg["max_concurrent_tasks"])
+            events, dead = tasks.poll(timeout_ms=100, max_records=cfg.max_concurrent_tasks)
             for letter in dead:
                 publisher.publish(letter)
             batch = [(e, tp, off) for e, tp, off in events if isinstance(e, Task)]
@@ -138,7 +138,7 @@ def run_worker(settings: Settings, run_id: str, recipe: dict, shard: tuple[int, 
                     load(latest)
                 elif mode != "fully-async":  # between batches of tasks: the newest version
                     load(watcher.poll())
-                futures = [pool.submit(worker.run_task, task, cfg["max_retries"]) for task, _, _ in batch]
+                futures = [pool.submit(worker.run_task, task, cfg.max_retries) for task, _, _ in batch]
                 for future in futures:
                     future.result()
                 done += len(batch)

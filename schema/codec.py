@@ -5,7 +5,7 @@ Frame layout (first byte):
     0x02  zstd-compressed msgpack (chosen when the plain frame exceeds
           `compress_over` bytes; long token arrays compress well)
     0x03  reference: msgpack {sha256, size} of a payload stored out of band
-          (by `streamrl.blobs`), used when even the compressed frame is larger
+          (by `runtime.blobs`), used when even the compressed frame is larger
           than the broker accepts. The codec only builds and parses the
           reference; fetching the payload is the bus's job.
 

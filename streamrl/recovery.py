@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 from schema.events import Evaluation, GroupFiltered, RunEvent, Sample, Trajectory
 from schema.ledger import query_events
 from schema.topics import run_topics, topic_name
-from streamrl.bus import EventPublisher, create_run_topics, make_consumer
-from streamrl.db import connect
-from streamrl.settings import Settings
+from runtime.bus import EventPublisher, create_run_topics, make_consumer
+from runtime.config import Recipe
+from runtime.db import connect
+from runtime.settings import Settings
 
 
 @dataclass
@@ -117,3 +118,31 @@ def finished_task_ids(database_url: str, run_id: str) -> set[str]:
         return {r[0] for r in conn.execute(
             "select t.task_id from trajectories t join evaluations e on e.run_id = t.run_id "
             "and e.trajectory_id = t.trajectory_id where t.run_id = %s", (run_id,))}
+
+
+@dataclass
+class Resume:
+    recipe: Recipe
+    trained_step: int
+    rebuilt: Rebuilt
+
+    def describe(self, run_id: str) -> str:
+        what = (f"topics re-created; re-published {self.rebuilt.events} events from the ledger ({self.rebuilt.groups})"
+                if self.rebuilt.topics_recreated else "the broker still holds the run's topics")
+        return f"resuming {run_id} after step {self.trained_step}: {what}"
+
+
+def prepare_resume(settings: Settings, run_id: str) -> Resume:
+    """`streamrl run --resume RUN`: the recorded config, the learner's last checkpointed
+    step, and what the broker lost rebuilt from the ledger."""
+    from learner.checkpoint import latest_checkpoint, load_state
+    from learner.loop import run_dir
+
+    with connect(settings.database_url, autocommit=True) as conn:
+        row = conn.execute("select config from run_events where run_id = %s and kind = 'created'", (run_id,)).fetchone()
+    if row is None:
+        raise LookupError(f"--resume: run {run_id!r} is not in the ledger")
+    recipe = Recipe.from_dict(row[0])
+    checkpoint = latest_checkpoint(run_dir(settings, run_id, recipe.trainer.checkpoint_path))
+    trained = load_state(checkpoint)["step"] if checkpoint else 0
+    return Resume(recipe, trained, rebuild_from_ledger(settings, run_id, trained))

@@ -3,10 +3,15 @@ throughput and staleness; as a table and as a reward-curve PNG."""
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamrl.db import connect
+from rich.console import Console
+from rich.table import Table
+
+from runtime.db import connect
+from runtime.sql import plain_value
 
 
 @dataclass
@@ -171,3 +176,54 @@ def story_sections(database_url: str, run_id: str) -> dict[str, tuple[list[str],
             cur = conn.execute(query, {"run": run_id})
             sections[name] = ([d.name for d in cur.description], cur.fetchall())
     return sections
+
+
+def summary_table(summary: RunSummary, wall_s: float) -> Table:
+    table = Table(title=f"run {summary.run_id}")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    if "warmup_steps" in summary.warmup:
+        before = summary.warmup.get("val_accuracy_before_warmup")  # null where only workers can validate
+        if before is not None:
+            table.add_row("validation accuracy, untrained model", f"{before:.3f}")
+        table.add_row(f"cross-entropy warm-up ({summary.warmup['warmup_steps']} steps)",
+                      f"{summary.warmup['warmup_seconds']:.0f} s")
+    if summary.val_accuracy:
+        table.add_row("validation accuracy, first", f"{summary.val_accuracy[0]:.3f} (version {summary.val_versions[0]})")
+        table.add_row("validation accuracy, last", f"{summary.val_accuracy[-1]:.3f} (version {summary.val_versions[-1]})")
+    if summary.reward_by_step:
+        tail = summary.reward_by_step[-10:]
+        table.add_row("train reward, last 10 steps", f"{sum(tail) / len(tail):.3f}")
+    table.add_row("wall-clock", f"{wall_s:.0f} s")
+    for key, value in summary.totals.items():
+        table.add_row(key, f"{value:,.2f}" if value % 1 else f"{value:,.0f}")
+    for key, value in summary.counts.items():
+        table.add_row(key, f"{value:,}")
+    return table
+
+
+def write_story(database_url: str, run_id: str, config: dict, parent: str | None, out: Path,
+                width: int) -> tuple[Path, Path, str]:
+    """`streamrl show`: the story as report.html (with the reward curve) and reward_curve.png
+    under `out`; returns their paths and the story as terminal text."""
+    summary = load_summary(database_url, run_id)
+    recorder = Console(record=True, width=max(width, 100))
+    table = Table("setting", "value", title=f"run {run_id}: config")
+    for key, value in config_highlights(config, parent):
+        table.add_row(key, value)
+    recorder.print(table)
+    recorder.print(summary_table(summary, summary.totals.get("first to last step (s)", 0.0)))
+    for name, (columns, rows) in story_sections(database_url, run_id).items():
+        section = Table(*columns, title=name)
+        for row in rows:
+            cells = [plain_value(v) for v in row]
+            section.add_row(*("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in cells))
+        if not rows:
+            section.caption = "none"
+        recorder.print(section)
+    png = plot_reward_curve(summary, out / "reward_curve.png")
+    html = recorder.export_html(inline_styles=True)
+    image = base64.b64encode(png.read_bytes()).decode()
+    html = html.replace("</body>", f'<img alt="reward curve" src="data:image/png;base64,{image}"></body>')
+    (out / "report.html").write_text(html)
+    return out / "report.html", png, recorder.export_text(styles=True)

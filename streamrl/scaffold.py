@@ -103,7 +103,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "agent_workspace"))
 
 from text_utils import reverse_text  # noqa: E402
-from streamrl.tiny_lm import build_tiny_model  # noqa: E402
+from runtime.tiny_lm import build_tiny_model  # noqa: E402
 
 
 def row(rng):

@@ -1,5 +1,5 @@
 """Real services for the tests: the embedded broker and embedded PostgreSQL, started
-once per session under a temporary STREAMRL_HOME with `streamrl.services.up`, exactly
+once per session under a temporary STREAMRL_HOME with `runtime.services.up`, exactly
 as `streamrl up` does. Every test uses its own run id, so tests never see each
 other's events."""
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from streamrl import db, services
-from streamrl.settings import Settings
+from runtime import db, services
+from runtime.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 

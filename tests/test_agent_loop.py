@@ -11,7 +11,7 @@ import pytest
 
 from producers.agent_loop import AgentLimits, run_agent_loop
 from producers.agent_worker import AgentConfigError, AgentRolloutWorker, load_agent_config
-from producers.chat_format import (
+from runtime.chat_format import (
     demonstration_tokens, encode, parse_tool_calls, render_prompt, render_tool_results, render_user_turn,
 )
 from producers.evaluator import ExactMatchEvaluator
@@ -20,8 +20,8 @@ from producers.interaction import ScriptedUser
 from producers.rollout import InferenceClient
 from producers.tools import ToolConfigError, ToolRegistry
 from schema.events import Task, unpack_float32, unpack_int32, unpack_mask
-from streamrl.bus import EventPublisher, create_run_topics
-from streamrl.tiny_lm import build_char_tokenizer, build_tiny_model
+from runtime.bus import EventPublisher, create_run_topics
+from runtime.tiny_lm import build_char_tokenizer, build_tiny_model
 from tests.conftest import SinkThread, wait_for
 
 TOKENIZER = build_char_tokenizer(chat_tokens=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from streamrl.settings import DEFAULT_KAFKA_PORT, DEFAULT_POSTGRES_PORT, ENV_VARS
+from runtime.settings import DEFAULT_KAFKA_PORT, DEFAULT_POSTGRES_PORT, ENV_VARS
 
 COMPOSE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
 

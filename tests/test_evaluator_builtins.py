@@ -14,7 +14,7 @@ import pytest
 from producers.evaluator import BaseEvaluationTarget, run_evaluator
 from producers.evaluator_builtins import make_evaluator
 from producers.sandbox import SandboxLimits, run_python
-from streamrl.plugins import LoadError
+from runtime.plugins import LoadError
 from tests.conftest import command_lines
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams, top_p_filter
-from streamrl.tiny_lm import build_tiny_model
+from runtime.tiny_lm import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,12 @@ from learner.batching import TrainItem, collate, micro_batches_by_tokens
 from learner.checkpoint import (
     latest_checkpoint, load_state, load_trainer_state, prune_weight_versions, save_checkpoint, write_weight_version,
 )
-from learner.kl_control import AdaptiveKLController, kl_reward_to_go
+from algos.kl import AdaptiveKLController, kl_reward_to_go
 from learner.loop import staleness_split
 from learner.trainers import CrossEntropyTrainer, GRPOTrainer
-from streamrl.tiny_lm import build_tiny_model, load
+from runtime.config import Algorithm as AlgorithmConfig
+from runtime.config import Trainer as TrainerConfig
+from runtime.tiny_lm import build_tiny_model, load
 
 
 def item(tokens, mask, advantage=0.0, version=0, logprobs=None):
@@ -66,8 +68,8 @@ def test_grpo_step_raises_the_logprob_of_a_positive_advantage(tiny):
     tokenizer, model = load(tiny)
     prompt = tokenizer("12+34=")["input_ids"]
     good, bad = tokenizer("6")["input_ids"][0], tokenizer("9")["input_ids"][0]
-    trainer = GRPOTrainer(model, tokenizer.pad_token_id, {"lr": 1e-2, "micro_batch_tokens": 64, "grad_clip": 1.0},
-                          {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "loss_agg_mode": "token-mean"})
+    trainer = GRPOTrainer(model, tokenizer.pad_token_id, TrainerConfig(lr=1e-2, micro_batch_tokens=64, grad_clip=1.0),
+                          AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-mean"))
 
     def logprob(token):
         with torch.no_grad():
@@ -86,7 +88,7 @@ def test_grpo_step_raises_the_logprob_of_a_positive_advantage(tiny):
 def test_cross_entropy_step_lowers_the_loss(tiny):
     tokenizer, model = load(tiny)
     prompt, answer = tokenizer("12+34=")["input_ids"], tokenizer("6")["input_ids"] + [tokenizer.eos_token_id]
-    trainer = CrossEntropyTrainer(model, tokenizer.pad_token_id, {"lr": 1e-2, "micro_batch_tokens": 64, "grad_clip": 1.0}, {})
+    trainer = CrossEntropyTrainer(model, tokenizer.pad_token_id, TrainerConfig(lr=1e-2, micro_batch_tokens=64, grad_clip=1.0))
     batch = [item(prompt + answer, [0] * len(prompt) + [1] * len(answer))]
     first = trainer.step(batch).loss
     for _ in range(5):
@@ -96,7 +98,7 @@ def test_cross_entropy_step_lowers_the_loss(tiny):
 
 def test_checkpoint_round_trip_restores_model_optimizer_and_rng(tiny, tmp_path):
     tokenizer, model = load(tiny)
-    trainer = CrossEntropyTrainer(model, tokenizer.pad_token_id, {"lr": 1e-2, "micro_batch_tokens": 64, "grad_clip": 1.0}, {})
+    trainer = CrossEntropyTrainer(model, tokenizer.pad_token_id, TrainerConfig(lr=1e-2, micro_batch_tokens=64, grad_clip=1.0))
     trainer.step([item([5, 6, 7], [0, 1, 1])])
     torch.manual_seed(123)
     weights, checkpoints = tmp_path / "weights", tmp_path / "checkpoints"
@@ -112,7 +114,7 @@ def test_checkpoint_round_trip_restores_model_optimizer_and_rng(tiny, tmp_path):
     assert folder.name == "step-000004" and load_state(folder) == {"step": 4, "offsets": {"t:0": 17}}
     _, restored = load(folder)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), restored.state_dict().values()))
-    fresh = CrossEntropyTrainer(restored, tokenizer.pad_token_id, {"lr": 1e-2, "micro_batch_tokens": 64, "grad_clip": 1.0}, {})
+    fresh = CrossEntropyTrainer(restored, tokenizer.pad_token_id, TrainerConfig(lr=1e-2, micro_batch_tokens=64, grad_clip=1.0))
     load_trainer_state(folder, fresh.optimizer)
     assert fresh.optimizer.state_dict()["state"][0]["step"] == trainer.optimizer.state_dict()["state"][0]["step"]
     assert torch.equal(torch.rand(3), expected_draw)  # the RNG continues where it was saved
@@ -148,7 +150,7 @@ def test_custom_trainer_prepare_trajectories_with_the_grpo_helper():
 
     from learner.batching import TrainItem
     from learner.trainers import GRPOTrainer, compute_grpo_advantage_for_trajectories
-    from streamrl.tiny_lm import build_char_tokenizer, tiny_qwen2_config
+    from runtime.tiny_lm import build_char_tokenizer, tiny_qwen2_config
     from transformers import AutoModelForCausalLM
 
     class LengthPenalty(GRPOTrainer):
@@ -163,8 +165,8 @@ def test_custom_trainer_prepare_trajectories_with_the_grpo_helper():
     tokenizer = build_char_tokenizer()
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_qwen2_config(len(tokenizer), hidden_size=32, layers=1, heads=2))
-    trainer = LengthPenalty(model, tokenizer.pad_token_id, {"lr": 1e-3, "micro_batch_tokens": 64},
-                            {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2})
+    trainer = LengthPenalty(model, tokenizer.pad_token_id, TrainerConfig(lr=1e-3, micro_batch_tokens=64),
+                            AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.2))
 
     def item(group, reward, trained):
         tokens = np.arange(5, 5 + 2 + trained, dtype=np.int32)

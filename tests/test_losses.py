@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from learner.losses import (
-    aggregate_loss, entropy_from_logits, kl_penalty, ppo_clip_token_loss, token_logprobs,
+from algos.kl import kl_penalty
+from algos.losses import (
+    aggregate_loss, entropy_from_logits, ppo_clip_token_loss, token_logprobs,
     truncated_importance_weights,
 )
 

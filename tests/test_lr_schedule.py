@@ -2,7 +2,7 @@
 
 import pytest
 
-from learner.lr_schedule import learning_rate_at
+from algos.lr_schedule import learning_rate_at
 
 
 def test_constant_schedule_keeps_the_rate():

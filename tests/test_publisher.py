@@ -4,7 +4,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from streamrl.dataset import DatasetError, epoch_batches, read_rows
+from runtime.config import Recipe
+from runtime.dataset import DatasetError, epoch_batches, read_rows
 from producers.publisher import Pacing, step_tasks, validation_tasks, validation_versions
 
 
@@ -15,10 +16,10 @@ def test_pacing_keeps_at_most_k_plus_one_steps_in_flight():
 
 
 def test_validation_versions():
-    recipe = {"validate": {"validate_before_train": True, "data": {"data_files": ["v.jsonl"]},
-                           "eval": {"compute_interval": 4}}}
+    recipe = Recipe.from_dict({"validate": {"validate_before_train": True, "data": {"data_files": ["v.jsonl"]},
+                                            "eval": {"compute_interval": 4}}})
     assert validation_versions(recipe, 10) == [0, 4, 8, 10]
-    recipe["validate"]["validate_before_train"] = False
+    recipe.validate.validate_before_train = False
     assert validation_versions(recipe, 8) == [4, 8]
 
 

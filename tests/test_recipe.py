@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from streamrl.recipe import RecipeError, load_recipe
+from runtime.recipe import RecipeError, load_recipe
 from tests.conftest import run_cli
 
 
@@ -44,13 +44,13 @@ def test_defaults_compose_and_self_wins(recipe_tree, monkeypatch):
           type: dr_grpo
     """)
     values = load_recipe(recipe)
-    assert values["experiment_name"] == "arith-anonymous"          # env default
-    assert values["trainer"]["total_train_steps"] == 7                # env string -> the key's int
-    assert values["trainer"]["lr"] == 1.0e-4                         # from common/base
-    assert values["algorithm"]["type"] == "dr_grpo"                  # _self_ last: the recipe wins
-    assert values["weight"]["staleness_threshold"] == 3
-    assert values["weight"]["sync_mode"] == "sync"                   # schema default
-    assert values["trainer"]["checkpoint_path"] == "runs/arith-anonymous/checkpoints"
+    assert values.experiment_name == "arith-anonymous"          # env default
+    assert values.trainer.total_train_steps == 7                # env string -> the key's int
+    assert values.trainer.lr == 1.0e-4                         # from common/base
+    assert values.algorithm.type == "dr_grpo"                  # _self_ last: the recipe wins
+    assert values.weight.staleness_threshold == 3
+    assert values.weight.sync_mode == "sync"                   # schema default
+    assert values.trainer.checkpoint_path == "runs/arith-anonymous/checkpoints"
 
 
 def test_self_first_lets_the_defaults_win(recipe_tree):
@@ -58,7 +58,7 @@ def test_self_first_lets_the_defaults_win(recipe_tree):
         defaults: [_self_, common/base]
         algorithm: {type: grpo}
     """)
-    assert load_recipe(recipe)["algorithm"]["type"] == "rloo"
+    assert load_recipe(recipe).algorithm.type == "rloo"
 
 
 def test_every_problem_is_reported_with_its_key_path(recipe_tree):
@@ -124,7 +124,7 @@ def test_publish_refuses_recipe_code_that_does_not_load(recipe_tree):
 
 
 def test_a_custom_workers_own_keys_are_allowed_in_its_section(tmp_path):
-    from streamrl.recipe import RecipeError, load_recipe
+    from runtime.recipe import RecipeError, load_recipe
     (tmp_path / "w.py").write_text("")
     (tmp_path / "r.yaml").write_text(
         "rollout_worker:\n  custom_rollout_worker_module_path: w.py\n  custom_rollout_worker_class_name: W\n"

@@ -10,7 +10,7 @@ from producers.rollout import (
 )
 from schema.events import Evaluation, Task, unpack_float32, unpack_int32, unpack_mask
 from schema.events import Trajectory as TrajectoryEvent
-from streamrl.tiny_lm import build_tiny_model
+from runtime.tiny_lm import build_tiny_model
 
 
 @pytest.fixture(scope="module")

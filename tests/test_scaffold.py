@@ -10,8 +10,8 @@ from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
 from producers.rollout import InferenceClient
 from producers.worker_loop import make_evaluator, worker_class
 from schema.events import Task, unpack_mask
-from streamrl.cli import recipe_code_problems
-from streamrl.recipe import prepare_recipe
+from streamrl.checks import recipe_code_problems
+from runtime.recipe import prepare_recipe
 from tests.conftest import run_cli
 
 
@@ -28,16 +28,16 @@ def test_recipe_new_scaffolds_a_recipe_that_runs_a_rollout(tmp_path, monkeypatch
     monkeypatch.setenv("WORD_GAME_STEPS", "7")  # the caller's value beats the env script's default
     monkeypatch.delenv("WORD_GAME_WARMUP_STEPS", raising=False)
     recipe = prepare_recipe(folder / "word_game.yaml")
-    assert recipe["trainer"]["total_train_steps"] == 7 and recipe["trainer"]["warmup_cross_entropy_steps"] == 100
+    assert recipe.trainer.total_train_steps == 7 and recipe.trainer.warmup_cross_entropy_steps == 100
     assert os.environ["WORD_GAME_WARMUP_STEPS"] == "100"  # set by word_game.env.sh
     assert recipe_code_problems(recipe) == []
     assert isinstance(make_evaluator(recipe), Evaluator)
 
-    engine = BatchingEngine(EmbeddedEngine(recipe["rollout_worker"]["model_path"]))
+    engine = BatchingEngine(EmbeddedEngine(recipe.rollout_worker.model_path))
     try:
         published = []
         client = InferenceClient(engine, SamplingParams(max_new_tokens=48))
-        worker = worker_class(recipe)(recipe["rollout_worker"], client, make_evaluator(recipe), published.append)
+        worker = worker_class(recipe)(recipe.rollout_worker.worker_config(), client, make_evaluator(recipe), published.append)
         task = Task(run_id="scaffold", task_id="t", group_id="g", prompt="reverse abcd",
                     data={"prompt": "reverse abcd", "answer": "dcba"})
         trajectory, evaluation = worker.run_task(task)

@@ -7,7 +7,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from streamrl import db
+from runtime import db
 from tests.conftest import run_cli
 
 EXTERNAL_URL = os.environ.get("STREAMRL_TEST_EXTERNAL_DATABASE_URL")
@@ -17,7 +17,7 @@ def head_revision() -> str:
     """The newest migration in migrations/versions (what `up` must migrate to)."""
     from alembic.script import ScriptDirectory
 
-    from streamrl.db import alembic_config
+    from runtime.db import alembic_config
 
     return ScriptDirectory.from_config(alembic_config("postgresql://unused/db")).get_current_head()
 
@@ -67,7 +67,7 @@ def test_external_postgres_by_url(stack, external_database, tmp_path, run_id):
     assert status.stdout.count("external") == 2
     # The sink writes into the external database.
     from producers.synthetic import synthetic_events
-    from streamrl.bus import create_run_topics
+    from runtime.bus import create_run_topics
     from tests.test_ledger_sink import publish
 
     create_run_topics(stack, run_id)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from producers.synthetic import synthetic_events
-from streamrl.bus import create_run_topics
+from runtime.bus import create_run_topics
 from tests.conftest import SinkThread, count_rows, run_cli, wait_for
 from tests.test_ledger_sink import publish
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from recipes.arith.data import arith_row, split_rows, write_jsonl
-from streamrl.tiny_lm import build_tiny_model, load
+from runtime.tiny_lm import build_tiny_model, load
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
 from producers.rollout import InferenceClient
 from recipes.patterns import workers
 from schema.events import Task, unpack_float32, unpack_int32, unpack_mask
-from streamrl.tiny_lm import build_tiny_model
+from runtime.tiny_lm import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # run as a script from the recipe's folder
 
 from recipes.arith.data import split_rows, write_jsonl  # noqa: E402
-from streamrl.tiny_lm import build_tiny_model  # noqa: E402
+from runtime.tiny_lm import build_tiny_model  # noqa: E402
 
 
 def main() -> None:

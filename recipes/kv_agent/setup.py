@@ -19,7 +19,7 @@ sys.path.insert(0, str(HERE.parent.parent))
 sys.path.insert(0, str(HERE / "agent_workspace"))
 
 from kv_data import make_row  # noqa: E402
-from streamrl.tiny_lm import build_tiny_model  # noqa: E402
+from runtime.tiny_lm import build_tiny_model  # noqa: E402
 
 
 def main() -> None:

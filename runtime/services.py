@@ -20,8 +20,8 @@ import warnings
 
 import psycopg
 
-from streamrl.db import connect, psycopg_url
-from streamrl.settings import Settings
+from runtime.db import connect, psycopg_url
+from runtime.settings import Settings
 
 EMBEDDED_DATABASE = "streamrl"
 

@@ -10,7 +10,7 @@ import hashlib
 
 import psycopg
 
-from streamrl.db import connect
+from runtime.db import connect
 
 
 class BlobMissing(LookupError):

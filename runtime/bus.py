@@ -18,9 +18,9 @@ from kafka.errors import TopicAlreadyExistsError
 
 from schema import codec
 from schema.events import DeadLetter, Event
-from streamrl.blobs import PostgresBlobStore
+from runtime.blobs import PostgresBlobStore
 from schema.topics import event_key, run_topics, topic_name
-from streamrl.settings import Settings
+from runtime.settings import Settings
 
 # Room for the record batch and headers around one value.
 FRAME_OVERHEAD_BYTES = 4096
@@ -142,6 +142,12 @@ class EventPublisher:
         self.close()
 
 
+def dead_letter(record, run_id: str, error: str, stage: str) -> DeadLetter:
+    """A record that could not be used, kept whole with its coordinates and the reason."""
+    return DeadLetter(run_id=run_id, source_topic=record.topic, source_partition=record.partition,
+                      source_offset=record.offset, key=record.key, raw=record.value or b"", error=error, stage=stage)
+
+
 class RunReader:
     """Reads some of one run's topics by explicit partition assignment.
 
@@ -202,10 +208,17 @@ class RunReader:
                 try:
                     events.append((unframe(record.value, self._blob_store_if_needed(record.value)), tp, record.offset))
                 except (codec.CodecError, LookupError, ValueError) as exc:  # kept as a dead letter; processing goes on
-                    dead.append(DeadLetter(run_id=self.run_id, source_topic=record.topic,
-                                           source_partition=record.partition, source_offset=record.offset,
-                                           key=record.key, raw=record.value or b"", error=str(exc), stage=self.stage))
+                    dead.append(dead_letter(record, self.run_id, str(exc), self.stage))
         return events, dead
+
+    def first_needed_offsets(self, pending) -> dict[TopicPartition, int]:
+        """Per partition, the offset a restart must read from: the earliest of `pending`
+        (the (partition, offset) of events read but not yet done with: an open group, a
+        step not yet trained), else the read position. Committing these never skips work."""
+        offsets = self.positions()
+        for tp, offset in pending:
+            offsets[tp] = min(offsets[tp], offset)
+        return offsets
 
     def _blob_store_if_needed(self, value: bytes | None):
         if value and codec.parse_reference(value) is not None and self._blobs is None:

@@ -12,15 +12,16 @@ import threading
 import time
 
 from schema.events import RunEvent
-from streamrl.bus import RunReader
-from streamrl.settings import Settings
+from runtime.bus import RunReader
+from runtime.config import Recipe
+from runtime.settings import Settings
 
 
 class RunNotFound(LookupError):
     pass
 
 
-def fetch_run_config(settings: Settings, run_id: str, timeout_s: float = 60.0) -> dict:
+def fetch_run_config(settings: Settings, run_id: str, timeout_s: float = 60.0) -> Recipe:
     reader = RunReader(settings, run_id, ["runs"], group_id=None, stage="config", wait_s=timeout_s)
     deadline = time.monotonic() + timeout_s
     try:
@@ -28,7 +29,7 @@ def fetch_run_config(settings: Settings, run_id: str, timeout_s: float = 60.0) -
             events, _ = reader.poll(timeout_ms=200)
             for event, _, _ in events:
                 if isinstance(event, RunEvent) and event.kind == "created":
-                    return event.config
+                    return Recipe.from_dict(event.config)
     finally:
         reader.close()
     raise RunNotFound(f"run {run_id!r} has no 'created' event on its runs topic after {timeout_s:.0f} s "

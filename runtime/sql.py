@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import psycopg
 
-from streamrl.db import connect
+from runtime.db import connect
 
 READ_KEYWORDS = {"select", "with", "values", "table", "explain", "show"}
 _LEADING_NOISE = re.compile(r"^(\s+|--[^\n]*\n?|/\*.*?\*/)+", re.S)
@@ -69,3 +71,15 @@ def run_readonly(database_url: str, query: str, params: dict[str, Any] | None = 
             columns = [d.name for d in cur.description] if cur.description else []
             rows = cur.fetchall() if cur.description else []
     return QueryResult(columns, rows)
+
+
+def plain_value(value):
+    """A SQL result value as plain Python for printing or JSON: bytes as \\x hex,
+    timestamps as ISO text, numerics as int when whole, else float."""
+    if isinstance(value, (bytes, memoryview)):
+        return "\\x" + bytes(value).hex()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value

@@ -64,3 +64,11 @@ def epoch_batches(rows: list[dict], batch_size: int, shuffle: bool, seed: int) -
                 yield epoch, buffer
                 buffer = []
         epoch += 1
+
+
+def total_train_steps(recipe) -> int:
+    """How many steps a run trains: the one function the publisher, the learner and
+    `streamrl run` share (`Recipe.total_train_steps`, with the rows counted only when
+    `trainer.total_epochs` makes the data's size matter)."""
+    rows = len(read_rows(recipe.data.data_files, recipe.data.type)) if recipe.trainer.total_epochs else 0
+    return recipe.total_train_steps(rows)

@@ -1,7 +1,10 @@
-"""Group-relative advantage estimators, as small pure functions selected by name.
+"""Group-relative advantage estimators, as small pure functions selected by name
+(`algorithm.type`).
 
-Each estimator takes the rewards of one group (all samples of one prompt) and returns
-one scalar advantage per sample. A recipe adds its own with `@register_advantage("name")`.
+Signature: `fn(rewards: np.ndarray) -> np.ndarray`, the rewards of one group (all
+samples of one prompt) in, one scalar advantage per sample out. A recipe adds its own
+with `@register_advantage("name")` in the file `algorithm.custom_advantage_module_path`
+names.
 
 Convention for the GRPO standard deviation: the *sample* standard deviation (Bessel's
 n - 1), as TRL's GRPOTrainer and verl use (`torch.std`), so advantages are comparable
@@ -15,26 +18,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from runtime.registry import Registry
+
 AdvantageFn = Callable[[np.ndarray], np.ndarray]
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
+ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator", "algorithm.type")
+register_advantage = ADVANTAGE_ESTIMATORS.register
+get_advantage_estimator = ADVANTAGE_ESTIMATORS.get
 
 GRPO_EPSILON = 1e-6
-
-
-def register_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    def register(fn: AdvantageFn) -> AdvantageFn:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-    return register
-
-
-def get_advantage_estimator(name: str) -> AdvantageFn:
-    try:
-        return ADVANTAGE_ESTIMATORS[name]
-    except KeyError:
-        raise KeyError(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}") from None
 
 
 def group_std(rewards: np.ndarray) -> float:

@@ -1,0 +1,393 @@
+"""The typed recipe: one `Recipe` object, defaults defined once, passed whole to every
+process.
+
+Keys follow the NexRL user guide (project_name, experiment_name, data, rollout_worker,
+trajectory_pool, trainer, algorithm, weight, validate, service, logger). Choices fixed by
+the design are `Literal`s; choices that code can extend (advantage estimators, policy
+losses, trainers, ...) are plain strings checked against their registries
+(`runtime/registry.py`) once the components are imported. A key of the guide that
+StreamRL does not implement beyond one value is declared with `only(...)`: it may be
+written, with that value, and any other value is refused — never accepted and ignored.
+
+`check_recipe_values(values)` lists every problem of a nested mapping (unknown keys
+with a did-you-mean, wrong types, refused values, each with its key path);
+`Recipe.from_dict(values)` builds the typed object; `recipe.to_dict()` gives the
+mapping back (what the run's `created` event records).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+
+def path_field(default=None, **kwargs):
+    """A field naming a file or folder that must exist (relative to the recipe's folder)."""
+    return field(default=default, metadata={"path": True}, **kwargs)
+
+
+def only(default, why: str):
+    """A guide key that StreamRL implements for one value: `default`; another is refused."""
+    factory = (lambda: type(default)(default)) if isinstance(default, (list, dict)) else None
+    metadata = {"only": why}
+    return field(default_factory=factory, metadata=metadata) if factory else field(default=default, metadata=metadata)
+
+
+@dataclass
+class Environment:
+    setup_script: Optional[str] = path_field()
+    env_script: Optional[str] = path_field()  # a shell file sourced before ${oc.env:...} resolve
+
+
+@dataclass
+class Data:
+    type: Literal["jsonl", "parquet"] = "jsonl"
+    data_files: list[str] = field(default_factory=list, metadata={"path": True})
+    shuffle: bool = True
+    seed: int = 42
+    max_prompt_length: int = 512  # tasks whose prompt is longer (in tokens) fail as rollouts, counted
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"  # the target text, for the cross-entropy trainer and warm-up
+    batch_size: int = only(1, "a step's size is trajectory_pool.batch_size")
+    num_workers: int = only(1, "the publisher reads the data in one process")
+    max_rows: Optional[int] = None  # validation: use only the first N rows
+
+
+@dataclass
+class RolloutWorker:
+    type: str = "single_turn"  # a registered rollout worker type
+    custom_rollout_worker_module_path: Optional[str] = path_field()
+    custom_rollout_worker_class_name: Optional[str] = None
+    evaluator_module_path: Optional[str] = None  # "file.py:ClassName" or "builtin:NAME"
+    evaluator_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the evaluator's constructor
+    agent_config_path: Optional[str] = path_field()  # type: agent (producers/agent_worker.py)
+    agent_workspace: Optional[str] = path_field()  # a folder put on sys.path: its modules import each other
+    tokenizer: Optional[str] = only(None, "the tokenizer is the one saved with model_path")
+    model_path: Optional[str] = None
+    task_name: str = ""  # a label for the recipe's own code (self._config.task_name)
+    max_prompt_length: int = 512
+    max_response_length: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    rollout_repeat_n: int = 8
+    num_workers: int = 1
+    max_concurrent_tasks: int = 16
+    max_retries: int = 2
+    # A custom worker's own settings live in its section, as in the guide
+    # (`self._config.use_few_shot`): its unknown keys are kept here, not refused.
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
+
+    def worker_config(self) -> dict[str, Any]:
+        """The section as the seed API's workers see it (`self._config`): every key,
+        the custom worker's own ones included."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        return {**values, **self.extra}
+
+
+@dataclass
+class TrajectoryPool:
+    type: str = only("default", "groups complete by group id in the stream processor")
+    batch_size: int = 8  # groups (prompts) per training step
+    group_size: Optional[int] = None  # must equal rollout_worker.rollout_repeat_n when set
+    key_list: list[str] = only(["prompt"], "a group is the rollouts of one task's prompt")
+    check_batch_ready_function: str = only("batch_size", "a step is ready when batch_size groups are accounted for")
+    group_timeout_s: float = 120.0
+    incomplete_group_policy: Literal["drop", "train_partial"] = "drop"
+
+
+@dataclass
+class KlControl:
+    type: str = "fixed"  # a registered KL controller: fixed | adaptive
+    kl_coef: float = 0.0
+    target_kl: float = 6.0
+    horizon: int = 10000
+
+
+@dataclass
+class Algorithm:
+    type: str = "grpo"  # a registered advantage estimator: grpo | dr_grpo | rloo | reinforce | yours
+    batch_size: Optional[int] = only(None, "a step's size is trajectory_pool.batch_size")
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    clip_ratio_c: Optional[float] = 3.0  # dual-clip cap for negative advantages; null turns it off
+    loss_agg_mode: str = "token-mean"  # a registered loss aggregation
+    filter_zero_variance: bool = True
+    do_old_log_prob_compute: bool = only(False, "the ratio uses the engine's behaviour logprobs, or the "
+                                                "proximal policy with off_policy_correction")
+    off_policy_correction: str = "none"  # a registered policy loss: none | truncated_is | decoupled_ppo
+    truncated_is_cap: float = 2.0
+    use_kl_in_reward: bool = False
+    use_kl_loss: bool = False
+    kl_estimator: str = "k3"  # a registered KL estimator
+    custom_advantage_module_path: Optional[str] = path_field()  # a .py file that calls register_advantage
+    kl_ctrl: KlControl = field(default_factory=KlControl)
+
+
+@dataclass
+class Trainer:
+    type: str = "grpo"  # a registered trainer: grpo | cross_entropy, or custom
+    custom_trainer_module_path: Optional[str] = None  # "file.py:Class", a subclass of GRPOTrainer
+    total_train_steps: int = 100
+    total_epochs: Optional[int] = None  # stop after this many passes over the data, if sooner
+    lr: float = 3e-4
+    lr_schedule: str = "constant"  # a registered schedule: constant | linear | cosine
+    min_lr_ratio: float = 0.0  # the rate at the last step, as a fraction of lr
+    lr_warmup_steps: int = 0  # linear ramp from 0 at the start of RL
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    micro_batch_tokens: int = 8192
+    warmup_cross_entropy_steps: int = 0
+    warmup_batch_size: int = 64
+    warmup_lr: Optional[float] = None
+    warmup_messages_key: Optional[str] = None  # rows hold multi-turn demonstrations under this key
+    num_threads: int = 1  # torch threads of the learner process
+    checkpoint_path: str = "runs/${experiment_name}/checkpoints"
+    save_freq: int = 10
+    remove_previous_ckpt: bool = only(True, "checkpoints between save_freq multiples are pruned")
+    seed: int = 0
+
+
+@dataclass
+class Weight:
+    type: str = only("default", "weights travel as safetensors folders announced on the weights topic")
+    sync_mode: Literal["sync", "batch-async", "fully-async"] = "sync"
+    staleness_threshold: int = 1
+    sync_every: int = only(1, "a weight version per step; the publisher paces by it")
+    sync_weight_path: str = "runs/${experiment_name}/weights"
+
+
+@dataclass
+class ValidateEval:
+    type: str = only("default", "validation is greedy accuracy from the recipe's evaluator")
+    compute_interval: int = 10
+
+
+@dataclass
+class Validate:
+    validate_before_train: bool = True
+    temperature: float = 0.0  # 0 = greedy
+    data: Data = field(default_factory=Data)
+    eval: ValidateEval = field(default_factory=ValidateEval)
+
+
+@dataclass
+class InferenceService:
+    backend: str = "embedded"  # a registered inference backend
+    url: Optional[str] = only(None, "the embedded engine needs no url")
+    model_tag: str = only("policy", "the embedded engine serves one model")
+    api_key: Optional[str] = only(None, "the embedded engine needs no key")
+    max_retries: int = 3
+    freeze_for_weight_sync: bool = only(True, "the embedded engine swaps weights between batches")
+    max_batch_size: int = 64
+
+
+@dataclass
+class Service:
+    inference_service: InferenceService = field(default_factory=InferenceService)
+    train_service: dict[str, Any] = only({}, "the training-service mode is not available in this version")
+
+
+@dataclass
+class Logger:
+    backend: Literal["console"] = "console"
+    options: dict[str, Any] = only({}, "the console logger has no options")
+
+
+@dataclass
+class Replay:
+    """Written by `streamrl replay` into the new run's config: where its data came from."""
+    parent_run: str = ""
+    source: str = "auto"
+    steps: Optional[str] = None
+    where: Optional[str] = None
+    recompute_advantages: Optional[str] = None
+    rescore: Optional[str] = None
+    rate: Optional[float] = None
+    train_steps: int = 0
+    groups: int = 0
+    trajectories: int = 0
+    left_out_groups: int = 0
+    read_from: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Recipe:
+    project_name: str = "streamrl"
+    experiment_name: str = "experiment"
+    environment: Environment = field(default_factory=Environment)
+    data: Data = field(default_factory=Data)
+    rollout_worker: RolloutWorker = field(default_factory=RolloutWorker)
+    trajectory_pool: TrajectoryPool = field(default_factory=TrajectoryPool)
+    algorithm: Algorithm = field(default_factory=Algorithm)
+    trainer: Trainer = field(default_factory=Trainer)
+    weight: Weight = field(default_factory=Weight)
+    validate: Validate = field(default_factory=Validate)
+    service: Service = field(default_factory=Service)
+    logger: Logger = field(default_factory=Logger)
+    replay: Optional[Replay] = field(default=None, metadata={"internal": True})
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "Recipe":
+        """The typed recipe from a checked mapping; missing keys take their defaults."""
+        return _build(cls, values)
+
+    def to_dict(self) -> dict:
+        values = dataclasses.asdict(self)
+        worker = values["rollout_worker"]
+        worker.update(worker.pop("extra"))
+        if values["replay"] is None:
+            del values["replay"]
+        return values
+
+    def total_train_steps(self, dataset_rows: int) -> int:
+        """`trainer.total_train_steps`, or fewer when `trainer.total_epochs` passes over the
+        data sooner (each step takes `trajectory_pool.batch_size` rows). The one place the
+        publisher, the learner and `streamrl run` learn a run's length."""
+        total = self.trainer.total_train_steps
+        if self.trainer.total_epochs:
+            total = min(total, math.ceil(self.trainer.total_epochs * dataset_rows / self.trajectory_pool.batch_size))
+        return total
+
+
+def _build(schema: type, values: dict):
+    hints = typing.get_type_hints(schema)
+    kwargs, extra = {}, {}
+    names = {f.name for f in dataclasses.fields(schema)}
+    for key, value in (values or {}).items():
+        if key not in names:
+            extra[key] = value
+            continue
+        tp = _scalar_type(hints[key])
+        kwargs[key] = _build(tp, value) if dataclasses.is_dataclass(tp) and isinstance(value, dict) else value
+    if extra:
+        if "extra" not in names:
+            raise ValueError(f"{schema.__name__}: unknown keys {sorted(extra)}")
+        kwargs["extra"] = {**kwargs.get("extra", {}), **extra}
+    return schema(**kwargs)
+
+
+# --- checking a mapping against the schema ------------------------------------------------
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+
+
+def _scalar_type(tp):
+    if typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else None
+    return tp
+
+
+def _check_value(value, tp, key: str) -> list[str]:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union:  # Optional[X]
+        if value is None:
+            return []
+        return _check_value(value, next(a for a in args if a is not type(None)), key)
+    if tp is Any:
+        return []
+    if origin is Literal:
+        return [] if value in args else [f"{key}: expected one of {', '.join(map(str, args))}, got {value!r}"]
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            return [f"{key}: expected a mapping, got {type(value).__name__}"]
+        return check_against(value, tp, key + ".")
+    if origin is list:
+        if not isinstance(value, list):
+            return [f"{key}: expected a list, got {type(value).__name__} {value!r}"]
+        return [p for i, v in enumerate(value) for p in _check_value(v, args[0], f"{key}[{i}]")]
+    if origin is dict:
+        return [] if isinstance(value, dict) else [f"{key}: expected a mapping, got {type(value).__name__}"]
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return []
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return []
+    if tp in (str, bool) and isinstance(value, tp):
+        return []
+    return [f"{key}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}"]
+
+
+_BOOLS = {"true": True, "false": False, "yes": True, "no": False, "1": True, "0": False}
+
+
+def coerce_strings(values: dict, schema: type = Recipe) -> None:
+    """In place: strings (what `${oc.env:...}` always gives) become the key's int, float or
+    bool when they parse as one; anything else is left for the checker to report."""
+    hints = typing.get_type_hints(schema)
+    for key, value in values.items():
+        tp = _scalar_type(hints.get(key))
+        if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+            coerce_strings(value, tp)
+        elif isinstance(value, str):
+            try:
+                if tp is int:
+                    values[key] = int(value)
+                elif tp is float:
+                    values[key] = float(value)
+                elif tp is bool and value.strip().lower() in _BOOLS:
+                    values[key] = _BOOLS[value.strip().lower()]
+            except ValueError:
+                pass
+
+
+def check_against(values: dict, schema: type = Recipe, prefix: str = "") -> list[str]:
+    """Unknown keys (with the closest known one), wrong types and refused values."""
+    problems = []
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    hints = typing.get_type_hints(schema)
+    for key, value in values.items():
+        spec = fields.get(key)
+        if spec is None or spec.metadata.get("internal"):
+            known = [name for name, f in fields.items() if not f.metadata.get("internal")]
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+            problems.append(f"{prefix}{key}: unknown key{hint}")
+            continue
+        found = _check_value(value, hints[key], f"{prefix}{key}")
+        problems += found
+        if not found and "only" in spec.metadata:
+            default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
+            if value != default:
+                problems.append(f"{prefix}{key}: only {default!r} is supported ({spec.metadata['only']}), got {value!r}")
+    return problems
+
+
+def missing_files(values: dict, schema: type, base, prefix: str = "") -> list[str]:
+    problems = []
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        value = values.get(f.name)
+        tp = _scalar_type(hints[f.name])
+        if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+            problems += missing_files(value, tp, base, f"{prefix}{f.name}.")
+        elif f.metadata.get("path") and value:
+            for i, item in enumerate(value if isinstance(value, list) else [value]):
+                where = f"{prefix}{f.name}" + (f"[{i}]" if isinstance(value, list) else "")
+                if not (base / str(item)).exists():
+                    problems.append(f"{where}: file not found: {item} (relative to {base})")
+    return problems
+
+
+def consistency_problems(recipe: Recipe) -> list[str]:
+    """Problems no single key shows: settings that contradict each other or are out of range."""
+    problems = []
+    pool, worker = recipe.trajectory_pool, recipe.rollout_worker
+    if pool.group_size is not None and pool.group_size != worker.rollout_repeat_n:
+        problems.append(f"trajectory_pool.group_size: {pool.group_size} differs from "
+                        f"rollout_worker.rollout_repeat_n ({worker.rollout_repeat_n}), the samples per prompt")
+    if recipe.trainer.type == "custom" and not recipe.trainer.custom_trainer_module_path:
+        problems.append("trainer.custom_trainer_module_path: required when trainer.type is custom")
+    if recipe.weight.staleness_threshold < 0:
+        problems.append("weight.staleness_threshold: must be >= 0")
+    if not 0.0 <= recipe.trainer.min_lr_ratio <= 1.0:
+        problems.append("trainer.min_lr_ratio: must be between 0 and 1")
+    if worker.rollout_repeat_n < 1:
+        problems.append("rollout_worker.rollout_repeat_n: must be >= 1")
+    if pool.batch_size < 1:
+        problems.append("trajectory_pool.batch_size: must be >= 1")
+    return problems

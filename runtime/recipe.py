@@ -1,0 +1,183 @@
+"""Recipes: YAML files with `defaults:` composition and `${oc.env:VAR,default}`
+interpolation (OmegaConf), checked against a typed schema whose keys follow the NexRL
+user guide (project_name, experiment_name, data, rollout_worker, trajectory_pool,
+trainer, algorithm, weight, validate, service, logger).
+
+`load_recipe(path)` returns the typed `Recipe` (runtime/config.py), or raises
+`RecipeError` listing every problem with its key path: unknown keys (with the closest
+known one), wrong types, refused values, missing files.
+
+Composition: `defaults: [common/base, _self_]` merges `common/base.yaml` (looked up
+next to the recipe, then in its parent folders) and then the recipe itself; where
+`_self_` stands decides which side wins, as in Hydra.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from runtime.config import Recipe, check_against, coerce_strings, consistency_problems, missing_files
+
+
+class RecipeError(ValueError):
+    def __init__(self, path: Path, problems: list[str]):
+        self.path, self.problems = path, problems
+        super().__init__(f"{path}: " + ("\n  " if len(problems) > 1 else "") + "\n  ".join(problems))
+
+
+# --- composition -----------------------------------------------------------------------
+
+def _find_default(name: str, recipe_dir: Path) -> Path:
+    for folder in (recipe_dir, *recipe_dir.parents):
+        candidate = folder / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(name)
+
+
+def compose(path: Path, _stack: tuple[Path, ...] = ()) -> Any:
+    """The OmegaConf config of `path` with its `defaults:` merged in (unresolved)."""
+    path = path.resolve()
+    if path in _stack:
+        raise RecipeError(path, [f"defaults: cycle {' -> '.join(p.name for p in (*_stack, path))}"])
+    try:
+        own = OmegaConf.load(path)
+    except FileNotFoundError:
+        raise RecipeError(path, ["file not found"]) from None
+    except Exception as exc:  # YAML syntax
+        raise RecipeError(path, [f"not valid YAML: {exc}"]) from None
+    if not isinstance(own, typing.Mapping) and not OmegaConf.is_dict(own):
+        raise RecipeError(path, ["a recipe must be a mapping of keys"])
+    defaults = own.pop("defaults", [])
+    parts, self_seen = [], False
+    for i, entry in enumerate(defaults or []):
+        if entry == "_self_":
+            parts.append(own)
+            self_seen = True
+            continue
+        if not isinstance(entry, str):
+            raise RecipeError(path, [f"defaults[{i}]: expected a recipe name, got {entry!r}"])
+        try:
+            parts.append(compose(_find_default(entry, path.parent), (*_stack, path)))
+        except FileNotFoundError:
+            raise RecipeError(path, [f"defaults[{i}]: no {entry}.yaml next to the recipe or in its parent folders"]) from None
+    if not self_seen:
+        parts.append(own)
+    return OmegaConf.merge(*parts) if parts else own
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """The fully resolved, typed recipe (defaults filled in), or RecipeError."""
+    path = Path(path)
+    composed = compose(path)
+    try:
+        merged = OmegaConf.merge(OmegaConf.create(Recipe().to_dict()), composed)
+        values = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise RecipeError(path, [f"{getattr(exc, 'full_key', '') or 'interpolation'}: {exc.msg if hasattr(exc, 'msg') else exc}"]) from None
+    coerce_strings(values, Recipe)
+    problems = check_against(values, Recipe)
+    if values.get("rollout_worker", {}).get("custom_rollout_worker_module_path"):
+        # a custom worker's own settings live in its section, as in the guide
+        # (`self._config.use_few_shot`): its unknown keys are its own, not typos
+        problems = [p for p in problems if not re.fullmatch(r"rollout_worker\.[^.\[]+: unknown key.*", p)]
+    if not problems:
+        problems = missing_files(values, Recipe, path.resolve().parent)
+    if problems:
+        raise RecipeError(path, problems)
+    return Recipe.from_dict(values)
+
+
+# --- preparing a recipe to run -----------------------------------------------------------
+
+def _absolute(value: str | None, base: Path) -> str | None:
+    """A path relative to the recipe's folder made absolute; "file.py:Class" keeps its class.
+    A value that names nothing on disk (a hub model id, say) is left alone."""
+    if not value:
+        return value
+    path_text, sep, suffix = value.rpartition(":") if ".py:" in value else (value, "", "")
+    candidate = (base / path_text)
+    if not Path(path_text).is_absolute() and candidate.exists():
+        return str(candidate.resolve()) + sep + suffix
+    return value
+
+
+def resolve_paths(recipe: Recipe, base: Path) -> Recipe:
+    """Every file the recipe names, as an absolute path: the processes of a run read the
+    resolved config from the ledger and may run from any folder."""
+    for section in (recipe.data, recipe.validate.data):
+        section.data_files = [_absolute(f, base) for f in section.data_files]
+    worker = recipe.rollout_worker
+    for key in ("model_path", "evaluator_module_path", "custom_rollout_worker_module_path",
+                "agent_config_path", "agent_workspace"):
+        setattr(worker, key, _absolute(getattr(worker, key), base))
+    recipe.trainer.custom_trainer_module_path = _absolute(recipe.trainer.custom_trainer_module_path, base)
+    recipe.algorithm.custom_advantage_module_path = _absolute(recipe.algorithm.custom_advantage_module_path, base)
+    recipe.environment.setup_script = _absolute(recipe.environment.setup_script, base)
+    return recipe
+
+
+def run_setup_script(path: str | Path) -> None:
+    """Run the recipe's `environment.setup_script` (a Python file, in the recipe's folder),
+    which prepares what the recipe needs (data, a model) before anything is checked."""
+    path = Path(path)
+    composed = compose(path)
+    script = OmegaConf.select(composed, "environment.setup_script", default=None)
+    if not script:
+        return
+    script_path = (path.resolve().parent / str(script)).resolve()
+    if not script_path.is_file():
+        raise RecipeError(path, [f"environment.setup_script: file not found: {script}"])
+    result = subprocess.run([sys.executable, str(script_path)], cwd=script_path.parent,
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RecipeError(path, [f"environment.setup_script: {script} exited {result.returncode}: "
+                                 f"{(result.stderr or result.stdout).strip()[-2000:]}"])
+
+
+def apply_env_script(path: str | Path) -> dict[str, str]:
+    """Source the recipe's `environment.env_script` (bash, `set -a`) and take the variables
+    it sets into this process's environment, so `${oc.env:...}` and the set-up script see
+    them. A variable already set keeps its value when the script writes `${VAR:-default}`,
+    the usual form. Returns what changed."""
+    path = Path(path)
+    script = OmegaConf.select(compose(path), "environment.env_script", default=None)
+    if not script:
+        return {}
+    script_path = (path.resolve().parent / str(script)).resolve()
+    if not script_path.is_file():
+        raise RecipeError(path, [f"environment.env_script: file not found: {script}"])
+    result = subprocess.run(["bash", "-c", 'set -a; . "$0" >&2; env -0', str(script_path)],
+                            cwd=script_path.parent, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RecipeError(path, [f"environment.env_script: {script} exited {result.returncode}: "
+                                 f"{result.stderr.strip()[-2000:]}"])
+    changed = {}
+    for entry in result.stdout.split("\0"):
+        name, sep, value = entry.partition("=")
+        if sep and name and os.environ.get(name) != value and name not in ("_", "SHLVL", "PWD", "OLDPWD"):
+            changed[name] = value
+    os.environ.update(changed)
+    return changed
+
+
+def prepare_recipe(path: str | Path, run_setup: bool = True) -> Recipe:
+    """Env script, set-up script, load, check consistency, absolute paths: what a run starts from."""
+    path = Path(path)
+    apply_env_script(path)
+    if run_setup:
+        run_setup_script(path)
+    recipe = load_recipe(path)
+    problems = consistency_problems(recipe)
+    if problems:
+        raise RecipeError(path, problems)
+    return resolve_paths(recipe, path.resolve().parent)

@@ -1,0 +1,53 @@
+"""Checks a recipe needs the whole tree for: its own code loads (evaluator, worker,
+trainer, advantage estimator), and every key a registry serves names a registered entry.
+
+The app layer does this because only it imports every component: the registries of
+trainers, rollout workers and inference backends live with their components, and a
+recipe's own plugins register into them when loaded.
+"""
+
+from __future__ import annotations
+
+# Importing the components fills their registries.
+import algos.advantages  # noqa: F401
+import algos.kl  # noqa: F401
+import algos.losses  # noqa: F401
+import algos.lr_schedule  # noqa: F401
+import learner.trainers  # noqa: F401
+import producers.inference  # noqa: F401
+import producers.worker_loop  # noqa: F401
+from producers.rollout import ROLLOUT_WORKERS
+from runtime.config import Recipe
+from runtime.registry import registry_problems
+
+
+def recipe_code_problems(recipe: Recipe) -> list[str]:
+    """Load the recipe's own code now, then check its registry keys, so a typo fails the
+    run before it starts, not in a worker's log minutes later."""
+    from consumers.processor import load_custom_advantages
+    from learner.loop import trainer_class
+    from producers.agent_worker import AgentRolloutWorker, load_agent_setup
+    from producers.worker_loop import make_evaluator, worker_class
+
+    worker = recipe.rollout_worker
+    custom_worker = bool(worker.custom_rollout_worker_module_path)
+    custom_trainer = bool(recipe.trainer.custom_trainer_module_path)
+
+    def agent_setup():
+        if (custom_worker or worker.type in ROLLOUT_WORKERS) and issubclass(worker_class(recipe), AgentRolloutWorker):
+            load_agent_setup(worker.worker_config())
+
+    problems = []
+    checks = [("rollout_worker.evaluator_module_path", lambda: make_evaluator(recipe)),
+              ("rollout_worker.custom_rollout_worker_module_path", lambda: custom_worker and worker_class(recipe)),
+              ("rollout_worker.agent_config_path", agent_setup),
+              ("trainer.custom_trainer_module_path", lambda: custom_trainer and trainer_class(recipe)),
+              ("algorithm.custom_advantage_module_path",
+               lambda: load_custom_advantages(recipe.algorithm.custom_advantage_module_path))]
+    for key, check in checks:
+        try:
+            check()
+        except (ValueError, KeyError) as exc:  # LoadError is a ValueError
+            problems.append(f"{key}: {exc.args[0] if exc.args else exc}")
+    # Registry keys last: a custom estimator registers only once its module has loaded.
+    return problems + registry_problems(recipe.to_dict())

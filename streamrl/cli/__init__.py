@@ -1,0 +1,28 @@
+"""The `streamrl` command line: one module per command group, each command a thin
+function (parse, call one function that does the work); errors become messages and exit
+codes in one place (`common.cli_command`).
+
+    services_cmd  up, down, status, db upgrade, topics, demo
+    recipe_cmd    recipe new, recipe validate
+    ledger_cmd    sink, runs, sql, show
+    train_cmd     run, publish, worker, processor, learner, replay
+"""
+
+from __future__ import annotations
+
+from runtime.quiet import quiet_library_progress
+
+quiet_library_progress()
+
+import typer  # noqa: E402
+
+from streamrl.cli import ledger_cmd, recipe_cmd, services_cmd, train_cmd  # noqa: E402
+
+# rich_markup_mode=None: help texts are plain text, so "A:B:" never becomes an emoji and
+# "[...]" is never taken for markup.
+app = typer.Typer(help="StreamRL: event-sourced RL post-training for LLMs.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, rich_markup_mode=None)
+for group in (services_cmd, recipe_cmd, ledger_cmd, train_cmd):
+    group.register(app)
+
+__all__ = ["app"]

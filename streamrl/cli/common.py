@@ -1,0 +1,180 @@
+"""What every command module shares: the consoles, the exit codes, and the one place
+where errors become messages and exit codes.
+
+Exit codes: 0 success; 1 the command ran and failed (a refused or failing query, an
+unhealthy service, a failed run); 2 bad usage or input (typer's own code); 3 a service
+is missing or unreachable.
+
+A command raises; `cli_command` prints one line (or a list of problems) and exits with
+the code of the error's kind. No command prints an error or raises typer.Exit itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import secrets
+from datetime import datetime
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from runtime.sql import plain_value as plain
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_SERVICE = 3
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class CliError(Exception):
+    """An error with its exit code and the label printed before its message."""
+
+    exit_code = EXIT_FAILED
+    label = "error"
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = problems or []
+
+
+class UsageError(CliError):
+    exit_code = EXIT_USAGE
+
+
+class ServiceMissing(CliError):
+    exit_code = EXIT_SERVICE
+
+
+class CommandFailed(CliError):
+    exit_code = EXIT_FAILED
+
+    def __init__(self, message: str, label: str = "error"):
+        super().__init__(message)
+        self.label = label
+
+
+def as_cli_error(exc: Exception) -> CliError | None:
+    """The CLI meaning of an error raised by the layers below, or None (a bug: re-raised)."""
+    from runtime.dataset import DatasetError
+    from runtime.recipe import RecipeError
+    from runtime.runs import RunNotFound
+    from runtime.services import ServiceError
+    from runtime.settings import SettingsError
+    from runtime.sql import SqlFailed, SqlRefused
+
+    if isinstance(exc, CliError):
+        return exc
+    if isinstance(exc, RecipeError):
+        error = UsageError(f"{exc.path}:", exc.problems)
+        error.label = "invalid recipe"
+        return error
+    if isinstance(exc, SqlRefused):
+        return CommandFailed(str(exc), "refused")
+    if isinstance(exc, SqlFailed):
+        return CommandFailed(str(exc), "query failed")
+    if isinstance(exc, (SettingsError, DatasetError)):
+        return UsageError(str(exc))
+    if isinstance(exc, ServiceError):
+        return ServiceMissing(str(exc))
+    if isinstance(exc, RunNotFound):
+        return CommandFailed(str(exc))
+    return None
+
+
+def report(error: CliError) -> None:
+    err_console.print(f"[red]{error.label}:[/] " if not error.problems else f"[red]{error.label}[/] ",
+                      end="", highlight=False)
+    err_console.print(str(error), highlight=False, markup=False, soft_wrap=True)
+    for problem in error.problems:
+        err_console.print(f"  - {problem}", highlight=False, markup=False, soft_wrap=True)
+
+
+def cli_command(fn):
+    """Wrap a command: errors of the layers below become one message and an exit code."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except typer.Exit:
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped below, or re-raised as a bug
+            error = as_cli_error(exc)
+            if error is None:
+                raise
+            report(error)
+            raise typer.Exit(error.exit_code) from None
+    return run
+
+
+# --- helpers commands share ---------------------------------------------------------------
+
+def settings():
+    from runtime.settings import Settings
+
+    return Settings.from_env()
+
+
+def database_url(current=None) -> str:
+    """The ledger's URL, checked reachable (ServiceMissing otherwise)."""
+    from runtime import services
+    from runtime.settings import SettingsError
+
+    current = current or settings()
+    try:
+        url = current.database_url
+    except SettingsError as exc:
+        raise ServiceMissing(str(exc)) from None
+    ok, detail = services.postgres_probe(url)
+    if not ok:
+        raise ServiceMissing(f"cannot reach PostgreSQL at {services.redact(url)}: {detail}")
+    return url
+
+
+def parse_shard(shard: str) -> tuple[int, int]:
+    index, _, count = shard.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise UsageError(f"--shard {shard!r}: expected I/N with 0 <= I < N, e.g. 0/2")
+    return int(index), int(count)
+
+
+def checked_run_id(run_id: str, option: str) -> str:
+    from schema.topics import TopicNameError, validate_run_id
+
+    try:
+        validate_run_id(run_id)
+    except (TopicNameError, ValueError) as exc:
+        raise UsageError(f"{option}: {exc}") from None
+    return run_id
+
+
+def new_run_id(experiment_name: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", experiment_name).strip("-") or "run"
+    return f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def prepared_recipe(file: Path):
+    """The recipe a run starts from, its own code loaded and its registry keys checked."""
+    from runtime.recipe import RecipeError, prepare_recipe
+    from streamrl.checks import recipe_code_problems
+
+    recipe = prepare_recipe(file)
+    problems = recipe_code_problems(recipe)
+    if problems:
+        raise RecipeError(file, problems)
+    return recipe
+
+
+def print_table(columns: list[str], rows: list[tuple]) -> None:
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*(
+            "" if v is None else (json.dumps(v) if isinstance(v, (dict, list)) else str(plain(v)))
+            for v in row))
+    console.print(table)
+    console.print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", style="dim")

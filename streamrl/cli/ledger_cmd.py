@@ -1,0 +1,149 @@
+"""Commands over the ledger: sink (writes it), runs, sql and show (read it)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from streamrl.cli.common import (
+    CommandFailed, UsageError, checked_run_id, cli_command, console, database_url, err_console, parse_shard,
+    plain, print_table, settings,
+)
+
+
+def register(app: typer.Typer) -> None:
+    for command in (sink, runs, sql, show):
+        app.command()(cli_command(command))
+
+
+def sink(
+    run: Annotated[Optional[str], typer.Option(help="Only this run's topics (default: every run).")] = None,
+    max_batch: Annotated[int, typer.Option(help="Most records written per database transaction.")] = 2000,
+    idle_exit: Annotated[Optional[float], typer.Option(help="Exit after this many seconds without messages.")] = None,
+    shard: Annotated[str, typer.Option(help="I/N: this sink writes the partitions with crc32(topic:partition) % N == I.")] = "0/1",
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each batch.")] = False,
+) -> None:
+    """Write every event of every run (or of --run) into the ledger, idempotently;
+    undecodable messages go to the run's dead-letter topic and table. SIGTERM/SIGINT
+    finish the current batch, commit and exit 0."""
+    from consumers.ledger_sink import LedgerSink
+    from runtime.runs import stop_on_signals
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    current = settings()
+    if run:
+        checked_run_id(run, "--run")
+    index_count = parse_shard(shard)
+    database_url(current)
+    worker = LedgerSink(current, run_id=run, max_batch=max_batch, shard=index_count, stop=stop_on_signals())
+    started = time.monotonic()
+
+    def report(stats):
+        if verbose:
+            rate = stats.rows / max(time.monotonic() - started, 1e-9)
+            err_console.print(f"rows {stats.rows}  dead letters {stats.dead_letters}  {rate:,.0f} rows/s")
+
+    try:
+        stats = worker.run(idle_exit_s=idle_exit, on_batch=report)
+    finally:
+        worker.close()
+    console.print(f"sink stopped: {stats.rows} rows, {stats.dead_letters} dead letters, {stats.batches} batches")
+
+
+RUNS_QUERY = """
+    select r.run_id, r.name, r.status, r.parent_run_id as parent, r.created_at,
+           (select count(*) from tasks t where t.run_id = r.run_id) as tasks,
+           (select count(*) from trajectories t where t.run_id = r.run_id) as trajectories,
+           (select count(*) from train_steps t where t.run_id = r.run_id) as steps,
+           (select count(*) from dead_letters t where t.run_id = r.run_id) as dead_letters
+    from runs r order by r.created_at desc limit %(limit)s"""
+
+
+def runs(limit: Annotated[int, typer.Option(help="Show at most this many runs, newest first.")] = 50) -> None:
+    """List the runs in the ledger with their status and event counts."""
+    from runtime.sql import SqlFailed, run_readonly
+
+    try:
+        result = run_readonly(database_url(), RUNS_QUERY, {"limit": limit})
+    except SqlFailed as exc:
+        raise CommandFailed(f"{exc} (has `streamrl db upgrade` run?)") from None
+    print_table(result.columns, result.rows)
+
+
+def parse_params(params: list[str]) -> dict:
+    parsed = {}
+    for item in params:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise UsageError(f"--param {item!r}: expected NAME=VALUE")
+        parsed[name] = value
+    return parsed
+
+
+def sql(
+    query: Annotated[Optional[str], typer.Argument(help="One read-only SQL statement.")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", "-f", exists=True, dir_okay=False,
+                                                 help="Read the statement from this file.")] = None,
+    param: Annotated[Optional[list[str]], typer.Option("--param", "-p", metavar="NAME=VALUE", help="Bound parameter NAME=VALUE, used as %(NAME)s.")] = None,
+    as_csv: Annotated[bool, typer.Option("--csv", help="Write CSV to stdout.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Write a JSON array of objects to stdout.")] = False,
+    parquet: Annotated[Optional[Path], typer.Option("--parquet", dir_okay=False, help="Write the result to this Parquet file.")] = None,
+    timeout: Annotated[float, typer.Option(help="Statement timeout in seconds.")] = 30.0,
+) -> None:
+    """Run one read-only SQL statement against the ledger (a read-only transaction with a
+    statement timeout; writes and multiple statements are refused)."""
+    from runtime.sql import run_readonly
+
+    if (query is None) == (file is None):
+        raise UsageError("give a QUERY or --file, not both or neither")
+    if sum([as_csv, as_json, parquet is not None]) > 1:
+        raise UsageError("choose one of --csv, --json and --parquet")
+    params = parse_params(param or [])
+    text = file.read_text() if file else query
+    result = run_readonly(database_url(), text, params, timeout)
+    if parquet is not None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        columns = {c: [plain(row[i]) for row in result.rows] for i, c in enumerate(result.columns)}
+        columns = {c: ([None if v is None else json.dumps(v) for v in values]
+                       if any(isinstance(v, (dict, list)) for v in values) else values)
+                   for c, values in columns.items()}  # JSON columns travel as JSON text
+        pq.write_table(pa.table(columns), parquet)
+        err_console.print(f"{len(result.rows)} rows -> {parquet}", highlight=False)
+    elif as_csv:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(result.columns)
+        writer.writerows([[plain(v) for v in row] for row in result.rows])
+    elif as_json:
+        records = [{c: plain(v) for c, v in zip(result.columns, row)} for row in result.rows]
+        sys.stdout.write(json.dumps(records, default=str) + "\n")
+    else:
+        print_table(result.columns, result.rows)
+
+
+def show(
+    run: Annotated[str, typer.Argument(help="Run id.")],
+    out: Annotated[Optional[Path], typer.Option(help="Folder for report.html and reward_curve.png (default: STREAMRL_HOME/runs/RUN).")] = None,
+) -> None:
+    """A run's story from the ledger: its config, steps and validation, throughput,
+    staleness, filtered groups and dead letters; in the terminal, and as an HTML report
+    with the reward-curve PNG."""
+    from streamrl.report import run_config, write_story
+
+    current = settings()
+    url = database_url(current)
+    config, parent = run_config(url, run)
+    if not config:
+        raise UsageError(f"run {run!r} is not in the ledger (streamrl runs lists the runs)")
+    html, png, text = write_story(url, run, config, parent, out or current.home / "runs" / run, console.width)
+    console.print(text, end="")
+    console.print(f"report: {html}  reward curve: {png}", highlight=False)

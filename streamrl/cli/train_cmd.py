@@ -1,0 +1,206 @@
+"""Training commands: run (everything on this machine), replay, and the processes a
+cluster runs one by one (publish, worker, processor, learner)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from producers.replay import ReplaySource
+from streamrl.cli.common import (
+    CommandFailed, UsageError, checked_run_id, cli_command, console, database_url, new_run_id, parse_shard,
+    prepared_recipe, settings,
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(cli_command(run_recipe))
+    for command in (publish, worker, processor, learner, replay):
+        app.command()(cli_command(command))
+
+
+def run_config(current, run: str):
+    """The run's typed config, from its `created` event (every process but the publisher
+    starts from the run id alone)."""
+    from runtime.runs import fetch_run_config
+
+    try:
+        return fetch_run_config(current, run)
+    except RuntimeError as exc:  # its topics do not exist
+        raise CommandFailed(str(exc)) from None
+
+
+def run_recipe(
+    file: Annotated[Optional[Path], typer.Argument(help="The recipe YAML (not with --resume).")] = None,
+    resume: Annotated[Optional[str], typer.Option(help="Finish RUN after a crash or a broker restart: what the "
+                                                       "broker lost is rebuilt from the ledger.")] = None,
+    run: Annotated[Optional[str], typer.Option(help="Run id (default: experiment name + time).")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Rollout worker processes (default: rollout_worker.num_workers).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Folder for the summary and reward curve (default: STREAMRL_HOME/runs/RUN).")] = None,
+) -> None:
+    """Train a recipe end to end on this machine: start the services if needed, then the
+    ledger sink, stream processor, learner, rollout workers and publisher as processes,
+    with progress bars; at the end a summary table and a reward-curve PNG."""
+    from runtime import db, services
+    from streamrl.orchestrate import RunFailed, run_locally
+    from streamrl.recovery import prepare_resume
+
+    current = settings()
+    if (file is None) == (resume is None):
+        raise UsageError("give a recipe FILE or --resume RUN, not both or neither")
+    recipe = prepared_recipe(file) if file else None
+    for line in services.up(current):
+        console.print(line, highlight=False)
+    db.upgrade(database_url(current))
+    if resume:
+        try:
+            resumed = prepare_resume(current, resume)
+        except LookupError as exc:
+            raise UsageError(str(exc)) from None
+        run, recipe = resume, resumed.recipe
+        console.print(resumed.describe(run), highlight=False)
+    run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
+    try:
+        run_locally(current, file, recipe, run, workers or recipe.rollout_worker.num_workers, out, console,
+                    resume=bool(resume), reset_offsets=bool(resume) and resumed.rebuilt.topics_recreated)
+    except RunFailed as exc:
+        raise CommandFailed(str(exc), "run failed") from None
+
+
+def publish(
+    file: Annotated[Optional[Path], typer.Argument(help="The recipe YAML (not with --resume).")] = None,
+    run: Annotated[Optional[str], typer.Option(help="Run id (default: experiment name + time).")] = None,
+    resume: Annotated[Optional[str], typer.Option(help="Resume publishing RUN: its config from the ledger; tasks "
+                                                       "already rolled out and evaluated are not published again.")] = None,
+) -> None:
+    """Create a run from a recipe (its topics, and a `created` event holding the resolved
+    config) and publish its tasks, paced by the weight versions the learner publishes."""
+    from producers.publisher import create_run, run_publisher
+    from runtime.bus import EventPublisher
+    from runtime.runs import stop_on_signals
+    from streamrl.recovery import finished_task_ids
+
+    current = settings()
+    if (file is None) == (resume is None):
+        raise UsageError("give a recipe FILE or --resume RUN, not both or neither")
+    skip: set[str] = set()
+    if resume:
+        run, recipe = resume, run_config(current, resume)
+        skip = finished_task_ids(database_url(current), run)
+        console.print(f"resuming run {run}: {len(skip)} tasks already done", highlight=False)
+    else:
+        recipe = prepared_recipe(file)
+        run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
+        with EventPublisher(current) as publisher:
+            create_run(current, run, recipe, publisher)
+        console.print(f"run {run}", highlight=False)
+    steps = run_publisher(current, run, recipe, stop_on_signals(), skip_task_ids=skip)
+    console.print(f"published the tasks of {steps} steps", highlight=False)
+
+
+def worker(
+    run: Annotated[str, typer.Argument(help="Run id.")],
+    shard: Annotated[str, typer.Option(help="I/N: serve the tasks partitions p with p % N == I.")] = "0/1",
+    idle_exit: Annotated[Optional[float], typer.Option(help="Exit after this many seconds without tasks.")] = None,
+) -> None:
+    """Roll out RUN's tasks: trajectories and evaluations out, offsets committed after.
+    SIGTERM/SIGINT finish the tasks in flight, commit and exit 0."""
+    import torch
+
+    from producers.worker_loop import run_worker
+    from runtime.runs import stop_on_signals
+
+    current = settings()
+    index_count = parse_shard(shard)
+    recipe = run_config(current, run)
+    torch.set_num_threads(1)
+    done = run_worker(current, run, recipe, index_count, stop_on_signals(), idle_exit_s=idle_exit)
+    console.print(f"worker stopped after {done} tasks", highlight=False)
+
+
+def processor(
+    run: Annotated[str, typer.Argument(help="Run id.")],
+    shard: Annotated[str, typer.Option(help="I/N: process the partitions p with p % N == I.")] = "0/1",
+    idle_exit: Annotated[Optional[float], typer.Option(help="Exit after this many idle seconds with no open group.")] = None,
+) -> None:
+    """Join RUN's trajectories with their evaluations, complete groups, compute advantages
+    and emit samples (or a GroupFiltered record for a group that gives none)."""
+    from consumers.processor import StreamProcessor
+    from runtime.runs import stop_on_signals
+
+    current = settings()
+    index_count = parse_shard(shard)
+    recipe = run_config(current, run)
+    stop = stop_on_signals()
+    stream = StreamProcessor(current, run, recipe, index_count)
+    try:
+        stats = stream.run(stop, idle_exit_s=idle_exit)
+    finally:
+        stream.close()
+    console.print(f"processor stopped: {stats.groups} groups, {stats.samples} samples, filtered {stats.filtered}",
+                  highlight=False)
+
+
+def learner(
+    run: Annotated[str, typer.Argument(help="Run id.")],
+    reset_offsets: Annotated[bool, typer.Option("--reset-offsets", help="Read the samples topic from its start "
+                                                "(the broker lost the topics the checkpoint's offsets refer to).")] = False,
+) -> None:
+    """Train RUN: batches of samples, optimizer steps, a checkpoint and a weight version
+    per step. Restarted, it resumes after its last checkpointed step."""
+    from learner.loop import Learner
+    from runtime.runs import stop_on_signals
+
+    current = settings()
+    recipe = run_config(current, run)
+    stop = stop_on_signals()
+    trainer = Learner(current, run, recipe)
+    if reset_offsets:
+        trainer.start_offsets = None  # samples of checkpointed steps are skipped by step number
+
+    def report(record):
+        console.print(f"step {record.step:5d}  reward {record.metrics.get('reward_mean', 0):.3f}  "
+                      f"loss {record.loss:+.4f}  samples {record.samples}  {record.seconds:.2f}s", highlight=False)
+
+    try:
+        steps = trainer.run(stop, on_step=report)
+    finally:
+        trainer.close()
+    console.print(f"learner stopped after step {steps}", highlight=False)
+
+
+def replay(
+    source: Annotated[str, typer.Argument(help="The recorded run to replay.")],
+    into: Annotated[str, typer.Option("--into", help="Id of the new run that trains on the replayed rollouts.")],
+    recipe_file: Annotated[Optional[Path], typer.Option("--recipe", help="Train with this recipe (default: the source run's config).")] = None,
+    source_kind: Annotated[ReplaySource, typer.Option("--from", help="Where the payloads are read.")] = ReplaySource.auto,
+    steps: Annotated[Optional[str], typer.Option(help="A:B: only the source's steps A to B (inclusive).")] = None,
+    where: Annotated[Optional[str], typer.Option(help="SQL condition over t (trajectories) and e (evaluations).")] = None,
+    rate: Annotated[Optional[float], typer.Option(help="Re-publish at most N rollouts a second.")] = None,
+    correction: Annotated[Optional[str], typer.Option(help="A registered off-policy correction: truncated_is | decoupled_ppo (default: the recipe's, else truncated_is).")] = None,
+    recompute_advantages: Annotated[Optional[str], typer.Option("--recompute-advantages", help="Advantage estimator for the new run (e.g. dr_grpo).")] = None,
+    rescore: Annotated[Optional[str], typer.Option("--rescore", help="Re-evaluate with this evaluator, file.py:Class or builtin:NAME.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Folder for the summary and reward curve.")] = None,
+) -> None:
+    """Retrain off-policy on a recorded run's rollouts: re-publish its trajectories and
+    evaluations (behaviour logprobs and weight versions included) into a new run whose
+    processor recomputes advantages and whose learner trains with an off-policy
+    correction. The new run records its parent run and each source event id."""
+    from producers.replay import ReplayError
+    from streamrl.orchestrate import RunFailed
+    from streamrl.replaying import ReplayOptions, replay_run
+
+    current = settings()
+    database_url(current)
+    options = ReplayOptions(source=source, into=checked_run_id(into, "--into"),
+                            recipe=prepared_recipe(recipe_file) if recipe_file else None,
+                            read_from=source_kind.value, steps=steps, where=where, rate=rate, correction=correction,
+                            recompute_advantages=recompute_advantages, rescore=rescore, out=out)
+    try:
+        replay_run(current, options, console)
+    except ReplayError as exc:
+        raise UsageError(str(exc)) from None
+    except RunFailed as exc:
+        raise CommandFailed(str(exc), "replay failed") from None
