@@ -6,8 +6,9 @@ Log-probabilities are of the sampled tokens.
 Two registries:
 
     POLICY_LOSSES (`algorithm.off_policy_correction`), one signature:
-        fn(logprobs, behaviour_logprobs, advantages, config) -> PolicyLoss
-    where `config` is the recipe's `algorithm` section (clip ratios, IS cap).
+        fn(logprobs, behaviour_logprobs, advantages, mask, config) -> PolicyLoss
+    where `config` is the recipe's `algorithm` section (clip ratios, IS cap); `mask`
+    lets a loss work per sequence (GSPO) rather than per token.
 
     LOSS_AGGREGATIONS (`algorithm.loss_agg_mode`), one signature:
         fn(masked_loss, mask, global_tokens, global_sequences) -> scalar
@@ -35,7 +36,7 @@ class PolicyLoss:
     importance_weights: torch.Tensor | None = None  # [B, T], the off-policy weights applied, if any
 
 
-PolicyLossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, object], PolicyLoss]
+PolicyLossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, object], PolicyLoss]
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", "algorithm.off_policy_correction")
 register_policy_loss = POLICY_LOSSES.register
 
@@ -118,7 +119,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 # --- policy losses: what `algorithm.off_policy_correction` selects -----------------------
 
 @register_policy_loss("none")
-def ppo_against_behaviour(logprobs, behaviour_logprobs, advantages, config) -> PolicyLoss:
+def ppo_against_behaviour(logprobs, behaviour_logprobs, advantages, mask, config) -> PolicyLoss:
     """PPO-clip with the ratio taken against the policy that sampled the tokens."""
     loss, clipped = ppo_clip_token_loss(logprobs, behaviour_logprobs, advantages, config.clip_ratio_low,
                                         config.clip_ratio_high, config.clip_ratio_c)
@@ -137,12 +138,12 @@ def decoupled_ppo_loss(logprobs, behaviour_logprobs, advantages, config, cap: fl
 
 
 @register_policy_loss("truncated_is")
-def truncated_is_ppo(logprobs, behaviour_logprobs, advantages, config) -> PolicyLoss:
+def truncated_is_ppo(logprobs, behaviour_logprobs, advantages, mask, config) -> PolicyLoss:
     """Decoupled PPO with importance weights truncated at `algorithm.truncated_is_cap`."""
     return decoupled_ppo_loss(logprobs, behaviour_logprobs, advantages, config, config.truncated_is_cap)
 
 
 @register_policy_loss("decoupled_ppo")
-def decoupled_ppo(logprobs, behaviour_logprobs, advantages, config) -> PolicyLoss:
+def decoupled_ppo(logprobs, behaviour_logprobs, advantages, mask, config) -> PolicyLoss:
     """Decoupled PPO with untruncated importance weights."""
     return decoupled_ppo_loss(logprobs, behaviour_logprobs, advantages, config, math.inf)

@@ -139,7 +139,7 @@ class GRPOTrainer(Trainer):
             if algo.use_kl_in_reward:
                 advantages = advantages - self.kl_controller.kl_coef * kl_reward_to_go(token_kl.detach(), mask)
 
-        policy = self.policy_loss(logprobs, behaviour, advantages, algo)  # algos/losses.py, by off_policy_correction
+        policy = self.policy_loss(logprobs, behaviour, advantages, mask, algo)  # algos/losses.py, by off_policy_correction
         token_loss, clipped = policy.token_loss, policy.clipped
         if policy.importance_weights is not None:
             sums["importance_weight_sum"] = float((policy.importance_weights * mask).sum())

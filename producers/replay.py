@@ -26,7 +26,6 @@ another estimator) and its learner trains with the recipe's off-policy correctio
 from __future__ import annotations
 
 import copy
-import enum
 import time
 from dataclasses import dataclass, field
 
@@ -37,20 +36,12 @@ from producers.evaluator_builtins import make_evaluator
 from schema.events import Evaluation, Trajectory
 from schema.ledger import query_events
 from runtime.bus import EventPublisher, RunReader
-from runtime.config import Recipe, Replay
+from runtime.config import Recipe, Replay, ReplaySource
 from runtime.db import connect
 from runtime.plugins import load_module
 from runtime.settings import Settings
 from runtime.sql import run_readonly
 
-
-
-class ReplaySource(str, enum.Enum):
-    """Where a replay reads the recorded payloads: the broker, falling back to the
-    ledger for what it no longer holds (auto), or only one of them."""
-    auto = "auto"
-    kafka = "kafka"
-    ledger = "ledger"
 
 
 class ReplayError(ValueError):

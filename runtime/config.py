@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import math
 import typing
 from dataclasses import dataclass, field
@@ -195,6 +196,14 @@ class Service:
 class Logger:
     backend: Literal["console"] = "console"
     options: dict[str, Any] = only({}, "the console logger has no options")
+
+
+class ReplaySource(str, enum.Enum):
+    """Where a replay reads the recorded payloads: the broker, falling back to the
+    ledger for what it no longer holds (auto), or only one of them."""
+    auto = "auto"
+    kafka = "kafka"
+    ledger = "ledger"
 
 
 @dataclass

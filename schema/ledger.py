@@ -231,6 +231,9 @@ TABLE_BY_EVENT: dict[type[Event], Table] = {
     DeadLetter: dead_letters,
 }
 
+# Columns the ledger adds to every event row (identity, arrival, Kafka coordinates).
+ROW_COLUMNS = ("id", "ingested_at", "kafka_topic", "kafka_partition", "kafka_offset")
+
 # Columns computed from the event rather than copied from a field.
 _DERIVED = {
     Trajectory: lambda e: {
@@ -239,6 +242,21 @@ _DERIVED = {
     },
     Sample: lambda e: {"num_tokens": len(e.tokens) // 4},
 }
+
+
+DERIVED_COLUMNS = {"trajectories": ("num_tokens", "num_trained_tokens"), "samples": ("num_tokens",)}
+
+
+def field_column_mismatches(event_type: type[Event], table: Table) -> list[str]:
+    """Where an event's fields and its table's columns disagree: a field with no column
+    would be silently dropped by the sink, a column with no field never filled. The
+    msgspec struct is the source of truth; the table and the migrations follow it."""
+    fields = set(event_type.__struct_fields__)
+    columns = {column.name for column in table.columns}
+    extra = set(ROW_COLUMNS) | set(DERIVED_COLUMNS.get(table.name, ()))
+    problems = [f"{event_type.__name__}.{name}: no column in table {table.name}" for name in sorted(fields - columns)]
+    problems += [f"{table.name}.{name}: no field in {event_type.__name__}" for name in sorted(columns - fields - extra)]
+    return problems
 
 
 # Fields holding nested Structs, which must become plain dicts for JSONB.

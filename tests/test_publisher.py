@@ -5,8 +5,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from runtime.config import Recipe
-from runtime.dataset import DatasetError, epoch_batches, read_rows
-from producers.publisher import Pacing, step_tasks, validation_tasks, validation_versions
+from runtime.dataset import DatasetError, epoch_batches, read_rows, total_train_steps
+from producers.publisher import Pacing, pacing_for, step_tasks, validation_tasks, validation_versions
 
 
 def test_pacing_keeps_at_most_k_plus_one_steps_in_flight():
@@ -64,3 +64,17 @@ def test_parquet_rows(tmp_path):
     pq.write_table(pa.table({"prompt": ["1+1=", "2+2="], "answer": ["2", "4"]}), path)
     assert read_rows([str(path)], "parquet", ("prompt",)) == [{"prompt": "1+1=", "answer": "2"},
                                                                 {"prompt": "2+2=", "answer": "4"}]
+
+
+def test_a_runs_length_is_one_function_that_counts_epochs(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(f'{{"prompt": "{i}"}}\n' for i in range(10)))
+    recipe = Recipe.from_dict({"data": {"data_files": [str(data)]}, "trajectory_pool": {"batch_size": 4},
+                               "trainer": {"total_train_steps": 100, "total_epochs": 1}})
+    # one pass over 10 rows at 4 prompts a step: ceil(10 / 4) = 3 steps, not 100
+    assert total_train_steps(recipe) == 3
+    assert pacing_for(recipe, 10).total_steps == 3  # the publisher's count is the same
+    recipe.trainer.total_epochs = 2
+    assert total_train_steps(recipe) == 5  # ceil(20 / 4)
+    recipe.trainer.total_epochs = None
+    assert total_train_steps(recipe) == 100

@@ -135,3 +135,54 @@ def test_a_custom_workers_own_keys_are_allowed_in_its_section(tmp_path):
     (tmp_path / "r.yaml").write_text("rollout_worker:\n  use_few_shot: true\n")
     with pytest.raises(RecipeError, match="rollout_worker.use_few_shot: unknown key"):
         load_recipe(tmp_path / "r.yaml")
+
+
+def test_choices_come_from_literals_and_registries_and_guide_keys_are_never_ignored(recipe_tree):
+    bad = write(recipe_tree / "choices.yaml", """
+        weight: {sync_mode: async}
+        service: {train_service: {backend: tinker}, inference_service: {url: "http://gpu:30000"}}
+        algorithm: {loss_agg_mode: token_mean, kl_estimator: k9}
+    """)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(bad)
+    problems = "\n".join(info.value.problems)
+    assert "weight.sync_mode: expected one of sync, batch-async, fully-async, got 'async'" in problems
+    assert "service.train_service: only {} is supported" in problems  # accepted and ignored would be worse
+    assert "service.inference_service.url: only None is supported" in problems
+    # registry keys are checked against what is registered (the CLI imports the components)
+    result = run_cli("recipe", "validate", str(write(recipe_tree / "registries.yaml", """
+        algorithm: {loss_agg_mode: token_mean, kl_estimator: k9}
+        service: {inference_service: {backend: sglang}}
+    """)))
+    assert result.returncode == 2
+    err = " ".join(result.stderr.split())
+    assert ("algorithm.loss_agg_mode: unknown loss aggregation 'token_mean'; known: seq-mean-token-mean, "
+            "seq-mean-token-sum, token-mean (did you mean 'token-mean'?)") in err
+    assert "algorithm.kl_estimator: unknown KL estimator 'k9'; known: k1, k2, k3" in err
+    assert "service.inference_service.backend: unknown inference backend 'sglang'; known: embedded" in err
+
+
+def test_a_recipes_own_estimator_is_a_valid_algorithm_type(recipe_tree):
+    write(recipe_tree / "my_adv.py", """
+        import numpy as np
+        from algos.advantages import register_advantage
+
+        @register_advantage("centered_sign")
+        def centered_sign(rewards):
+            return np.sign(rewards - np.mean(rewards))
+    """)
+    good = write(recipe_tree / "own.yaml", """
+        data: {data_files: [train.jsonl]}
+        algorithm: {type: centered_sign, custom_advantage_module_path: my_adv.py}
+    """)
+    result = run_cli("recipe", "validate", str(good))
+    assert result.returncode == 0, result.stderr
+    assert "centered_sign advantages" in result.stdout
+
+
+def test_the_typed_recipe_round_trips_through_its_recorded_form(recipe_tree):
+    from runtime.config import Recipe
+
+    recipe = load_recipe(write(recipe_tree / "rt.yaml", "defaults: [common/base]\ndata: {data_files: [train.jsonl]}\n"))
+    assert isinstance(recipe, Recipe) and recipe.algorithm.type == "rloo" and recipe.trainer.lr == 1.0e-4
+    assert Recipe.from_dict(recipe.to_dict()) == recipe

@@ -36,6 +36,7 @@ def sink(
     from consumers.ledger_sink import LedgerSink
     from runtime.runs import stop_on_signals
 
+    stop = stop_on_signals()  # first: a SIGTERM during start-up still ends in a clean exit
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     current = settings()
@@ -43,7 +44,7 @@ def sink(
         checked_run_id(run, "--run")
     index_count = parse_shard(shard)
     database_url(current)
-    worker = LedgerSink(current, run_id=run, max_batch=max_batch, shard=index_count, stop=stop_on_signals())
+    worker = LedgerSink(current, run_id=run, max_batch=max_batch, shard=index_count, stop=stop)
     started = time.monotonic()
 
     def report(stats):

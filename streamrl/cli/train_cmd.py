@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from producers.replay import ReplaySource
+from runtime.config import ReplaySource
 from streamrl.cli.common import (
     CommandFailed, UsageError, checked_run_id, cli_command, console, database_url, new_run_id, parse_shard,
     prepared_recipe, settings,
