@@ -147,3 +147,17 @@ def truncated_is_ppo(logprobs, behaviour_logprobs, advantages, mask, config) -> 
 def decoupled_ppo(logprobs, behaviour_logprobs, advantages, mask, config) -> PolicyLoss:
     """Decoupled PPO with untruncated importance weights."""
     return decoupled_ppo_loss(logprobs, behaviour_logprobs, advantages, config, math.inf)
+
+
+@register_policy_loss("gspo")
+def gspo(logprobs, behaviour_logprobs, advantages, mask, config) -> PolicyLoss:
+    """GSPO (Zheng et al. 2025): one importance ratio per sequence, the geometric mean of
+    its trained tokens' ratios, s_i = exp(mean_t(log pi - log pi_behaviour)), clipped per
+    sequence. Token form: s_it = sg(s_i) * pi(y_t) / sg(pi(y_t)), equal to s_i in value,
+    so every token of a sequence shares its clip decision and gets gradient s_i * A_i.
+    The paper pairs it with small clip ratios (3e-4 / 4e-4) and seq-mean-token-mean."""
+    seq_log_ratio = ((logprobs - behaviour_logprobs) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    ratio = torch.exp(seq_log_ratio.detach().unsqueeze(-1) + logprobs - logprobs.detach())
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high)
+    return PolicyLoss(torch.maximum(unclipped, clipped), (clipped > unclipped).float())

@@ -115,3 +115,24 @@ def test_four_micro_batches_give_the_gradient_of_one_batch(mode):
                         mask[chunk].sum().item(), 2) / 4).backward()
         wrong = [p.grad.clone() for p in model.parameters()]
         assert max((a - b).abs().max().item() for a, b in zip(full, wrong)) > 1e-3
+
+
+def test_gspo_clips_whole_sequences_by_their_geometric_mean_ratio():
+    from algos.losses import POLICY_LOSSES
+    from runtime.config import Algorithm
+
+    config = Algorithm(clip_ratio_low=0.2, clip_ratio_high=0.28, off_policy_correction="gspo")
+    mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
+    # sequence 1: token log-ratios ln 2 and -ln 2 -> mean 0 -> s = 1, inside the clip range
+    # sequence 2: token log-ratios ln 2 and ln 2 -> mean ln 2 -> s = 2, clipped to 1.28
+    logprobs = torch.tensor([[0.0, math.log(0.5), math.log(0.5)], [0.0, math.log(0.5), math.log(0.5)]],
+                            requires_grad=True)
+    behaviour = torch.tensor([[0.0, math.log(0.25), math.log(1.0)], [0.0, math.log(0.25), math.log(0.25)]])
+    advantages = torch.tensor([[2.0, 2.0, 2.0], [1.0, 1.0, 1.0]])
+    out = POLICY_LOSSES.get("gspo")(logprobs, behaviour, advantages, mask, config)
+    # -A * s = -2 on sequence 1; max(-1 * 2, -1 * 1.28) = -1.28 on sequence 2, clipped
+    assert (out.token_loss * mask).flatten().tolist() == pytest.approx([0.0, -2.0, -2.0, 0.0, -1.28, -1.28])
+    assert (out.clipped * mask).tolist() == [[0.0, 0.0, 0.0], [0.0, 1.0, 1.0]]
+    (out.token_loss * mask).sum().backward()
+    # unclipped: d(-A * s_it)/d logp_t = -A * s = -2 per trained token; clipped: no gradient
+    assert logprobs.grad.flatten().tolist() == pytest.approx([0.0, -2.0, -2.0, 0.0, 0.0, 0.0])
