@@ -32,6 +32,8 @@ bench: $(BENCH_STAMP)
 	$(PY) bench/bus_bench.py
 	$(PY) bench/sink_bench.py
 	$(PY) bench/learner_bench.py
+	$(PY) bench/learner_ranks.py
+	$(PY) bench/learner_gpu.py
 	$(PY) bench/step_cpu.py
 	$(PY) bench/time_to_accuracy.py
 	STREAMRL_HOME=bench/out/home $(VENV)/bin/streamrl down

@@ -43,10 +43,11 @@ def write_folder(final: Path, fill) -> Path:
     return final
 
 
-def write_model_dir(final: Path, model, tokenizer) -> Path:
-    """Model and tokenizer as a folder `from_pretrained` reads, written atomically."""
+def write_model_dir(final: Path, model, tokenizer, state_dict: dict | None = None) -> Path:
+    """Model and tokenizer as a folder `from_pretrained` (and SGLang) reads, written
+    atomically. `state_dict`: the full weights, when the model's own are sharded (FSDP)."""
     def fill(folder: Path) -> None:
-        model.save_pretrained(folder)
+        model.save_pretrained(folder, state_dict=state_dict)
         tokenizer.save_pretrained(folder)
     return write_folder(final, fill)
 
@@ -62,7 +63,8 @@ def link_files(source: Path, folder: Path) -> None:
                 shutil.copy2(path, folder / path.name)
 
 
-def save_checkpoint(root: Path, step: int, model_folder: Path, optimizer, state: dict, keep_every: int = 0) -> Path:
+def save_checkpoint(root: Path, step: int, model_folder: Path, optimizer_state: dict, state: dict,
+                    keep_every: int = 0) -> Path:
     """Write checkpoint `step` under root and point LATEST at it; returns its folder.
     `model_folder` holds the step's saved model (its weight version): the checkpoint
     links to its files rather than serialising the model a second time."""
@@ -70,7 +72,7 @@ def save_checkpoint(root: Path, step: int, model_folder: Path, optimizer, state:
 
     def fill(folder: Path) -> None:
         link_files(model_folder, folder)
-        torch.save({"optimizer": optimizer.state_dict(), "rng": rng_state()}, folder / "trainer_state.pt")
+        torch.save({"optimizer": optimizer_state, "rng": rng_state()}, folder / "trainer_state.pt")
         (folder / "state.json").write_text(json.dumps({"step": step, **state}))
 
     final = write_folder(root / f"step-{step:06d}", fill)
@@ -96,10 +98,11 @@ def load_state(folder: Path) -> dict:
     return json.loads((folder / "state.json").read_text())
 
 
-def load_trainer_state(folder: Path, optimizer) -> None:
+def load_trainer_state(folder: Path) -> dict:
+    """The checkpoint's optimizer state (restore RNG as a side effect, as it was saved)."""
     saved = torch.load(folder / "trainer_state.pt", weights_only=False)
-    optimizer.load_state_dict(saved["optimizer"])
     set_rng_state(saved["rng"])
+    return saved["optimizer"]
 
 
 def directory_sha256(folder: Path) -> str:
@@ -110,10 +113,10 @@ def directory_sha256(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def write_weight_version(root: Path, version: int, model, tokenizer) -> Path:
+def write_weight_version(root: Path, version: int, model, tokenizer, state_dict: dict | None = None) -> Path:
     """The weights of `version` as a model folder any loader can read."""
     root.mkdir(parents=True, exist_ok=True)
-    return write_model_dir(root / f"v{version:06d}", model, tokenizer)
+    return write_model_dir(root / f"v{version:06d}", model, tokenizer, state_dict)
 
 
 def prune_weight_versions(root: Path, keep_last: int = 4) -> None:

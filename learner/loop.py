@@ -17,7 +17,6 @@ trained. Samples of steps already trained are skipped, so none is trained twice.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import threading
@@ -28,21 +27,16 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
-import torch
 from kafka import TopicPartition
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from learner.batching import TrainItem
-from learner.checkpoint import (
-    directory_sha256, latest_checkpoint, load_state, load_trainer_state, prune_weight_versions, save_checkpoint,
-    write_weight_version,
-)
 from algos.lr_schedule import learning_rate_at
+from learner.batching import TrainItem
+from learner.checkpoint import directory_sha256, load_state, prune_weight_versions
+from learner.policy import Policy
 from learner.trainers import TRAINERS, Trainer
-from learner.warmup import cross_entropy_warmup, demonstration_items, greedy_exact_match, supervised_items
 from runtime.bus import EventPublisher, RunReader
 from runtime.config import Recipe
-from runtime.dataset import read_rows, total_train_steps
+from runtime.dataset import total_train_steps
 from runtime.plugins import load_class
 from runtime.settings import Settings
 from schema.events import (
@@ -114,10 +108,13 @@ class StepBuffer:
 
 
 class Learner:
+    """Rank 0 reads the samples topic, decides each step and publishes; with several
+    processes the other ranks only follow the policy's collective operations
+    (`run` returns at once on them after following)."""
+
     def __init__(self, settings: Settings, run_id: str, recipe: Recipe):
         self.settings, self.run_id, self.recipe = settings, run_id, recipe
         cfg = recipe.trainer
-        torch.set_num_threads(cfg.num_threads)
         self.checkpoints = run_dir(settings, run_id, cfg.checkpoint_path)
         self.weights = run_dir(settings, run_id, recipe.weight.sync_weight_path)
         self.total_steps = total_train_steps(recipe)
@@ -128,82 +125,37 @@ class Learner:
         self.replay = recipe.replay
         self.staleness_threshold = math.inf if self.replay else recipe.weight.staleness_threshold
         self.keep_weight_versions = recipe.weight.staleness_threshold + 3
-        self.publisher = EventPublisher(settings)
-
-        checkpoint = latest_checkpoint(self.checkpoints)
-        source = checkpoint or recipe.rollout_worker.model_path
-        self.tokenizer = AutoTokenizer.from_pretrained(source)
-        self.model = AutoModelForCausalLM.from_pretrained(source)
-        algorithm = recipe.algorithm
-        self.ref_model = None
-        if algorithm.use_kl_loss or algorithm.use_kl_in_reward:
-            reference = self.checkpoints / "reference"
-            self.ref_model = AutoModelForCausalLM.from_pretrained(reference if reference.exists() else source).eval()
-            for p in self.ref_model.parameters():
-                p.requires_grad_(False)
-        self.trainer = trainer_class(recipe)(self.model, self.tokenizer.pad_token_id, cfg, algorithm,
-                                             temperature=recipe.rollout_worker.temperature,
-                                             ref_model=self.ref_model)
+        self.policy = Policy(recipe, trainer_class(recipe), self.checkpoints)
+        self.trainer = self.policy.trainer
+        self.publisher = EventPublisher(settings) if self.policy.is_main else None
         self.step = 0
         self.start_offsets: dict[TopicPartition, int] | None = None
-        if checkpoint is not None:
-            state = load_state(checkpoint)
-            load_trainer_state(checkpoint, self.trainer.optimizer)
+        self.resumed_record = None
+        if self.policy.checkpoint is not None:
+            state = load_state(self.policy.checkpoint)
             self.step = state["step"]
             self.start_offsets = {_tp(key): offset for key, offset in state["offsets"].items()}
             self.resumed_record = state.get("train_step")
-        else:
-            self.resumed_record = None
-
-    # --- before the first step ------------------------------------------------------------
-    def warm_up(self) -> dict:
-        """Cross-entropy warm-up on the training rows' answers; records the greedy
-        held-out accuracy before and after it, so a run shows what the warm-up did and
-        what RL did."""
-        cfg, data = self.recipe.trainer, self.recipe.data
-        steps = cfg.warmup_cross_entropy_steps
-        if not steps:
-            return {}
-        before = self.val_accuracy()
-        if cfg.warmup_messages_key:  # multi-turn demonstrations (agent recipes)
-            rows = read_rows(data.data_files, data.type, (cfg.warmup_messages_key,))
-            items = demonstration_items(rows, self.tokenizer, cfg.warmup_messages_key)
-        else:
-            rows = read_rows(data.data_files, data.type, (data.prompt_key, data.answer_key))
-            items = supervised_items(rows, self.tokenizer, data.prompt_key, data.answer_key)
-        details = cross_entropy_warmup(self.model, self.tokenizer, items, steps, cfg.warmup_batch_size,
-                                       dataclasses.replace(cfg, lr=cfg.warmup_lr or cfg.lr), cfg.seed)
-        return {**details, "val_accuracy_before_warmup": before, "val_accuracy_after_warmup": self.val_accuracy()}
-
-    def val_accuracy(self) -> float:
-        """Greedy exact-match accuracy on the validation rows, in this process (used where
-        no rollout worker validates: before a warm-up, and around a replayed run)."""
-        val_cfg = self.recipe.validate.data
-        worker = self.recipe.rollout_worker
-        if not val_cfg.data_files or worker.type != "single_turn" or worker.custom_rollout_worker_module_path:
-            return float("nan")  # only the rollout workers know how other workers' tasks are done
-        val_rows = read_rows(val_cfg.data_files, val_cfg.type)
-        val_rows = val_rows[:val_cfg.max_rows] if val_cfg.max_rows else val_rows
-        return greedy_exact_match(self.model, self.tokenizer, val_rows, val_cfg.prompt_key,
-                                  val_cfg.answer_key, worker.max_response_length)
 
     def publish_version(self, version: int, folder: Path | None = None) -> None:
         """Announce weight version `version` (written now unless `folder` already holds it)."""
-        folder = folder or write_weight_version(self.weights, version, self.model, self.tokenizer)
+        folder = folder or self.policy.call("write_version", self.weights, version)
         prune_weight_versions(self.weights, keep_last=self.keep_weight_versions)
         self.publisher.publish(WeightVersion(run_id=self.run_id, version=version, step=version, uri=str(folder),
                                              sha256=directory_sha256(folder)))
 
     def start(self) -> None:
+        policy = self.policy
         if self.step == 0 and self.resumed_record is None:
-            details = self.warm_up()
+            details = policy.call("warm_up")
             if self.replay:
-                details["val_accuracy_before_replay"] = self.val_accuracy()
-            if self.ref_model is not None:  # the reference is the policy GRPO starts from
-                self.model.save_pretrained(self.checkpoints / "reference")
-                self.ref_model.load_state_dict(self.model.state_dict())
+                details["val_accuracy_before_replay"] = policy.call("val_accuracy")
+            if policy.ref_model is not None:  # the reference is the policy GRPO starts from
+                policy.call("fix_reference")
             self.publish_version(0)
-            self.publisher.publish(RunEvent(run_id=self.run_id, kind="started", sequence=1, name="learner", details=details))
+            self.publisher.publish(RunEvent(run_id=self.run_id, kind="started", sequence=1, name="learner",
+                                            details={**details, "world_size": policy.placement.world_size,
+                                                     "device": str(policy.placement.device)}))
         else:
             # The last checkpoint's records may not have reached Kafka before the crash.
             if self.resumed_record is not None:
@@ -215,6 +167,15 @@ class Learner:
 
     # --- the loop ---------------------------------------------------------------------------
     def run(self, stop: threading.Event, on_step=None) -> int:
+        if not self.policy.is_main:
+            self.policy.follow()
+            return self.step
+        try:
+            return self._run(stop, on_step)
+        finally:
+            self.policy.stop_followers()
+
+    def _run(self, stop: threading.Event, on_step=None) -> int:
         self.start()
         reader = RunReader(self.settings, self.run_id, ["samples"], group_id=None,
                            start_offsets=self.start_offsets, stage="learner")
@@ -234,7 +195,7 @@ class Learner:
                     if on_step:
                         on_step(record)
             if self.step >= self.total_steps:
-                details = {"val_accuracy_after_replay": self.val_accuracy()} if self.replay else {}
+                details = {"val_accuracy_after_replay": self.policy.call("val_accuracy")} if self.replay else {}
                 self.publisher.publish(RunEvent(run_id=self.run_id, kind="finished", name="learner",
                                                 message=f"{self.step} steps", details=details))
         finally:
@@ -252,11 +213,11 @@ class Learner:
         tokens = 0
         cfg = self.recipe.trainer
         lr = learning_rate_at(step, self.total_steps, cfg.lr, cfg.lr_schedule, cfg.min_lr_ratio, cfg.lr_warmup_steps)
-        for group in self.trainer.optimizer.param_groups:
-            group["lr"] = lr
         if kept:
-            result = self.trainer.step(kept)
+            result = self.policy.call("train", lr, items=kept)
             loss, grad_norm, tokens, metrics = result.loss, result.grad_norm, result.tokens, dict(result.metrics)
+            if result.skipped:
+                log.warning("step %d: optimizer step skipped (%s)", step, result.skipped)
         ages = [learner_version - i.weight_version for i in items] or [0]
         filtered_reasons: dict[str, int] = {}
         for f in buffer.filtered.values():
@@ -275,7 +236,7 @@ class Learner:
         record = TrainStep(
             run_id=self.run_id, step=step, weight_version=step, loss=loss, kl=metrics.get("kl"),
             entropy=metrics.get("entropy"), clip_fraction=metrics.get("clip_fraction", 0.0), grad_norm=grad_norm,
-            lr=self.trainer.optimizer.param_groups[0]["lr"], tokens=tokens, samples=len(kept),
+            lr=lr, tokens=tokens, samples=len(kept),
             sample_ids=[i.trajectory_id for i in kept],
             staleness={"mean": float(np.mean(ages)), "max": float(max(ages)), "dropped": float(len(dropped)),
                        "threshold": float(self.staleness_threshold)},
@@ -286,9 +247,8 @@ class Learner:
         state = {"offsets": record.consumed_offsets, "train_step": _record_dict(record)}
         # The weights are written once: the checkpoint links to the version's files, and
         # the version is announced only after the checkpoint that can reproduce it exists.
-        version_folder = write_weight_version(self.weights, step, self.model, self.tokenizer)
-        save_checkpoint(self.checkpoints, step, version_folder, self.trainer.optimizer, state,
-                        keep_every=cfg.save_freq)
+        version_folder = self.policy.call("write_version", self.weights, step)
+        self.policy.call("write_checkpoint", step, version_folder, state, cfg.save_freq)
         self.step = step
         self.publish_version(step, version_folder)
         self.publisher.publish(record)
@@ -296,7 +256,9 @@ class Learner:
         return record
 
     def close(self) -> None:
-        self.publisher.close()
+        if self.publisher is not None:
+            self.publisher.close()
+        self.policy.close()
 
 
 def _tp(key: str) -> TopicPartition:

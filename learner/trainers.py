@@ -15,6 +15,7 @@ counts (learner/losses.py), so micro-batching never changes the gradient.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -24,8 +25,10 @@ import torch
 
 from algos.advantages import get_advantage_estimator
 from algos.kl import kl_penalty, kl_reward_to_go, make_kl_controller
-from algos.losses import POLICY_LOSSES, aggregate_loss, entropy_from_logits, token_logprobs
+from algos.losses import LOG_RATIO_CLAMP, POLICY_LOSSES, aggregate_loss, token_logprobs_and_entropy
 from learner.batching import TrainItem, collate, micro_batches_by_tokens
+from learner.packing import collate_packed, pack_by_tokens, padding_fraction, unpack
+from learner.parallel import Placement, all_reduce_sums, shares_by_tokens
 from runtime.config import Algorithm as AlgorithmConfig
 from runtime.config import Trainer as TrainerConfig
 from runtime.registry import Registry
@@ -45,24 +48,35 @@ class StepResult:
     samples: int
     seconds: float
     metrics: dict[str, float]
+    skipped: str | None = None  # why the optimizer step was not taken (a non-finite gradient)
+
+
+@dataclass
+class StepTotals:
+    """Counts of the whole step, across ranks: every loss divides by these."""
+    tokens: float
+    sequences: float
 
 
 class Trainer:
-    """Shared by every trainer: the model, AdamW, gradient clipping, micro-batching."""
+    """Shared by every trainer: the model, AdamW, gradient clipping, micro-batching
+    (packed or padded), the device and precision, and the step's share of each rank."""
 
     name = "base"
 
     def __init__(self, model: torch.nn.Module, pad_id: int, trainer_config: TrainerConfig,
                  algorithm_config: AlgorithmConfig | None = None, temperature: float = 1.0,
-                 ref_model: torch.nn.Module | None = None):
+                 ref_model: torch.nn.Module | None = None, placement: Placement | None = None):
         self.model = model
         self.pad_id = pad_id
         self.config = trainer_config
         self.algorithm = algorithm_config or AlgorithmConfig()
         self.temperature = temperature
         self.ref_model = ref_model
+        self.placement = placement or Placement(next(model.parameters()).device)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=trainer_config.lr,
                                            weight_decay=trainer_config.weight_decay)
+        self.packed = uses_packing(trainer_config.packing, model)
 
     def _prepare_trajectories(self, trajectories: list[TrainItem], metrics: dict[str, float]) -> list[TrainItem]:
         """Override to change the step's samples (advantages, weights, which ones train);
@@ -73,42 +87,157 @@ class Trainer:
         """Override to reshape, filter or re-weight the batch before the loss."""
         return items
 
-    def micro_batch_loss(self, batch: dict[str, torch.Tensor], global_tokens: float,
-                         global_sequences: float) -> tuple[torch.Tensor, dict[str, float]]:
+    def micro_batch_loss(self, batch: dict[str, torch.Tensor], totals: StepTotals
+                         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The micro-batch's loss (already divided by the step's totals) and sums of
+        per-token metrics (`*_sum`, tensors), which become means over the step."""
         raise NotImplementedError
 
-    def logprobs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]):
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        logits = logits / self.temperature
-        return token_logprobs(logits, batch["input_ids"]), logits
+    # --- the model's view of a micro-batch ---------------------------------------------------
+    def micro_batches(self, items: list[TrainItem]) -> list[list[int]]:
+        lengths = [len(item.tokens) for item in items]
+        if self.packed:
+            return pack_by_tokens(lengths, self.config.micro_batch_tokens)
+        return micro_batches_by_tokens(lengths, self.config.micro_batch_tokens)
 
-    def step(self, items: list[TrainItem]) -> StepResult:
-        started = time.perf_counter()
+    def collate(self, items: list[TrainItem]) -> dict[str, torch.Tensor]:
+        batch = collate_packed(items, self.pad_id) if self.packed else collate(items, self.pad_id)
+        return {key: value.to(self.placement.device) for key, value in batch.items()}
+
+    def logprobs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probabilities of the batch's tokens ([B, T], float32, with gradient) and the
+        entropy of each position's next-token distribution ([B, T], no gradient), in the
+        padded layout whether the model ran on a packed row or not."""
+        device = next(model.parameters()).device
+        packed = "packed_input_ids" in batch
+        tokens = (batch["packed_input_ids"] if packed else batch["input_ids"]).to(device)
+        with self.placement.autocast():
+            # use_cache=False: no KV cache in training, and transformers detects packed
+            # samples from restarting position ids only when there is none
+            if packed:
+                logits = model(input_ids=tokens, position_ids=batch["packed_position_ids"].to(device),
+                               use_cache=False).logits
+            else:
+                logits = model(input_ids=tokens, attention_mask=batch["attention_mask"].to(device),
+                               use_cache=False).logits
+        # log-softmax and entropy in float32, whatever the compute dtype
+        logprobs, entropy = token_logprobs_and_entropy(logits, tokens, self.temperature)
+        logits = None  # the bf16 logits are not needed for the backward pass
+        if packed:
+            index = batch["unpack_index"].to(device)
+            first = torch.zeros_like(index, dtype=torch.bool)
+            first[:, 0] = True  # a sample's first token has no prediction inside the sample
+            logprobs = unpack(logprobs, index).masked_fill(first, 0.0)
+            entropy = unpack(entropy, index)
+        device = self.placement.device
+        return logprobs.to(device), entropy.to(device)
+
+    # --- one optimizer step --------------------------------------------------------------------
+    def prepare(self, items: list[TrainItem]) -> tuple[list[TrainItem], dict[str, float]]:
+        """The guide's hooks over the whole step (on rank 0 when there are several)."""
         prepared: dict[str, float] = {}
         items = self._prepare_batch(self._prepare_trajectories(list(items), prepared))
         if not items:
             raise ValueError("a training step needs at least one sample")
+        return items, prepared
+
+    def step(self, items: list[TrainItem]) -> StepResult:
+        """One optimizer step on `items` in this process."""
+        items, prepared = self.prepare(items)
+        result = self.train(items, totals_of(items))
+        result.metrics.update({key: float(value) for key, value in prepared.items()})
+        return result
+
+    def train(self, share: list[TrainItem], totals: StepTotals, rounds: int | None = None) -> StepResult:
+        """This rank's share of a step: `rounds` micro-batches (the most any rank has; a
+        rank with fewer runs zero-weight ones, since sharded forwards are collectives),
+        gradients summed against the whole step's totals, one optimizer step."""
+        started = time.perf_counter()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        global_tokens = float(max(1, sum(int(item.mask.sum()) for item in items)))
-        global_sequences = float(len(items))
-        totals: dict[str, float] = {}
-        loss_total = 0.0
-        groups = micro_batches_by_tokens([len(item.tokens) for item in items], self.config.micro_batch_tokens)
-        for indices in groups:
-            batch = collate([items[i] for i in indices], self.pad_id)
-            loss, sums = self.micro_batch_loss(batch, global_tokens, global_sequences)
-            loss.backward()
-            loss_total += float(loss.detach())
-            for key, value in sums.items():
-                totals[key] = totals.get(key, 0.0) + value
+        groups = self.micro_batches(share)
+        rounds = rounds or len(groups)
+        # Sums stay tensors on the device until the step ends: a float() per micro-batch
+        # would wait for the GPU each time instead of letting it run ahead.
+        sums: dict[str, torch.Tensor | float] = {"loss": 0.0}
+        scale = float(self.placement.world_size)  # FSDP averages gradients over ranks; the step wants their sum
+        budget = self.config.micro_batch_tokens
+        for round_index in range(rounds):
+            if round_index < len(groups):
+                members = [share[i] for i in groups[round_index]]
+            else:
+                members = [zero_weight(share[0])]
+            batch = self.collate(members)
+            try:
+                loss, micro_sums = self.micro_batch_loss(batch, totals)
+                (loss * scale).backward()
+            except torch.OutOfMemoryError:
+                raise RuntimeError(f"out of memory in a micro-batch of {sum(len(m.tokens) for m in members)} "
+                                   f"tokens on {self.placement.device}: lower trainer.micro_batch_tokens "
+                                   f"(now {budget}), or set trainer.gradient_checkpointing: true") from None
+            sums["loss"] = sums["loss"] + loss.detach()
+            for key, value in micro_sums.items():
+                sums[key] = sums.get(key, 0.0) + value
+        sums = all_reduce_sums({key: float(value) for key, value in sums.items()}, self.placement)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf)
-        self.optimizer.step()
-        # Sums of per-token quantities become means over the batch's trained tokens.
-        metrics = {key.removesuffix("_sum"): value / global_tokens for key, value in totals.items()}
-        metrics.update({key: float(value) for key, value in prepared.items()})
-        return StepResult(loss=loss_total, grad_norm=float(grad_norm), tokens=int(global_tokens),
-                          samples=len(items), seconds=time.perf_counter() - started, metrics=metrics)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        skipped = None
+        if not math.isfinite(grad_norm) or not math.isfinite(sums["loss"]):
+            # A NaN or inf would corrupt the weights for good: the step is skipped and says why.
+            skipped = f"non-finite {'loss' if not math.isfinite(sums['loss']) else 'gradient norm'}"
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+        loss_total = sums.pop("loss")
+        # Sums of per-token quantities become means over the step's trained tokens.
+        metrics = {key.removesuffix("_sum"): value / totals.tokens for key, value in sums.items()}
+        lengths = [len(item.tokens) for item in share]
+        metrics["padding_fraction"] = padding_fraction(lengths, groups, self.packed)
+        metrics["step_skipped"] = float(skipped is not None)
+        if skipped:  # the reason, as a metric the ledger can count: step_skipped_non_finite_loss, ...
+            metrics["step_skipped_" + skipped.replace("-", "_").replace(" ", "_")] = 1.0
+        return StepResult(loss=loss_total, grad_norm=grad_norm, tokens=int(totals.tokens), samples=len(share),
+                          seconds=time.perf_counter() - started, metrics=metrics, skipped=skipped)
+
+
+@dataclass
+class StepPlan:
+    """A step split over ranks: each rank's share, the step's totals, and the number of
+    micro-batches every rank runs (the most any share needs)."""
+    shares: list[list[TrainItem]]
+    totals: StepTotals
+    rounds: int
+
+
+def plan_step(items: list[TrainItem], world_size: int, micro_batches) -> StepPlan:
+    totals = totals_of(items)
+    if len(items) < world_size:  # every rank needs a micro-batch to take part in the collectives
+        items = items + [zero_weight(items[0])] * (world_size - len(items))
+    index_shares = shares_by_tokens([len(item.tokens) for item in items], world_size)
+    shares = [[items[i] for i in share] for share in index_shares]
+    return StepPlan(shares, totals, max(len(micro_batches(share)) for share in shares))
+
+
+VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
+
+
+def uses_packing(setting: str, model: torch.nn.Module) -> bool:
+    """`trainer.packing`: auto packs where the attention kernel takes packed rows as
+    separate sequences (varlen flash attention); sdpa and eager build a dense mask over
+    the whole row, quadratic in its length (6x slower for the built-in recipe's 256
+    twelve-token samples on the CPU)."""
+    if setting == "auto":
+        return getattr(model.config, "_attn_implementation", None) in VARLEN_ATTENTION
+    return setting == "packed"
+
+
+def totals_of(items: list[TrainItem]) -> StepTotals:
+    return StepTotals(tokens=float(max(1, sum(int(item.mask.sum()) for item in items))), sequences=float(len(items)))
+
+
+def zero_weight(item: TrainItem) -> TrainItem:
+    """A micro-batch that runs forward and backward and changes nothing (mask all zero)."""
+    return dataclasses.replace(item, mask=np.zeros_like(item.mask))
 
 
 @register_trainer("grpo")
@@ -123,36 +252,35 @@ class GRPOTrainer(Trainer):
         if uses_kl and self.ref_model is None:
             raise ValueError("algorithm.use_kl_loss / use_kl_in_reward need a reference model")
 
-    def micro_batch_loss(self, batch, global_tokens, global_sequences):
+    def micro_batch_loss(self, batch, totals):
         algo = self.algorithm
         mask = batch["mask"]
-        logprobs, logits = self.logprobs(self.model, batch)
+        logprobs, entropy = self.logprobs(self.model, batch)
         behaviour = batch["behaviour_logprobs"]
         advantages = batch["advantages"]
         sums: dict[str, float] = {}
         token_kl = None
         if self.ref_model is not None and (algo.use_kl_loss or algo.use_kl_in_reward):
             with torch.no_grad():
-                ref_logprobs, _ = self.logprobs(self.ref_model, batch)
+                ref_logprobs, _ = self.logprobs(self.ref_model, batch)  # on the CPU when offloaded
             token_kl = kl_penalty(logprobs, ref_logprobs, algo.kl_estimator)
-            sums["kl_sum"] = float((token_kl.detach() * mask).sum())
+            sums["kl_sum"] = (token_kl.detach() * mask).sum()
             if algo.use_kl_in_reward:
                 advantages = advantages - self.kl_controller.kl_coef * kl_reward_to_go(token_kl.detach(), mask)
 
         policy = self.policy_loss(logprobs, behaviour, advantages, mask, algo)  # algos/losses.py, by off_policy_correction
         token_loss, clipped = policy.token_loss, policy.clipped
         if policy.importance_weights is not None:
-            sums["importance_weight_sum"] = float((policy.importance_weights * mask).sum())
+            sums["importance_weight_sum"] = (policy.importance_weights * mask).sum()
         if token_kl is not None and algo.use_kl_loss:
             token_loss = token_loss + self.kl_controller.kl_coef * token_kl
-        loss = aggregate_loss(token_loss, mask, algo.loss_agg_mode, global_tokens, global_sequences)
+        loss = aggregate_loss(token_loss, mask, algo.loss_agg_mode, totals.tokens, totals.sequences)
         with torch.no_grad():
-            entropy = entropy_from_logits(logits)
-            ratio = torch.exp(logprobs.detach() - behaviour)
-            sums["entropy_sum"] = float((entropy * mask).sum())
-            sums["clip_fraction_sum"] = float((clipped * mask).sum())
-            sums["ratio_sum"] = float((ratio * mask).sum())
-            sums["behaviour_kl_sum"] = float(((behaviour - logprobs.detach()) * mask).sum())
+            ratio = torch.exp(torch.clamp(logprobs.detach() - behaviour, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+            sums["entropy_sum"] = (entropy * mask).sum()
+            sums["clip_fraction_sum"] = (clipped * mask).sum()
+            sums["ratio_sum"] = (ratio * mask).sum()
+            sums["behaviour_kl_sum"] = ((behaviour - logprobs.detach()) * mask).sum()
         return loss, sums
 
     def step(self, items):
@@ -169,12 +297,10 @@ class CrossEntropyTrainer(Trainer):
 
     name = "cross_entropy"
 
-    def micro_batch_loss(self, batch, global_tokens, global_sequences):
-        logprobs, logits = self.logprobs(self.model, batch)
-        loss = aggregate_loss(-logprobs, batch["mask"], "token-mean", global_tokens, global_sequences)
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits)
-        return loss, {"entropy_sum": float((entropy * batch["mask"]).sum())}
+    def micro_batch_loss(self, batch, totals):
+        logprobs, entropy = self.logprobs(self.model, batch)
+        loss = aggregate_loss(-logprobs, batch["mask"], "token-mean", totals.tokens, totals.sequences)
+        return loss, {"entropy_sum": (entropy * batch["mask"]).sum()}
 
 
 def compute_grpo_advantage_for_trajectories(trajectories: list[TrainItem], estimator: str = "grpo") -> list[TrainItem]:

@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 from learner.batching import TrainItem
-from learner.trainers import CrossEntropyTrainer
+from learner.parallel import Placement
+from learner.trainers import CrossEntropyTrainer, plan_step
 from runtime.chat_format import demonstration_tokens
 from runtime.config import Trainer as TrainerConfig
 
@@ -58,12 +59,16 @@ def greedy_exact_match(model, tokenizer, rows: list[dict], prompt_key: str, answ
 
 
 def cross_entropy_warmup(model, tokenizer, items: list[TrainItem], steps: int, batch_size: int,
-                         trainer_config: TrainerConfig, seed: int) -> dict:
-    trainer = CrossEntropyTrainer(model, tokenizer.pad_token_id, trainer_config)
+                         trainer_config: TrainerConfig, seed: int, placement: Placement | None = None) -> dict:
+    """`steps` steps of cross-entropy on batches drawn with `seed` (the same batches on
+    every rank; each rank trains its share of each)."""
+    trainer = CrossEntropyTrainer(model, tokenizer.pad_token_id, trainer_config, placement=placement)
+    rank, world = trainer.placement.rank, trainer.placement.world_size
     rng = np.random.default_rng(seed)
     started, losses = time.perf_counter(), []
     for _ in range(steps):
         batch = [items[i] for i in rng.integers(0, len(items), batch_size)]
-        losses.append(trainer.step(batch).loss)
+        plan = plan_step(batch, world, trainer.micro_batches)
+        losses.append(trainer.train(plan.shares[rank], plan.totals, plan.rounds).loss)
     return {"warmup_steps": steps, "warmup_first_loss": losses[0], "warmup_last_loss": float(np.mean(losses[-10:])),
             "warmup_seconds": time.perf_counter() - started}

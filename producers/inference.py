@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from runtime.device import resolve_device
 from runtime.registry import Registry
 
 # `service.inference_service.backend`: factories `fn(recipe, seed) -> engine`, an engine
@@ -94,11 +95,12 @@ def read_safetensors_weights(folder: Path, model: torch.nn.Module) -> dict[str, 
 
 
 class EmbeddedEngine:
-    def __init__(self, model_path: str | Path, weight_version: int = 0, seed: int = 0):
+    def __init__(self, model_path: str | Path, weight_version: int = 0, seed: int = 0, device: str = "cpu"):
+        self.device = resolve_device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_path).to(self.device).eval()
         self.weight_version = weight_version
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
     def load_weights(self, model_path: str | Path, weight_version: int) -> None:
         self.model.load_state_dict(read_safetensors_weights(Path(model_path), self.model))
@@ -115,10 +117,11 @@ class EmbeddedEngine:
         for row, prompt in enumerate(prompts):
             input_ids[row, width - len(prompt):] = torch.tensor(prompt)
             attention[row, width - len(prompt):] = 1
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         tokens = [[] for _ in prompts]
         logprobs = [[] for _ in prompts]
-        finished = torch.zeros(len(prompts), dtype=torch.bool)
+        finished = torch.zeros(len(prompts), dtype=torch.bool, device=self.device)
         reasons = ["length"] * len(prompts)
         cache = None
         step_ids, step_positions = input_ids, positions
@@ -134,18 +137,22 @@ class EmbeddedEngine:
                 log_probs = torch.log_softmax(scaled, dim=-1)
                 probs = torch.softmax(top_p_filter(scaled, params.top_p), dim=-1)
                 sampled = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
+            # one copy to the host per step, not one per row
+            chosen = sampled.tolist()
+            chosen_logprobs = log_probs.gather(1, sampled.unsqueeze(-1)).squeeze(-1).tolist()
+            done = finished.tolist()
             for row in range(len(prompts)):
-                if finished[row]:
+                if done[row]:
                     continue
-                token = int(sampled[row])
+                token = chosen[row]
                 tokens[row].append(token)
-                logprobs[row].append(float(log_probs[row, token]))
+                logprobs[row].append(chosen_logprobs[row])
                 if token in stop_ids:
                     finished[row] = True
                     reasons[row] = "stop"
             if finished.all():
                 break
-            step_ids = torch.where(finished, torch.tensor(pad_id), sampled).unsqueeze(-1)
+            step_ids = torch.where(finished, torch.tensor(pad_id, device=self.device), sampled).unsqueeze(-1)
             attention = torch.cat([attention, (~finished).long().unsqueeze(-1)], dim=-1)
             step_positions = step_positions[:, -1:] + 1
         return [
@@ -159,7 +166,7 @@ class EmbeddedEngine:
 @register_inference_backend("embedded")
 def embedded_backend(recipe, seed: int) -> EmbeddedEngine:
     """transformers in this process, on the recipe's model."""
-    return EmbeddedEngine(recipe.rollout_worker.model_path, seed=seed)
+    return EmbeddedEngine(recipe.rollout_worker.model_path, seed=seed, device=recipe.trainer.device)
 
 
 @dataclass

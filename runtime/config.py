@@ -145,7 +145,19 @@ class Trainer:
     warmup_batch_size: int = 64
     warmup_lr: Optional[float] = None
     warmup_messages_key: Optional[str] = None  # rows hold multi-turn demonstrations under this key
-    num_threads: int = 1  # torch threads of the learner process
+    num_threads: int = 1  # torch threads of each learner process
+    # Where and how the learner computes (learner/parallel.py):
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when present
+    dtype: Literal["float32", "bfloat16"] = "float32"  # bfloat16: bf16 compute, fp32 master weights and reduce
+    gradient_checkpointing: bool = False
+    # packed: several samples per micro-batch row, no padding (learner/packing.py); auto
+    # packs when the model's attention is varlen (flash attention), where a packed row
+    # costs what its samples cost; with dense-mask attention (sdpa, eager) a packed row
+    # pays attention over its whole length, so many short samples run faster padded
+    packing: Literal["auto", "packed", "padded"] = "auto"
+    ref_model_offload: bool = False  # keep the KL reference model on the CPU
+    nproc_per_node: int = 1  # learner processes per node (torchrun); more than one shards with FSDP2
+    nnodes: int = 1
     checkpoint_path: str = "runs/${experiment_name}/checkpoints"
     save_freq: int = 10
     remove_previous_ckpt: bool = only(True, "checkpoints between save_freq multiples are pruned")
@@ -399,4 +411,6 @@ def consistency_problems(recipe: Recipe) -> list[str]:
         problems.append("rollout_worker.rollout_repeat_n: must be >= 1")
     if pool.batch_size < 1:
         problems.append("trajectory_pool.batch_size: must be >= 1")
+    if recipe.trainer.nproc_per_node < 1 or recipe.trainer.nnodes < 1:
+        problems.append("trainer.nproc_per_node / trainer.nnodes: must be >= 1")
     return problems

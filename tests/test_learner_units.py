@@ -103,7 +103,7 @@ def test_checkpoint_round_trip_restores_model_optimizer_and_rng(tiny, tmp_path):
     torch.manual_seed(123)
     weights, checkpoints = tmp_path / "weights", tmp_path / "checkpoints"
     version = write_weight_version(weights, 4, model, tokenizer)
-    save_checkpoint(checkpoints, 4, version, trainer.optimizer, {"offsets": {"t:0": 17}})
+    save_checkpoint(checkpoints, 4, version, trainer.optimizer.state_dict(), {"offsets": {"t:0": 17}})
     expected_draw = torch.rand(3)
     # the checkpoint outlives its weight version's folder (workers only keep recent ones)
     for later in (5, 6):
@@ -115,10 +115,10 @@ def test_checkpoint_round_trip_restores_model_optimizer_and_rng(tiny, tmp_path):
     _, restored = load(folder)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), restored.state_dict().values()))
     fresh = CrossEntropyTrainer(restored, tokenizer.pad_token_id, TrainerConfig(lr=1e-2, micro_batch_tokens=64, grad_clip=1.0))
-    load_trainer_state(folder, fresh.optimizer)
+    fresh.optimizer.load_state_dict(load_trainer_state(folder))
     assert fresh.optimizer.state_dict()["state"][0]["step"] == trainer.optimizer.state_dict()["state"][0]["step"]
     assert torch.equal(torch.rand(3), expected_draw)  # the RNG continues where it was saved
-    save_checkpoint(checkpoints, 5, weights / "v000005", trainer.optimizer, {"offsets": {}})
+    save_checkpoint(checkpoints, 5, weights / "v000005", trainer.optimizer.state_dict(), {"offsets": {}})
     assert latest_checkpoint(checkpoints).name == "step-000005"
     assert not (checkpoints / "step-000004").exists()  # only the newest is kept (keep_every=0)
 

@@ -136,3 +136,13 @@ def test_gspo_clips_whole_sequences_by_their_geometric_mean_ratio():
     (out.token_loss * mask).sum().backward()
     # unclipped: d(-A * s_it)/d logp_t = -A * s = -2 per trained token; clipped: no gradient
     assert logprobs.grad.flatten().tolist() == pytest.approx([0.0, -2.0, -2.0, 0.0, 0.0, 0.0])
+
+
+def test_logprobs_and_entropy_from_one_log_softmax_match_the_two_functions():
+    from algos.losses import token_logprobs_and_entropy
+
+    torch.manual_seed(0)
+    logits, tokens = torch.randn(2, 7, 11), torch.randint(0, 11, (2, 7))
+    logprobs, entropy = token_logprobs_and_entropy(logits, tokens, temperature=0.7, chunk=3)
+    assert torch.allclose(logprobs, token_logprobs(logits / 0.7, tokens), atol=1e-6)
+    assert torch.allclose(entropy, entropy_from_logits(logits / 0.7), atol=1e-5)

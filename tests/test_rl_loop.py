@@ -138,3 +138,21 @@ def test_grpo_raises_the_reward_of_the_built_in_recipe(stack, ledger, run_id, tm
     assert len(rewards) == 100
     first, last = sum(rewards[:20]) / 20, sum(rewards[-20:]) / 20
     assert last >= first + 0.06, f"reward {first:.3f} -> {last:.3f}"
+
+
+def test_the_built_in_recipe_learns_with_a_learner_of_two_processes(stack, ledger, run_id, tmp_path):
+    """The same 100 steps with `trainer.nproc_per_node: 2`: `streamrl learner` becomes
+    torchrun, two ranks shard the model with FSDP2 over gloo, rank 0 alone reads and
+    publishes; the reward rises as with one process, and the ledger is exact."""
+    env = small_run_env(ARITH_STEPS="100", ARITH_WARMUP_STEPS="350", ARITH_VALIDATE_EVERY="100",
+                        ARITH_LEARNER_PROCS="2")
+    result = run_cli("run", RECIPE, "--run", run_id, "--out", str(tmp_path), env=env, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    started = scalar(ledger, "select details from run_events where run_id = %s and kind = 'started'", run_id)
+    assert started["world_size"] == 2
+    rewards = [r[0] for r in ledger.execute(
+        "select (metrics->>'reward_mean')::float from train_steps where run_id = %s order by step", (run_id,))]
+    assert len(rewards) == 100
+    first, last = sum(rewards[:20]) / 20, sum(rewards[-20:]) / 20
+    assert last >= first + 0.06, f"reward {first:.3f} -> {last:.3f}"
+    assert_ledger_consistent(ledger, run_id, 100, 1)

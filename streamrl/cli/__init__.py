@@ -6,6 +6,7 @@ codes in one place (`common.cli_command`).
     recipe_cmd    recipe new, recipe validate
     ledger_cmd    sink, runs, sql, show
     train_cmd     run, publish, worker, processor, learner, replay
+    model_cmd     model init
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ quiet_library_progress()
 
 import typer  # noqa: E402
 
-from streamrl.cli import ledger_cmd, recipe_cmd, services_cmd, train_cmd  # noqa: E402
+from streamrl.cli import ledger_cmd, model_cmd, recipe_cmd, services_cmd, train_cmd  # noqa: E402
 
 # rich_markup_mode=None: help texts are plain text, so "A:B:" never becomes an emoji and
 # "[...]" is never taken for markup.
 app = typer.Typer(help="StreamRL: event-sourced RL post-training for LLMs.", no_args_is_help=True,
                   pretty_exceptions_enable=False, rich_markup_mode=None)
-for group in (services_cmd, recipe_cmd, ledger_cmd, train_cmd):
+for group in (services_cmd, recipe_cmd, ledger_cmd, train_cmd, model_cmd):
     group.register(app)
 
 __all__ = ["app"]

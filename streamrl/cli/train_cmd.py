@@ -155,6 +155,7 @@ def learner(
 
     current = settings()
     recipe = run_config(current, run)
+    launch_ranks_if_asked(recipe, run, reset_offsets)
     stop = stop_on_signals()
     trainer = Learner(current, run, recipe)
     if reset_offsets:
@@ -169,6 +170,27 @@ def learner(
     finally:
         trainer.close()
     console.print(f"learner stopped after step {steps}", highlight=False)
+
+
+def launch_ranks_if_asked(recipe, run: str, reset_offsets: bool) -> None:
+    """`trainer.nproc_per_node` > 1 on one node: become torchrun, which starts that many
+    learner processes of this same command (they see WORLD_SIZE and train as ranks).
+    Several nodes need a cluster launcher to start torchrun on each."""
+    import os
+    import sys
+
+    cfg = recipe.trainer
+    if "WORLD_SIZE" in os.environ or (cfg.nproc_per_node == 1 and cfg.nnodes == 1):
+        return
+    if cfg.nnodes > 1:
+        raise UsageError(f"trainer.nnodes is {cfg.nnodes}: start the learner on every node with "
+                         f"`torchrun --nnodes {cfg.nnodes} --nproc_per_node {cfg.nproc_per_node} "
+                         f"--rdzv-backend c10d --rdzv-endpoint HOST:PORT -m streamrl.cli learner {run}`")
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.nproc_per_node}",
+            "-m", "streamrl.cli", "learner", run] + (["--reset-offsets"] if reset_offsets else [])
+    console.print(f"learner: {cfg.nproc_per_node} processes under torchrun", highlight=False)
+    sys.stdout.flush()
+    os.execv(sys.executable, args)
 
 
 def replay(

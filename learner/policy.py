@@ -1,0 +1,160 @@
+"""The learner's model side: the policy (and KL reference) on its device and ranks, the
+trainer, warm-up, held-out accuracy, weight versions and checkpoints.
+
+With several processes every operation here is collective. Rank 0 drives: `call(name,
+*args)` broadcasts the operation to the other ranks (`follow()` is their whole life)
+and then runs it itself, so every rank enters every collective in the same order. Rank
+0's arguments win: a step's samples, shares and totals are computed there once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from learner import parallel
+from learner.batching import TrainItem
+from learner.checkpoint import (
+    latest_checkpoint, load_trainer_state, save_checkpoint, write_model_dir, write_weight_version,
+)
+from learner.trainers import StepResult, Trainer, plan_step
+from learner.warmup import cross_entropy_warmup, demonstration_items, greedy_exact_match, supervised_items
+from runtime.config import Recipe
+from runtime.dataset import read_rows
+
+STOP = "stop"
+
+
+class Policy:
+    def __init__(self, recipe: Recipe, trainer_class: type[Trainer], checkpoints: Path):
+        self.recipe = recipe
+        cfg = recipe.trainer
+        torch.set_num_threads(cfg.num_threads)
+        self.placement = parallel.setup(cfg)
+        self.checkpoints = checkpoints
+        self.checkpoint = latest_checkpoint(checkpoints)
+        source = self.checkpoint or recipe.rollout_worker.model_path
+        self.tokenizer = AutoTokenizer.from_pretrained(source)
+        # fp32 master weights; bf16 is the compute dtype (autocast, or FSDP's policy)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        self.model = parallel.prepare_model(model, cfg, self.placement)
+        self.ref_model = None
+        if recipe.algorithm.use_kl_loss or recipe.algorithm.use_kl_in_reward:
+            reference = checkpoints / "reference"
+            self.ref_model = self._load_reference(reference if reference.exists() else source)
+        self.trainer = trainer_class(self.model, self.tokenizer.pad_token_id, cfg, recipe.algorithm,
+                                     temperature=recipe.rollout_worker.temperature, ref_model=self.ref_model,
+                                     placement=self.placement)
+        if self.checkpoint is not None:
+            parallel.load_optimizer_state(self.model, self.trainer.optimizer, load_trainer_state(self.checkpoint),
+                                          self.placement)
+
+    def _load_reference(self, folder) -> torch.nn.Module:
+        device = torch.device("cpu") if self.recipe.trainer.ref_model_offload else self.placement.device
+        ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        return ref
+
+    @property
+    def is_main(self) -> bool:
+        return self.placement.is_main
+
+    # --- rank 0 drives, the others follow --------------------------------------------------------
+    def call(self, name: str, *args, **rank0_only):
+        """Run operation `name` on every rank; `rank0_only` keyword arguments (a step's
+        samples) stay on rank 0, which hands out what the others need itself."""
+        parallel.broadcast_object((name, args), self.placement)
+        return getattr(self, name)(*args, **rank0_only)
+
+    def follow(self) -> None:
+        """A rank > 0: run what rank 0 calls, until it says stop."""
+        while True:
+            name, args = parallel.broadcast_object(None, self.placement)
+            if name == STOP:
+                return
+            getattr(self, name)(*args)
+
+    def stop_followers(self) -> None:
+        if self.placement.world_size > 1:
+            parallel.broadcast_object((STOP, ()), self.placement)
+
+    # --- collective operations ---------------------------------------------------------------------
+    def train(self, lr: float, items: list[TrainItem] | None = None) -> StepResult:
+        """One optimizer step: rank 0 gives the step's samples (the guide's hooks run there,
+        on all of them); each rank trains its share by token count."""
+        for group in self.trainer.optimizer.param_groups:
+            group["lr"] = lr
+        plan = None
+        if self.is_main:
+            prepared, hook_metrics = self.trainer.prepare(items)
+            plan = (plan_step(prepared, self.placement.world_size, self.trainer.micro_batches),
+                    {key: float(value) for key, value in hook_metrics.items()})
+        plan, hook_metrics = parallel.broadcast_object(plan, self.placement)
+        result = self.trainer.train(plan.shares[self.placement.rank], plan.totals, plan.rounds)
+        result.metrics.update(hook_metrics)
+        result.samples = int(plan.totals.sequences)
+        return result
+
+    def warm_up(self) -> dict:
+        """Cross-entropy warm-up on the training rows' answers (or demonstrations), each
+        rank on its share of every batch; greedy held-out accuracy before and after."""
+        cfg, data = self.recipe.trainer, self.recipe.data
+        if not cfg.warmup_cross_entropy_steps:
+            return {}
+        before = self.val_accuracy()
+        if cfg.warmup_messages_key:  # multi-turn demonstrations (agent recipes)
+            rows = read_rows(data.data_files, data.type, (cfg.warmup_messages_key,))
+            items = demonstration_items(rows, self.tokenizer, cfg.warmup_messages_key)
+        else:
+            rows = read_rows(data.data_files, data.type, (data.prompt_key, data.answer_key))
+            items = supervised_items(rows, self.tokenizer, data.prompt_key, data.answer_key)
+        details = cross_entropy_warmup(self.model, self.tokenizer, items, cfg.warmup_cross_entropy_steps,
+                                       cfg.warmup_batch_size, dataclasses.replace(cfg, lr=cfg.warmup_lr or cfg.lr),
+                                       cfg.seed, self.placement)
+        return {**details, "val_accuracy_before_warmup": before, "val_accuracy_after_warmup": self.val_accuracy()}
+
+    def val_accuracy(self) -> float:
+        """Greedy exact-match accuracy on the validation rows, in the learner (used where
+        no rollout worker validates: around a warm-up, and around a replayed run). Every
+        rank generates the same (sharded forwards are collectives)."""
+        val_cfg = self.recipe.validate.data
+        worker = self.recipe.rollout_worker
+        if not val_cfg.data_files or worker.type != "single_turn" or worker.custom_rollout_worker_module_path:
+            return float("nan")  # only the rollout workers know how other workers' tasks are done
+        val_rows = read_rows(val_cfg.data_files, val_cfg.type)
+        val_rows = val_rows[:val_cfg.max_rows] if val_cfg.max_rows else val_rows
+        with self.placement.autocast():
+            accuracy = greedy_exact_match(self.model, self.tokenizer, val_rows, val_cfg.prompt_key,
+                                          val_cfg.answer_key, worker.max_response_length)
+        parallel.reshard(self.model, self.placement)
+        return accuracy
+
+    def write_version(self, root: Path, version: int) -> Path | None:
+        """The weights as a full safetensors folder (rank 0 writes; None on other ranks)."""
+        state = parallel.full_state_dict(self.model, self.placement)
+        if not self.is_main:
+            return None
+        return write_weight_version(root, version, self.model, self.tokenizer, state)
+
+    def write_checkpoint(self, step: int, version_folder: Path | None, state: dict, keep_every: int) -> None:
+        optimizer = parallel.optimizer_state(self.model, self.trainer.optimizer, self.placement)
+        if self.is_main:
+            save_checkpoint(self.checkpoints, step, version_folder, optimizer, state, keep_every=keep_every)
+
+    def fix_reference(self) -> None:
+        """The KL reference is the policy RL starts from (after any warm-up)."""
+        state = parallel.full_state_dict(self.model, self.placement)
+        folder = self.checkpoints / "reference"
+        if self.is_main:
+            write_model_dir(folder, self.model, self.tokenizer, state)
+        if self.placement.world_size > 1:
+            torch.distributed.barrier()
+        self.ref_model = self._load_reference(folder)
+        self.trainer.ref_model = self.ref_model
+
+    def close(self) -> None:
+        parallel.close(self.placement)

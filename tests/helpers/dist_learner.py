@@ -1,0 +1,71 @@
+"""Run under torchrun (or alone): the learner's model side (learner/policy.py) trains
+fixed steps on fixed samples, writes its weight version and checkpoint, and saves its
+parameters for the test to compare. `resume` continues from the checkpoint.
+
+    python -m torch.distributed.run --standalone --nproc_per_node 2 tests/helpers/dist_learner.py MODEL WORK train
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from learner.batching import TrainItem  # noqa: E402
+from learner.policy import Policy  # noqa: E402
+from learner.trainers import GRPOTrainer  # noqa: E402
+from runtime.config import Recipe  # noqa: E402
+
+
+def step_items(step: int) -> list[TrainItem]:
+    rng = np.random.default_rng(step)
+    items = []
+    for i in range(5):  # odd on purpose: shares of unequal size
+        n = int(rng.integers(6, 14))
+        tokens = rng.integers(4, 60, n).astype(np.int32)
+        mask = np.array([0] * 3 + [1] * (n - 3), dtype=np.uint8)
+        behaviour = np.log(rng.uniform(0.2, 0.9, n)).astype(np.float32) * mask
+        items.append(TrainItem(tokens=tokens, mask=mask, behaviour_logprobs=behaviour,
+                               advantage=float(rng.normal()), trajectory_id=f"s{step}-{i}", group_id=f"g{step}"))
+    return items
+
+
+def main(model: str, work: str, mode: str) -> None:
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    rows = '{"prompt": "12+34=", "answer": "6"}\n{"prompt": "5+5=", "answer": "0"}\n{"prompt": "7+1=", "answer": "8"}\n'
+    (work / "val.jsonl").write_text(rows)
+    recipe = Recipe.from_dict({"rollout_worker": {"model_path": model, "temperature": 1.0, "max_response_length": 4},
+                               "data": {"data_files": [str(work / "val.jsonl")]},
+                               "validate": {"data": {"data_files": [str(work / "val.jsonl")]}},
+                               "trainer": {"lr": 1e-3, "micro_batch_tokens": 24, "warmup_cross_entropy_steps": 3,
+                                           "warmup_batch_size": 4,
+                                           "device": os.environ.get("STREAMRL_TEST_DEVICE", "cpu"),
+                                           "dtype": os.environ.get("STREAMRL_TEST_DTYPE", "float32")}})
+    policy = Policy(recipe, GRPOTrainer, work / "checkpoints")
+    steps = [1, 2, 3] if mode == "train" else [4]
+    if policy.is_main:
+        if mode == "train":
+            # The learner's start: held-out generation, then a cross-entropy warm-up with
+            # its own optimizer (sharded forwards without a backward must leave the
+            # model's parameters the sharded ones).
+            assert policy.call("warm_up")["warmup_steps"] == 3
+        for step in steps:
+            result = policy.call("train", 1e-3, items=step_items(step))
+            assert result.skipped is None, result.skipped
+        folder = policy.call("write_version", work / "weights", steps[-1])
+        policy.call("write_checkpoint", steps[-1], folder, {"offsets": {}}, 0)
+        policy.stop_followers()
+        from transformers import AutoModelForCausalLM
+        saved = AutoModelForCausalLM.from_pretrained(folder)
+        torch.save({k: v.clone() for k, v in saved.state_dict().items()}, work / f"params-{mode}.pt")
+    else:
+        policy.follow()
+    policy.close()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
