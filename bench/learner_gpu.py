@@ -58,13 +58,13 @@ def load_model(folder: Path) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).cuda()
 
 
-def bare_step(model, optimizer, items, budget: int, pad_id: int) -> None:
+def bare_step(model, optimizer, items, budget: int, pad_id: int, autocast: bool = True) -> None:
     optimizer.zero_grad(set_to_none=True)
     tokens = float(sum(int(i.mask.sum()) for i in items))
     for group in pack_by_tokens([len(i.tokens) for i in items], budget):
         batch = {k: v.cuda() for k, v in collate_packed([items[i] for i in group], pad_id).items()}
         ids = batch["packed_input_ids"]
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             logits = model(input_ids=ids, position_ids=batch["packed_position_ids"], use_cache=False).logits
         logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         index = batch["unpack_index"]
@@ -93,6 +93,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--samples", type=int, default=64)
     parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--only-fsdp", action="store_true", help="Only the FSDP2 rows.")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("learner_gpu: no CUDA device here; skipped (the README has the figures from an H100)")
@@ -106,7 +107,7 @@ def main() -> None:
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; qwen2-0.5b, {params / 1e6:.0f}M "
           f"parameters; a step of {len(items)} samples, {step_tokens:,} tokens; bf16 compute, fp32 master weights")
     print(f"{'micro-batch':>12} {'path':>9} {'tok/s':>9} {'MFU':>6} {'peak GiB':>9} {'vs bare':>8}")
-    for budget, checkpointing in ((4096, False), (16384, False), (16384, True)):
+    for budget, checkpointing in () if args.only_fsdp else ((4096, False), (16384, False), (16384, True)):
         results = {}
         for name in ("bare", "streamrl"):
             model = load_model(folder)
@@ -138,7 +139,54 @@ def main() -> None:
             mfu = 6 * params * rate / (args.peak_tflops * 1e12)
             ratio = f"{results['bare'][0] / seconds:.2f}" if name == "streamrl" and results.get("bare") else ""
             print(f"{label:>12} {name:>9} {rate:>9,.0f} {mfu:>6.1%} {memory:>9.1f} {ratio:>8}", flush=True)
+    fsdp_rows(folder, items, step_tokens, params, pad_id, args)
     print("target: streamrl >= 0.9x the bare loop's tokens/s")
+
+
+def fsdp_rows(folder: Path, items, step_tokens: int, params: int, pad_id: int, args) -> None:
+    """The same step with FSDP2 (one rank, nccl): StreamRL's sharded path (learner/parallel.py,
+    as several GPUs run it) beside a bare FSDP2 loop with the same mixed-precision policy."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from learner.parallel import decoder_layers, prepare_model
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for budget in (4096, 16384):
+        results = {}
+        for name in ("bare FSDP2", "streamrl FSDP2"):
+            model = load_model(folder)
+            model.train()
+            cfg = TrainerConfig(lr=1e-6, micro_batch_tokens=budget, dtype="bfloat16", packing="packed")
+            if name == "bare FSDP2":
+                for layer in decoder_layers(model):
+                    fully_shard(layer, mp_policy=policy)
+                fully_shard(model, mp_policy=policy)
+                optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+                step = lambda: bare_step(model, optimizer, items, budget, pad_id, autocast=False)  # noqa: E731
+            else:
+                placement = Placement(torch.device("cuda"), rank=0, world_size=1, sharded=True)
+                model = prepare_model(model, cfg, placement)
+                trainer = GRPOTrainer(model, pad_id, cfg, AlgorithmConfig(), placement=placement)
+                totals = totals_of(items)
+                step = lambda: trainer.train(items, totals)  # noqa: E731
+            try:
+                results[name] = timed(step, args.steps)
+            except torch.OutOfMemoryError as exc:
+                print(f"{budget:>12,} {name:>15} out of memory: {str(exc)[:100]}", flush=True)
+            model = optimizer = trainer = step = None
+            torch.cuda.empty_cache()
+        for name, (seconds, memory) in results.items():
+            rate = step_tokens / seconds
+            mfu = 6 * params * rate / (args.peak_tflops * 1e12)
+            ratio = f"{results['bare FSDP2'][0] / seconds:.2f}" if name.startswith("streamrl") and "bare FSDP2" in results else ""
+            print(f"{budget:>12,} {name:>15} {rate:>9,.0f} {mfu:>6.1%} {memory:>9.1f} {ratio:>8}", flush=True)
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
