@@ -173,5 +173,11 @@ def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimize
 
 
 def close(placement: Placement) -> None:
+    """Leave the process group together: a rank that tore its connections down while
+    another was still in the group was seen to abort (SIGABRT) in gloo."""
     if placement.sharded and dist.is_initialized():
+        try:
+            dist.barrier()
+        except RuntimeError:  # a rank is gone already: nothing left to wait for
+            pass
         dist.destroy_process_group()
