@@ -88,39 +88,10 @@ def demo(
 ) -> None:
     """Push a synthetic run through the whole backbone: its topics on the broker, every
     event type, the ledger sink, then the ledger's answer. Needs `streamrl up`."""
-    from rich.progress import Progress
-
-    from consumers.ledger_sink import LedgerSink
-    from producers.synthetic import synthetic_events
-    from runtime.bus import EventPublisher, create_run_topics
-    from runtime.sql import run_readonly
-    from schema.events import RunEvent
+    from streamrl.demo import run_demo
 
     current = settings()
-    url = database_url(current)
-    create_run_topics(current, run)
-    total = rollouts * 8 + 1
-    with Progress(console=console) as progress:
-        published = progress.add_task("publish to Kafka", total=total)
-        with EventPublisher(current) as publisher:
-            publisher.publish(RunEvent(run_id=run, kind="created", name=run, config={"demo": True}))
-            for event in synthetic_events(run, rollouts):
-                publisher.publish(event)
-                progress.advance(published)
-            progress.advance(published)
-        written = progress.add_task("sink into the ledger", total=total)
-        worker = LedgerSink(current, run_id=run)
-        try:
-            while worker.stats.rows + worker.stats.dead_letters < total:
-                worker.poll_once()
-                progress.update(written, completed=worker.stats.rows + worker.stats.dead_letters)
-        finally:
-            worker.close()
-    query = " union all ".join(
-        f"select '{table}' as table_name, count(*) as rows from {table} where run_id = %(run)s"
-        for table in ("tasks", "trajectories", "evaluations", "samples", "train_steps", "weight_versions",
-                      "run_events", "dead_letters"))
-    result = run_readonly(url, query, {"run": run})
+    result = run_demo(current, database_url(current), run, rollouts, console)
     print_table(result.columns, result.rows)
     console.print(f"Ask the ledger yourself: streamrl sql \"select step, loss from train_steps "
                   f"where run_id = '{run}' order by step limit 5\"", highlight=False, markup=False)
