@@ -126,7 +126,6 @@ class Learner:
         self.staleness_threshold = math.inf if self.replay else recipe.weight.staleness_threshold
         self.keep_weight_versions = recipe.weight.staleness_threshold + 3
         self.policy = Policy(recipe, trainer_class(recipe), self.checkpoints)
-        self.trainer = self.policy.trainer
         self.publisher = EventPublisher(settings) if self.policy.is_main else None
         self.step = 0
         self.start_offsets: dict[TopicPartition, int] | None = None

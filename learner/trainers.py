@@ -25,7 +25,7 @@ import torch
 
 from algos.advantages import get_advantage_estimator
 from algos.kl import kl_penalty, kl_reward_to_go, make_kl_controller
-from algos.losses import LOG_RATIO_CLAMP, POLICY_LOSSES, aggregate_loss, token_logprobs_and_entropy
+from algos.losses import POLICY_LOSSES, aggregate_loss, clamped_ratio, token_logprobs_and_entropy
 from learner.batching import TrainItem, collate, micro_batches_by_tokens
 from learner.packing import collate_packed, pack_by_tokens, padding_fraction, unpack
 from learner.parallel import Placement, all_reduce_sums, shares_by_tokens
@@ -258,7 +258,7 @@ class GRPOTrainer(Trainer):
         logprobs, entropy = self.logprobs(self.model, batch)
         behaviour = batch["behaviour_logprobs"]
         advantages = batch["advantages"]
-        sums: dict[str, float] = {}
+        sums: dict[str, torch.Tensor] = {}
         token_kl = None
         if self.ref_model is not None and (algo.use_kl_loss or algo.use_kl_in_reward):
             with torch.no_grad():
@@ -276,7 +276,7 @@ class GRPOTrainer(Trainer):
             token_loss = token_loss + self.kl_controller.kl_coef * token_kl
         loss = aggregate_loss(token_loss, mask, algo.loss_agg_mode, totals.tokens, totals.sequences)
         with torch.no_grad():
-            ratio = torch.exp(torch.clamp(logprobs.detach() - behaviour, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+            ratio = clamped_ratio(logprobs.detach(), behaviour)
             sums["entropy_sum"] = (entropy * mask).sum()
             sums["clip_fraction_sum"] = (clipped * mask).sum()
             sums["ratio_sum"] = (ratio * mask).sum()

@@ -274,7 +274,11 @@ class Recipe:
         return total
 
 
-def _build(schema: type, values: dict):
+class ConfigError(ValueError):
+    """A recorded config (a run's `created` event) that this version's schema cannot hold."""
+
+
+def _build(schema: type, values: dict, prefix: str = ""):
     hints = typing.get_type_hints(schema)
     kwargs, extra = {}, {}
     names = {f.name for f in dataclasses.fields(schema)}
@@ -283,10 +287,11 @@ def _build(schema: type, values: dict):
             extra[key] = value
             continue
         tp = _scalar_type(hints[key])
-        kwargs[key] = _build(tp, value) if dataclasses.is_dataclass(tp) and isinstance(value, dict) else value
+        kwargs[key] = (_build(tp, value, f"{prefix}{key}.") if dataclasses.is_dataclass(tp) and isinstance(value, dict)
+                       else value)
     if extra:
         if "extra" not in names:
-            raise ValueError(f"{schema.__name__}: unknown keys {sorted(extra)}")
+            raise ConfigError("unknown keys " + ", ".join(f"{prefix}{key}" for key in sorted(extra)))
         kwargs["extra"] = {**kwargs.get("extra", {}), **extra}
     return schema(**kwargs)
 

@@ -73,6 +73,10 @@ class Registry(Generic[T]):
         """What a recipe may write: the registered names and the reserved ones."""
         return sorted(set(self._entries) | set(self.reserved))
 
+    def accepts(self, name: object) -> bool:
+        """Whether a recipe may write `name`: registered, or reserved."""
+        return name in self._entries or name in self.reserved
+
     def __contains__(self, name: object) -> bool:
         return name in self._entries
 
@@ -91,6 +95,6 @@ def registry_problems(values: dict, registries: dict[str, Registry] | None = Non
         value = values
         for part in key.split("."):
             value = value.get(part) if isinstance(value, dict) else None
-        if value is not None and value not in registry and value not in registry.reserved:
+        if value is not None and not registry.accepts(value):
             problems.append(f"{key}: {registry.unknown(value)}")
     return problems

@@ -15,7 +15,7 @@ from rich.console import Console
 from producers import replay as rp
 from producers.publisher import create_run
 from runtime.bus import EventPublisher
-from runtime.config import Recipe
+from runtime.config import ConfigError, Recipe
 from runtime.db import connect
 from runtime.settings import Settings
 from runtime.sql import SqlFailed, SqlRefused
@@ -48,7 +48,10 @@ def replay_run(settings: Settings, options: ReplayOptions, console: Console) -> 
         raise rp.ReplayError(f"run {options.source!r} is not in the ledger (streamrl runs lists the runs)")
     if taken:
         raise rp.ReplayError(f"--into: run {options.into!r} already exists; choose a new id")
-    source_config = Recipe.from_dict(row[0])
+    try:
+        source_config = Recipe.from_dict(row[0])
+    except ConfigError as exc:
+        raise rp.ReplayError(f"run {options.source!r}: its recorded config is not a recipe of this version ({exc})") from None
     try:
         selected = rp.select_rollouts(url, options.source, rp.parse_steps(options.steps), options.where)
     except (SqlRefused, SqlFailed) as exc:

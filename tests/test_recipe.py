@@ -186,3 +186,12 @@ def test_the_typed_recipe_round_trips_through_its_recorded_form(recipe_tree):
     recipe = load_recipe(write(recipe_tree / "rt.yaml", "defaults: [common/base]\ndata: {data_files: [train.jsonl]}\n"))
     assert isinstance(recipe, Recipe) and recipe.algorithm.type == "rloo" and recipe.trainer.lr == 1.0e-4
     assert Recipe.from_dict(recipe.to_dict()) == recipe
+
+
+def test_a_recorded_config_this_version_cannot_hold_names_its_keys():
+    from runtime.config import ConfigError, Recipe
+
+    with pytest.raises(ConfigError, match=r"unknown keys trainer\.old_knob, trainer\.older_knob"):
+        Recipe.from_dict({"trainer": {"old_knob": 1, "older_knob": 2, "lr": 0.1}})
+    # a custom worker's own keys are kept, not refused
+    assert Recipe.from_dict({"rollout_worker": {"use_few_shot": True}}).rollout_worker.extra == {"use_few_shot": True}

@@ -61,6 +61,7 @@ class CommandFailed(CliError):
 
 def as_cli_error(exc: Exception) -> CliError | None:
     """The CLI meaning of an error raised by the layers below, or None (a bug: re-raised)."""
+    from runtime.config import ConfigError
     from runtime.dataset import DatasetError
     from runtime.recipe import RecipeError
     from runtime.runs import RunNotFound
@@ -82,6 +83,8 @@ def as_cli_error(exc: Exception) -> CliError | None:
         return UsageError(str(exc))
     if isinstance(exc, ServiceError):
         return ServiceMissing(str(exc))
+    if isinstance(exc, ConfigError):
+        return CommandFailed(f"the run's recorded config does not fit this version of StreamRL: {exc}")
     if isinstance(exc, RunNotFound):
         return CommandFailed(str(exc))
     return None

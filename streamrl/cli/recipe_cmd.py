@@ -42,6 +42,8 @@ def recipe_validate(
 ) -> None:
     """Check a recipe: unknown keys, wrong types, refused values and missing files, each
     with its key path, and the names its registry keys use (exit 2 if any)."""
+    import copy
+
     import yaml
 
     from runtime.plugins import LoadError, load_module
@@ -50,8 +52,9 @@ def recipe_validate(
     from streamrl import checks  # noqa: F401  (imports the components: their registries fill)
 
     recipe = load_recipe(file)
-    # A recipe's own advantage estimators register when their module loads.
-    estimators = resolve_paths(load_recipe(file), file.resolve().parent).algorithm.custom_advantage_module_path
+    # A recipe's own advantage estimators register when their module loads (the path
+    # resolved on a copy: --show prints the recipe as written).
+    estimators = resolve_paths(copy.deepcopy(recipe), file.resolve().parent).algorithm.custom_advantage_module_path
     try:
         if estimators:
             load_module(estimators)
