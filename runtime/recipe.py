@@ -25,7 +25,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from runtime.config import Recipe, check_against, coerce_strings, consistency_problems, missing_files
+from runtime.config import Recipe, check_against, coerce_strings, missing_files
 
 
 class RecipeError(ValueError):
@@ -168,6 +168,28 @@ def apply_env_script(path: str | Path) -> dict[str, str]:
             changed[name] = value
     os.environ.update(changed)
     return changed
+
+
+def consistency_problems(recipe: Recipe) -> list[str]:
+    """Problems no single key shows: settings that contradict each other or are out of range."""
+    problems = []
+    pool, worker = recipe.trajectory_pool, recipe.rollout_worker
+    if pool.group_size is not None and pool.group_size != worker.rollout_repeat_n:
+        problems.append(f"trajectory_pool.group_size: {pool.group_size} differs from "
+                        f"rollout_worker.rollout_repeat_n ({worker.rollout_repeat_n}), the samples per prompt")
+    if recipe.trainer.type == "custom" and not recipe.trainer.custom_trainer_module_path:
+        problems.append("trainer.custom_trainer_module_path: required when trainer.type is custom")
+    if recipe.weight.staleness_threshold < 0:
+        problems.append("weight.staleness_threshold: must be >= 0")
+    if not 0.0 <= recipe.trainer.min_lr_ratio <= 1.0:
+        problems.append("trainer.min_lr_ratio: must be between 0 and 1")
+    if worker.rollout_repeat_n < 1:
+        problems.append("rollout_worker.rollout_repeat_n: must be >= 1")
+    if pool.batch_size < 1:
+        problems.append("trajectory_pool.batch_size: must be >= 1")
+    if recipe.trainer.nproc_per_node < 1 or recipe.trainer.nnodes < 1:
+        problems.append("trainer.nproc_per_node / trainer.nnodes: must be >= 1")
+    return problems
 
 
 def prepare_recipe(path: str | Path, run_setup: bool = True) -> Recipe:
