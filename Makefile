@@ -5,7 +5,25 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench install clean
+.PHONY: run test bench install clean sglang-env
+
+# SGLang serves rollouts from its own virtual environment (it pins its own torch and CUDA
+# packages); StreamRL only talks HTTP to it. Built once per machine, outside the checkout,
+# keyed by the sglang version; STREAMRL_SGLANG_PYTHON points elsewhere instead.
+SGLANG_VERSION := 0.5.23
+SGLANG_ENV := $(HOME)/.cache/streamrl/sglang-$(SGLANG_VERSION)
+SGLANG_STAMP := $(SGLANG_ENV)/.installed
+
+$(SGLANG_STAMP):
+	@echo "building the SGLang $(SGLANG_VERSION) environment in $(SGLANG_ENV) (about 11 GB, a few minutes, once per machine)"
+	rm -rf $(SGLANG_ENV)
+	python3 -m venv $(SGLANG_ENV)
+	$(SGLANG_ENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SGLANG_ENV)/bin/python -m pip install --quiet sglang==$(SGLANG_VERSION)
+	touch $(SGLANG_STAMP)
+
+sglang-env: $(SGLANG_STAMP)
+
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)

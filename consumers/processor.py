@@ -75,7 +75,7 @@ def group_outcome(run_id: str, group_id: str, step: int, group_size: int,
         Sample(run_id=run_id, trajectory_id=t.trajectory_id, group_id=group_id, advantage=float(a),
                reward=float(e.reward), group_reward_mean=mean, group_reward_std=std, group_size=len(usable),
                estimator=estimator, weight_version=t.weight_version, step=step, tokens=t.tokens,
-               loss_mask=t.loss_mask, logprobs=t.logprobs)
+               loss_mask=t.loss_mask, logprobs=t.logprobs, token_versions=t.token_versions)
         for (t, e), a in zip(usable, advantages)
     ]
 

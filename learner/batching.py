@@ -27,6 +27,8 @@ class TrainItem:
     reward: float = 0.0
     group_id: str = ""
     extra: dict = field(default_factory=dict)
+    token_versions: np.ndarray | None = None  # int32 [T]: a rollout sampled under several versions
+    behaviour_lag: np.ndarray | None = None  # int32 [T]: versions between the sampler and the learner
 
 
 def micro_batches_by_tokens(lengths: list[int], micro_batch_tokens: int) -> list[list[int]]:
@@ -47,7 +49,8 @@ def micro_batches_by_tokens(lengths: list[int], micro_batch_tokens: int) -> list
 
 
 def collate(items: list[TrainItem], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded [B, T] tensors: input_ids, attention_mask, mask, behaviour_logprobs, advantages."""
+    """Right-padded [B, T] tensors: input_ids, attention_mask, mask, behaviour_logprobs,
+    advantages, behaviour_lag."""
     width = max(len(item.tokens) for item in items)
     shape = (len(items), width)
     input_ids = torch.full(shape, pad_id, dtype=torch.long)
@@ -55,6 +58,7 @@ def collate(items: list[TrainItem], pad_id: int) -> dict[str, torch.Tensor]:
     mask = torch.zeros(shape, dtype=torch.float32)
     old = torch.zeros(shape, dtype=torch.float32)
     advantages = torch.zeros(shape, dtype=torch.float32)
+    lag = torch.zeros(shape, dtype=torch.int32)
     for row, item in enumerate(items):
         n = len(item.tokens)
         input_ids[row, :n] = torch.from_numpy(item.tokens.astype(np.int64))
@@ -65,5 +69,7 @@ def collate(items: list[TrainItem], pad_id: int) -> dict[str, torch.Tensor]:
             advantages[row, :n] = torch.from_numpy(item.token_advantages.astype(np.float32))
         else:
             advantages[row, :n] = item.advantage
+        if item.behaviour_lag is not None:
+            lag[row, :n] = torch.from_numpy(item.behaviour_lag.astype(np.int32))
     return {"input_ids": input_ids, "attention_mask": attention, "mask": mask,
-            "behaviour_logprobs": old, "advantages": advantages}
+            "behaviour_logprobs": old, "advantages": advantages, "behaviour_lag": lag}

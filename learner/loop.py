@@ -60,7 +60,18 @@ def sample_to_item(sample: Sample) -> TrainItem:
     return TrainItem(tokens=unpack_int32(sample.tokens), mask=unpack_mask(sample.loss_mask),
                      behaviour_logprobs=unpack_float32(sample.logprobs), advantage=sample.advantage,
                      token_advantages=advantages, weight_version=sample.weight_version,
-                     trajectory_id=sample.trajectory_id, reward=sample.reward, group_id=sample.group_id)
+                     trajectory_id=sample.trajectory_id, reward=sample.reward, group_id=sample.group_id,
+                     token_versions=unpack_int32(sample.token_versions) if sample.token_versions else None)
+
+
+def with_behaviour_lag(items: list[TrainItem], learner_version: int) -> list[TrainItem]:
+    """Each token's distance from the learner's weights: how many versions older the
+    weights that sampled it are (the logprob-gap metric is broken down by it)."""
+    for item in items:
+        versions = item.token_versions if item.token_versions is not None else \
+            np.full(len(item.tokens), item.weight_version, np.int32)
+        item.behaviour_lag = (learner_version - versions).astype(np.int32)
+    return items
 
 
 def staleness_split(items: list[TrainItem], learner_version: int, threshold: int
@@ -205,7 +216,8 @@ class Learner:
     def train_step(self, step: int, buffer: StepBuffer, reader: RunReader, buffers: dict[int, StepBuffer]) -> TrainStep:
         started = time.perf_counter()
         learner_version = step - 1
-        items = [sample_to_item(s) for s in sorted(buffer.samples.values(), key=lambda s: s.trajectory_id)]
+        items = with_behaviour_lag([sample_to_item(s) for s in sorted(buffer.samples.values(),
+                                                                      key=lambda s: s.trajectory_id)], learner_version)
         kept, dropped = staleness_split(items, learner_version, self.staleness_threshold)
         metrics: dict[str, float] = {}
         loss = grad_norm = 0.0

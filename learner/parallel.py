@@ -128,6 +128,18 @@ def all_reduce_sums(values: dict[str, float], placement: Placement) -> dict[str,
     return dict(zip(keys, tensor.tolist()))
 
 
+def all_reduce_maxima(values: dict[str, float], placement: Placement) -> dict[str, float]:
+    """Maxima over ranks of per-rank maxima (every rank has the same keys)."""
+    if placement.world_size == 1 or not values:
+        return values
+    keys = sorted(values)
+    tensor = torch.tensor([values[k] for k in keys], dtype=torch.float64)
+    if placement.device.type == "cuda":
+        tensor = tensor.to(placement.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return dict(zip(keys, tensor.tolist()))
+
+
 def shares_by_tokens(lengths: list[int], world_size: int) -> list[list[int]]:
     """Indices split into `world_size` shares of near-equal token counts (longest first,
     each to the lightest share), each share in its original order."""

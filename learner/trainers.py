@@ -28,7 +28,7 @@ from algos.kl import kl_penalty, kl_reward_to_go, make_kl_controller
 from algos.losses import POLICY_LOSSES, aggregate_loss, clamped_ratio, token_logprobs_and_entropy
 from learner.batching import TrainItem, collate, micro_batches_by_tokens
 from learner.packing import collate_packed, pack_by_tokens, padding_fraction, unpack
-from learner.parallel import Placement, all_reduce_sums, shares_by_tokens
+from learner.parallel import Placement, all_reduce_maxima, all_reduce_sums, shares_by_tokens
 from runtime.config import Algorithm as AlgorithmConfig
 from runtime.config import Trainer as TrainerConfig
 from runtime.registry import Registry
@@ -176,9 +176,15 @@ class Trainer:
                                    f"tokens on {self.placement.device}: lower trainer.micro_batch_tokens "
                                    f"(now {budget}), or set trainer.gradient_checkpointing: true") from None
             sums["loss"] = sums["loss"] + loss.detach()
-            for key, value in micro_sums.items():
-                sums[key] = sums.get(key, 0.0) + value
-        sums = all_reduce_sums({key: float(value) for key, value in sums.items()}, self.placement)
+            for key, value in micro_sums.items():  # "*_max" keys are maxima, the rest sums
+                if key.endswith("_max"):
+                    sums[key] = torch.maximum(sums[key], value) if key in sums else value
+                else:
+                    sums[key] = sums.get(key, 0.0) + value
+        values = {key: float(value) for key, value in sums.items()}
+        maxima = all_reduce_maxima({key: values.pop(key) for key in list(values) if key.endswith("_max")},
+                                   self.placement)
+        sums = all_reduce_sums(values, self.placement)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         skipped = None
@@ -189,8 +195,13 @@ class Trainer:
         else:
             self.optimizer.step()
         loss_total = sums.pop("loss")
-        # Sums of per-token quantities become means over the step's trained tokens.
+        # Sums of per-token quantities become means over the step's trained tokens; the
+        # logprob gap's per-lag sums become means over their own tokens.
+        lag_sums = {key: values.pop(key) for values in (sums, maxima) for key in list(values)
+                    if key.startswith(("gap_lag", "tokens_lag"))}
         metrics = {key.removesuffix("_sum"): value / totals.tokens for key, value in sums.items()}
+        metrics.update(maxima)
+        metrics.update(logprob_gap_by_lag(lag_sums))
         lengths = [len(item.tokens) for item in share]
         metrics["padding_fraction"] = padding_fraction(lengths, groups, self.packed)
         metrics["step_skipped"] = float(skipped is not None)
@@ -198,6 +209,40 @@ class Trainer:
             metrics["step_skipped_" + skipped.replace("-", "_").replace(" ", "_")] = 1.0
         return StepResult(loss=loss_total, grad_norm=grad_norm, tokens=int(totals.tokens), samples=len(share),
                           seconds=time.perf_counter() - started, metrics=metrics, skipped=skipped)
+
+
+LAG_BUCKETS = {"lag0": (0, 0), "lag1": (1, 1), "lag2plus": (2, None)}
+
+
+def logprob_gap_sums(logprobs: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor,
+                     lag: torch.Tensor) -> dict[str, torch.Tensor]:
+    """|learner logprob - behaviour logprob| over the trained tokens: its sum and maximum,
+    and per lag bucket (tokens sampled by the learner's own weights, one version behind,
+    two or more) its sum, maximum and token count. At lag 0 the two logprobs come from
+    the same weights, so a gap there is inference/training mismatch, not policy change."""
+    gap = (logprobs - behaviour).abs() * mask
+    sums = {"logprob_gap_mean_sum": gap.sum(), "logprob_gap_max": gap.max()}
+    lag = lag.to(gap.device)
+    for name, (low, high) in LAG_BUCKETS.items():
+        inside = (lag >= low) if high is None else (lag >= low) & (lag <= high)
+        in_mask = mask * inside
+        sums[f"gap_{name}"] = (gap * in_mask).sum()
+        sums[f"tokens_{name}"] = in_mask.sum()
+        sums[f"gap_{name}_max"] = (gap * in_mask).max()
+    return sums
+
+
+def logprob_gap_by_lag(lag_sums: dict[str, float]) -> dict[str, float]:
+    """Per-bucket mean gaps and token counts from `logprob_gap_sums`' step totals
+    (a bucket with no tokens has no mean)."""
+    metrics = {}
+    for name in LAG_BUCKETS:
+        tokens = lag_sums.get(f"tokens_{name}", 0.0)
+        metrics[f"tokens_{name}"] = tokens
+        if tokens:
+            metrics[f"logprob_gap_mean_{name}"] = lag_sums[f"gap_{name}"] / tokens
+            metrics[f"logprob_gap_max_{name}"] = lag_sums[f"gap_{name}_max"]
+    return metrics
 
 
 @dataclass
@@ -281,6 +326,7 @@ class GRPOTrainer(Trainer):
             sums["clip_fraction_sum"] = (clipped * mask).sum()
             sums["ratio_sum"] = (ratio * mask).sum()
             sums["behaviour_kl_sum"] = ((behaviour - logprobs.detach()) * mask).sum()
+            sums.update(logprob_gap_sums(logprobs.detach(), behaviour, mask, batch["behaviour_lag"]))
         return loss, sums
 
     def step(self, items):

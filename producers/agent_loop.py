@@ -59,6 +59,7 @@ class Segment:
     logprobs: list[float] | None = None  # sampled segments only
     reward: float | None = None  # per-turn reward from the interaction
     meta: dict[str, Any] = field(default_factory=dict)
+    versions: list[int] | None = None  # sampled segments: the weight version of each token
 
     @property
     def sampled(self) -> bool:
@@ -85,6 +86,10 @@ class Episode:
     @property
     def logprobs(self) -> list[float]:
         return [lp for s in self.segments for lp in (s.logprobs or [0.0] * len(s.tokens))]
+
+    @property
+    def token_versions(self) -> list[int]:
+        return [v for s in self.segments for v in (s.versions or [0] * len(s.tokens))]
 
     @property
     def turn_rewards(self) -> list[float]:
@@ -128,6 +133,7 @@ def run_agent_loop(client: CompletionClient, messages: list[dict[str, str]], too
         versions.append(int(result.get("weight_version", 0)))
         parsed = parse_tool_calls(text)
         segments.append(Segment("assistant", response, text, logprobs=list(result["logprobs"]),
+                                versions=list(result.get("token_versions") or [versions[-1]] * len(response)),
                                 meta={"finish_reason": result["finish_reason"],
                                       "weight_version": versions[-1],
                                       "tool_calls": [c.name for c in parsed.tool_calls]}))

@@ -190,7 +190,7 @@ class AgentRolloutWorker(BaseRolloutWorker):
         return Trajectory(
             tokens=tokens, loss_mask=mask, reward=outcome.result.reward + float(sum(turn_rewards)),
             is_val=task.get("is_val", False), logprobs=episode.logprobs, turns=episode_turns(episode, mask),
-            weight_version=min(episode.weight_versions, default=0),
+            weight_version=min(episode.weight_versions, default=0), token_versions=episode.token_versions,
             extra_fields={"metrics": metrics, "ground_truth": outcome.result.ground_truth,
                           "evaluator_error": outcome.error, "final_answer": episode.final_answer,
                           "response": self._inference_client.tokenizer.decode(tokens[prompt_tokens:]),

@@ -25,8 +25,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from runtime.device import resolve_device
 from runtime.registry import Registry
 
-# `service.inference_service.backend`: factories `fn(recipe, seed) -> engine`, an engine
-# being what `BatchingEngine` drives (`tokenizer`, `generate`, `load_weights`).
+# `service.inference_service.backend`: factories `fn(recipe, seed, settings, logs) -> front`,
+# a front being what a worker's InferenceClient drives: `tokenizer`, `complete(prompt_ids,
+# params) -> Completion`, `update_weights(folder, version)`, `close()`. `logs` is the
+# folder for the logs of servers the backend starts.
 INFERENCE_BACKENDS: Registry = Registry("inference backend", "service.inference_service.backend")
 register_inference_backend = INFERENCE_BACKENDS.register
 
@@ -53,7 +55,14 @@ class Completion:
     response_text: str
     logprobs: list[float]  # behaviour logprob of each response token
     finish_reason: str  # "stop" (end of sequence or a stop token) | "length"
-    weight_version: int
+    weight_version: int  # the oldest version that sampled a token of it
+    token_versions: list[int] = field(default_factory=list)  # per response token, when they differ
+
+
+class InferenceUnavailable(RuntimeError):
+    """The inference service cannot serve (unreachable, crashed, refused a weight version):
+    a failure of the worker's infrastructure, not of the task, so the worker stops and
+    its uncommitted tasks are rolled out again after it restarts."""
 
 
 def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -164,9 +173,10 @@ class EmbeddedEngine:
 
 
 @register_inference_backend("embedded")
-def embedded_backend(recipe, seed: int) -> EmbeddedEngine:
+def embedded_backend(recipe, seed: int, settings=None, logs: Path | None = None) -> "BatchingEngine":
     """transformers in this process, on the recipe's model."""
-    return EmbeddedEngine(recipe.rollout_worker.model_path, seed=seed, device=recipe.trainer.device)
+    engine = EmbeddedEngine(recipe.rollout_worker.model_path, seed=seed, device=recipe.trainer.device)
+    return BatchingEngine(engine, max_batch_size=recipe.service.inference_service.max_batch_size)
 
 
 @dataclass
@@ -198,6 +208,9 @@ class BatchingEngine:
         request = _Request(list(prompt), params)
         self._requests.put(request)
         return request.future
+
+    def complete(self, prompt: list[int], params: SamplingParams) -> Completion:
+        return self.submit(prompt, params).result()
 
     def update_weights(self, model_path: str | Path, weight_version: int) -> None:
         """Load this version before the next batch (never in the middle of one)."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from producers.evaluator import BaseEvaluationTarget, Evaluator, run_evaluator
-from producers.inference import BatchingEngine, Completion, SamplingParams
+from producers.inference import Completion, InferenceUnavailable, SamplingParams
 from schema.events import Evaluation, Task, Turn, pack_float32, pack_int32, pack_mask
 from schema.events import Trajectory as TrajectoryEvent
 from runtime.registry import Registry
@@ -42,12 +42,16 @@ class Trajectory:
     logprobs: list[float] | None = None  # optional: recovered from the completions otherwise
     turns: list[dict[str, Any]] | None = None  # multi-turn segments: role, start, end, trained, reward, meta
     weight_version: int | None = None  # the oldest policy that sampled it; from the completions otherwise
+    token_versions: list[int] | None = None  # per token (0 where not sampled); from the completions otherwise
 
 
 class InferenceClient:
-    """`completion(prompt)` for workers; records the completions of the current rollout."""
+    """`completion(prompt)` for workers; records the completions of the current rollout.
 
-    def __init__(self, engine: BatchingEngine, defaults: SamplingParams, val_defaults: SamplingParams | None = None,
+    `engine` is an engine front (`tokenizer`, `complete(prompt_ids, params)`): the
+    embedded BatchingEngine, or an inference server's (SGLang, OpenAI-compatible)."""
+
+    def __init__(self, engine, defaults: SamplingParams, val_defaults: SamplingParams | None = None,
                  max_prompt_tokens: int | None = None):
         self._engine = engine
         self.max_prompt_tokens = max_prompt_tokens  # a task's prompt may not be longer (in tokens)
@@ -86,19 +90,23 @@ class InferenceClient:
             max_new_tokens=max_tokens if max_tokens is not None else self._defaults.max_new_tokens,
             temperature=temperature if temperature is not None else self._defaults.temperature,
             top_p=top_p if top_p is not None else self._defaults.top_p, stop_token_ids=tuple(stop_token_ids))
-        result: Completion = self._engine.submit(prompt_ids, params).result()
+        result: Completion = self._engine.complete(prompt_ids, params)
         if hasattr(self._local, "completions"):
             self._local.completions.append(result)
         return {"prompt_tokens": result.prompt_token_ids, "response_tokens": result.response_token_ids,
                 "response": result.response_text, "logprobs": result.logprobs,
-                "finish_reason": result.finish_reason, "weight_version": result.weight_version}
+                "finish_reason": result.finish_reason, "weight_version": result.weight_version,
+                "token_versions": result.token_versions or [result.weight_version] * len(result.response_token_ids)}
 
 
-def behaviour_logprobs(tokens: list[int], loss_mask: list[int], completions: list[Completion]) -> list[float]:
-    """Per-token behaviour logprobs: each completion's response is found in `tokens`
-    (in order, searching forward); tokens no completion sampled get 0. Raises ValueError
-    if a trained token was not sampled by any completion."""
+def behaviour_logprobs(tokens: list[int], loss_mask: list[int], completions: list[Completion]
+                       ) -> tuple[list[float], list[int]]:
+    """Per-token behaviour logprobs and the weight version that sampled each token: each
+    completion's response is found in `tokens` (in order, searching forward); tokens no
+    completion sampled get 0 and version 0. Raises ValueError if a trained token was not
+    sampled by any completion."""
     logprobs = [0.0] * len(tokens)
+    versions = [0] * len(tokens)
     sampled = [False] * len(tokens)
     cursor = 0
     for completion in completions:
@@ -108,6 +116,8 @@ def behaviour_logprobs(tokens: list[int], loss_mask: list[int], completions: lis
         for start in range(cursor, len(tokens) - len(response) + 1):
             if tokens[start:start + len(response)] == response:
                 logprobs[start:start + len(response)] = completion.logprobs
+                versions[start:start + len(response)] = (completion.token_versions or
+                                                         [completion.weight_version] * len(response))
                 sampled[start:start + len(response)] = [True] * len(response)
                 cursor = start + len(response)
                 break
@@ -115,7 +125,7 @@ def behaviour_logprobs(tokens: list[int], loss_mask: list[int], completions: lis
     if unsampled:
         raise ValueError(f"{len(unsampled)} trained token(s) (first at position {unsampled[0]}) were not "
                          "sampled by any completion of this rollout: no behaviour logprob to train with")
-    return logprobs
+    return logprobs, versions
 
 
 # `rollout_worker.type`: classes with the seed API's constructor
@@ -159,17 +169,21 @@ class BaseRolloutWorker:
             return FAIL
         completions = self._inference_client.recorded()
         try:
-            logprobs = trajectory.logprobs if trajectory.logprobs is not None else \
-                behaviour_logprobs(trajectory.tokens, trajectory.loss_mask, completions)
+            found_logprobs, found_versions = behaviour_logprobs(trajectory.tokens, trajectory.loss_mask,
+                                                                completions) if trajectory.logprobs is None \
+                else (trajectory.logprobs, trajectory.token_versions)
         except ValueError as exc:
             self._local.error = str(exc)
             return FAIL
+        logprobs = trajectory.logprobs if trajectory.logprobs is not None else found_logprobs
+        token_versions = trajectory.token_versions if trajectory.token_versions is not None else found_versions
         versions = {c.weight_version for c in completions}
         weight_version = trajectory.weight_version if trajectory.weight_version is not None else \
             (min(versions) if versions else 0)
         if weight_version < task.min_weight_version:
             return RE_ROLLOUT  # generated by a policy older than this task allows
-        self._local.put = build_events(task, trajectory, logprobs, weight_version, completions, self.worker_id)
+        self._local.put = build_events(task, trajectory, logprobs, weight_version, completions, self.worker_id,
+                                       token_versions)
         return SUCCESS
 
     # --- driving one task -----------------------------------------------------------------
@@ -183,6 +197,8 @@ class BaseRolloutWorker:
             self._inference_client.begin(is_val=task.is_val)
             try:
                 status = self.rollout(task_dict(task))
+            except InferenceUnavailable:
+                raise  # not this task's failure: the worker stops and the task is rolled out again
             except Exception as exc:
                 status, self._local.error = FAIL, f"{type(exc).__name__}: {exc}"
             if status == SUCCESS and self._local.put is not None:
@@ -234,8 +250,12 @@ def task_dict(task: Task) -> dict[str, Any]:
 
 
 def build_events(task: Task, trajectory: Trajectory, logprobs: list[float], weight_version: int,
-                 completions: list[Completion], worker_id: str) -> tuple[TrajectoryEvent, Evaluation]:
+                 completions: list[Completion], worker_id: str, token_versions: list[int] | None = None
+                 ) -> tuple[TrajectoryEvent, Evaluation]:
     extra = dict(trajectory.extra_fields)
+    # Per-token versions are kept only when the sampled tokens span more than one version.
+    sampled_versions = {v for v, m in zip(token_versions or [], trajectory.loss_mask) if m}
+    spans_versions = len(sampled_versions) > 1
     metrics = {k: float(v) for k, v in (extra.pop("metrics", None) or {}).items()}
     prompt_length = next((i for i, m in enumerate(trajectory.loss_mask) if m), len(trajectory.tokens))
     event = TrajectoryEvent(
@@ -243,6 +263,7 @@ def build_events(task: Task, trajectory: Trajectory, logprobs: list[float], weig
         sample_index=task.sample_index, group_size=task.group_size, weight_version=weight_version,
         tokens=pack_int32(trajectory.tokens),
         loss_mask=pack_mask(trajectory.loss_mask), logprobs=pack_float32(logprobs), prompt_length=prompt_length,
+        token_versions=pack_int32(token_versions) if spans_versions else b"",
         prompt_text=str(task.prompt), response_text=str(extra.get("response", "")),
         finish_reason=str(extra.pop("finish_reason", completions[-1].finish_reason if completions else "")),
         turns=[Turn(**turn) for turn in trajectory.turns or []], worker_id=worker_id, is_val=trajectory.is_val, step=task.step, extra_fields=extra)

@@ -26,9 +26,11 @@ from pathlib import Path
 from kafka import TopicPartition
 
 import producers.agent_worker  # noqa: F401  (registers the "agent" worker type)
+import producers.openai_engine  # noqa: F401  (registers the "openai" inference backend)
+import producers.sglang_engine  # noqa: F401  (registers the "sglang" inference backend)
 from producers.evaluator import Evaluator
 from producers.evaluator_builtins import make_evaluator as build_evaluator
-from producers.inference import INFERENCE_BACKENDS, BatchingEngine, SamplingParams
+from producers.inference import INFERENCE_BACKENDS, SamplingParams
 from producers.rollout import ROLLOUT_WORKERS, BaseRolloutWorker, InferenceClient
 from runtime.bus import EventPublisher, RunReader
 from runtime.config import Recipe
@@ -87,7 +89,8 @@ def run_worker(settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int
     worker_id = f"{os.uname().nodename}-{os.getpid()}-{shard[0]}"
     service = recipe.service.inference_service
     backend = INFERENCE_BACKENDS.get(service.backend)
-    engine = BatchingEngine(backend(recipe, seed=recipe.trainer.seed + shard[0]), max_batch_size=service.max_batch_size)
+    logs = settings.home / "runs" / run_id / "logs"
+    engine = backend(recipe, recipe.trainer.seed + shard[0], settings, logs)
     client = InferenceClient(
         engine,
         SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature, top_p=cfg.top_p),
@@ -107,10 +110,15 @@ def run_worker(settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int
                 loaded["version"] = version.version
 
     watcher_thread = None
+    failures: list[BaseException] = []
     if mode == "fully-async":
         def follow():
-            while not stop.is_set():
-                load(async_watcher.poll(timeout_ms=200))
+            try:
+                while not stop.is_set():
+                    load(async_watcher.poll(timeout_ms=200))
+            except Exception as exc:  # a weight version the engine refused: the worker stops, loudly
+                failures.append(exc)
+                stop.set()
         async_watcher = WeightWatcher(settings, run_id)
         watcher_thread = threading.Thread(target=follow, name="weights", daemon=True)
         watcher_thread.start()
@@ -156,6 +164,8 @@ def run_worker(settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int
         publisher.close()
         tasks.close()
         engine.close()
+    if failures:
+        raise failures[0]
     return done
 
 

@@ -23,7 +23,7 @@ import enum
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 
 def path_field(default=None, **kwargs):
@@ -189,13 +189,22 @@ class Validate:
 
 @dataclass
 class InferenceService:
-    backend: str = "embedded"  # a registered inference backend
-    url: Optional[str] = only(None, "the embedded engine needs no url")
-    model_tag: str = only("policy", "the embedded engine serves one model")
-    api_key: Optional[str] = only(None, "the embedded engine needs no key")
-    max_retries: int = 3
-    freeze_for_weight_sync: bool = only(True, "the embedded engine swaps weights between batches")
-    max_batch_size: int = 64
+    """Where rollouts are sampled (`runtime/recipe.py` checks which keys each backend reads)."""
+    backend: str = "embedded"  # a registered inference backend: embedded | sglang | openai
+    url: Optional[Union[str, list[str]]] = None  # external server(s); sglang without one: managed servers
+    num_servers: int = 1  # managed sglang servers per rollout worker
+    server_args: dict[str, Any] = field(default_factory=dict)  # managed sglang: launch flags (mem-fraction-static: 0.8)
+    partial_rollout: Optional[Literal["resume", "redo"]] = None  # fully-async: requests a weight update interrupts
+    startup_timeout_s: float = 300.0
+    request_timeout_s: float = 600.0
+    weight_sync_timeout_s: float = 300.0
+    model_tag: str = "policy"  # openai: the served model's name ("policy": the server's first model)
+    api_key: Optional[str] = None
+    max_retries: int = 3  # an unreachable server: tries with exponential backoff; managed: restarts
+    freeze_for_weight_sync: bool = only(True, "requests wait (or are aborted) while weights load")
+    max_batch_size: int = 64  # embedded: completions per batch; a server: requests in flight
+    allow_text_round_trip: bool = False  # openai: train on ids re-tokenized from text (no token ids returned)
+    allow_unsynced_weights: bool = False  # openai: train although the server never loads the learner's weights
 
 
 @dataclass
@@ -311,10 +320,11 @@ def _scalar_type(tp):
 
 def _check_value(value, tp, key: str) -> list[str]:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union:  # Optional[X]
-        if value is None:
+    if origin is typing.Union:  # Optional[X], Union[X, Y]: the value fits one of them
+        if value is None and type(None) in args:
             return []
-        return _check_value(value, next(a for a in args if a is not type(None)), key)
+        found = [_check_value(value, a, key) for a in args if a is not type(None)]
+        return [] if any(not problems for problems in found) else found[0]
     if tp is Any:
         return []
     if origin is Literal:

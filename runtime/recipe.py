@@ -14,6 +14,7 @@ next to the recipe, then in its parent folders) and then the recipe itself; wher
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -189,7 +190,50 @@ def consistency_problems(recipe: Recipe) -> list[str]:
         problems.append("trajectory_pool.batch_size: must be >= 1")
     if recipe.trainer.nproc_per_node < 1 or recipe.trainer.nnodes < 1:
         problems.append("trainer.nproc_per_node / trainer.nnodes: must be >= 1")
+    return problems + inference_service_problems(recipe)
+
+
+# Which inference backends read which `service.inference_service` keys (the rest: all).
+SERVER_KEYS = {"url": ("sglang", "openai"), "api_key": ("sglang", "openai"), "num_servers": ("sglang",),
+               "server_args": ("sglang",), "partial_rollout": ("sglang",), "startup_timeout_s": ("sglang",),
+               "weight_sync_timeout_s": ("sglang",), "model_tag": ("openai",),
+               "allow_text_round_trip": ("openai",), "allow_unsynced_weights": ("openai",)}
+
+
+def inference_service_problems(recipe: Recipe) -> list[str]:
+    """A key that the chosen backend would not read is refused, not ignored."""
+    service = recipe.service.inference_service
+    defaults = type(service)()
+    prefix = "service.inference_service."
+    problems = [f"{prefix}{key}: not used by backend {service.backend} (only by {' and '.join(backends)})"
+                for key, backends in SERVER_KEYS.items()
+                if service.backend not in backends and getattr(service, key) != getattr(defaults, key)]
+    if service.backend == "openai" and not service.url:
+        problems.append(f"{prefix}url: backend openai needs the server's url")
+    if service.backend == "sglang" and service.url and service.num_servers != 1:
+        problems.append(f"{prefix}num_servers: managed servers only; with url the servers are the ones listed")
+    if service.partial_rollout and recipe.weight.sync_mode != "fully-async":
+        problems.append(f"{prefix}partial_rollout: only weight.sync_mode fully-async interrupts requests "
+                        f"for a weight update (this recipe: {recipe.weight.sync_mode})")
+    if service.num_servers < 1 or service.max_batch_size < 1 or service.max_retries < 0:
+        problems.append(f"{prefix}num_servers, max_batch_size: must be >= 1; max_retries: >= 0")
     return problems
+
+
+def server_urls(url: str | list[str] | None) -> list[str]:
+    """`url:` (one or a list; `host:port` as the guide's CLI writes it) as http URLs."""
+    urls = [url] if isinstance(url, str) else list(url or [])
+    return [(u if "://" in u else f"http://{u}").rstrip("/") for u in urls]
+
+
+def with_inference_url(recipe: Recipe, urls: list[str]) -> Recipe:
+    """The recipe with `--inference-url`: external servers instead of managed ones."""
+    service = recipe.service.inference_service
+    if service.backend not in SERVER_KEYS["url"]:
+        raise RecipeError("--inference-url", [f"service.inference_service.backend is {service.backend}: an "
+                                              "inference url needs backend sglang or openai"])
+    service = dataclasses.replace(service, url=server_urls(urls), num_servers=1)
+    return dataclasses.replace(recipe, service=dataclasses.replace(recipe.service, inference_service=service))
 
 
 def prepare_recipe(path: str | Path, run_setup: bool = True) -> Recipe:

@@ -24,7 +24,12 @@ ENV_VARS = {
     "STREAMRL_KAFKA_MAX_MESSAGE_BYTES": "largest message the broker accepts (default 1048576)",
     "STREAMRL_KAFKA_SESSION_TIMEOUT_MS": "consumer group session timeout (default 6000)",
     "STREAMRL_KAFKA_PORT": "port of the embedded broker (default 9092, the next free one if taken)",
+    "STREAMRL_SGLANG_PYTHON": "the Python of an SGLang environment, for managed inference servers "
+                              "(default: the one `make sglang-env` builds under ~/.cache/streamrl)",
 }
+
+# The SGLang release StreamRL is tested against (the Makefile's SGLANG_VERSION agrees).
+SGLANG_VERSION = "0.5.23"
 
 DEFAULT_KAFKA_PORT = 9092
 DEFAULT_POSTGRES_PORT = 5432
@@ -62,6 +67,7 @@ class Settings:
     max_message_bytes: int = 1_048_576
     session_timeout_ms: int = 6000
     kafka_port: int = DEFAULT_KAFKA_PORT
+    sglang_python_env: str | None = None
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -84,7 +90,16 @@ class Settings:
             max_message_bytes=_int_env("STREAMRL_KAFKA_MAX_MESSAGE_BYTES", 1_048_576),
             session_timeout_ms=_int_env("STREAMRL_KAFKA_SESSION_TIMEOUT_MS", 6000),
             kafka_port=_int_env("STREAMRL_KAFKA_PORT", DEFAULT_KAFKA_PORT),
+            sglang_python_env=os.environ.get("STREAMRL_SGLANG_PYTHON") or None,
         )
+
+    @property
+    def sglang_python(self) -> Path:
+        """The Python that launches managed SGLang servers (SGLang lives in its own
+        environment: it pins its own torch and CUDA packages)."""
+        if self.sglang_python_env:
+            return Path(self.sglang_python_env)
+        return Path.home() / ".cache" / "streamrl" / f"sglang-{SGLANG_VERSION}" / "bin" / "python"
 
     # --- what `streamrl up` recorded -------------------------------------------------
     @property

@@ -121,6 +121,9 @@ class Trajectory(Event, tag="trajectory", kw_only=True):
     tokens: bytes = b""  # int32 LE
     loss_mask: bytes = b""  # uint8, one per token
     logprobs: bytes = b""  # float32 LE, one per token (0 where not sampled)
+    # int32 LE, one per token: the weight version that sampled it, when the rollout spans
+    # versions (a partial rollout resumed under new weights); empty: all `weight_version`
+    token_versions: bytes = b""
     prompt_length: int = 0
     prompt_text: str = ""
     response_text: str = ""
@@ -177,6 +180,7 @@ class Sample(Event, tag="sample", kw_only=True):
     tokens: bytes = b""
     loss_mask: bytes = b""
     logprobs: bytes = b""
+    token_versions: bytes = b""  # as Trajectory.token_versions
 
     def natural_key(self) -> tuple:
         return (self.trajectory_id,)

@@ -22,7 +22,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from schema.events import (
     DeadLetter, Evaluation, Event, GroupFiltered, RunEvent, Sample, Task, TrainStep, Trajectory, WeightVersion,
-    unpack_mask,
+    unpack_int32, unpack_mask,
 )
 
 metadata = MetaData()
@@ -92,6 +92,8 @@ trajectories = Table(
     Column("tokens", LargeBinary, nullable=False),
     Column("loss_mask", LargeBinary, nullable=False),
     Column("logprobs", LargeBinary, nullable=False),
+    Column("token_versions", LargeBinary),
+    Column("newest_weight_version", Integer),  # = weight_version unless the rollout spans versions
     Column("num_tokens", Integer, nullable=False),
     Column("num_trained_tokens", Integer, nullable=False),
     Column("prompt_length", Integer, nullable=False),
@@ -147,6 +149,7 @@ samples = Table(
     Column("tokens", LargeBinary, nullable=False),
     Column("loss_mask", LargeBinary, nullable=False),
     Column("logprobs", LargeBinary, nullable=False),
+    Column("token_versions", LargeBinary),
     Column("num_tokens", Integer, nullable=False),
     Index("ix_samples_run_step", "run_id", "step"),
     Index("ix_samples_run_group", "run_id", "group_id"),
@@ -239,12 +242,13 @@ _DERIVED = {
     Trajectory: lambda e: {
         "num_tokens": len(e.tokens) // 4,
         "num_trained_tokens": int(unpack_mask(e.loss_mask).sum()) if e.loss_mask else 0,
+        "newest_weight_version": int(unpack_int32(e.token_versions).max()) if e.token_versions else e.weight_version,
     },
     Sample: lambda e: {"num_tokens": len(e.tokens) // 4},
 }
 
 
-DERIVED_COLUMNS = {"trajectories": ("num_tokens", "num_trained_tokens"), "samples": ("num_tokens",)}
+DERIVED_COLUMNS = {"trajectories": ("num_tokens", "num_trained_tokens", "newest_weight_version"), "samples": ("num_tokens",)}
 
 
 def field_column_mismatches(event_type: type[Event], table: Table) -> list[str]:

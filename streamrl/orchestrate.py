@@ -146,12 +146,14 @@ def status_line(summary: RunSummary) -> str:
 
 def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, run_id: str, workers: int,
                 out: Path | None, console: Console, final_val_timeout_s: float = 180.0,
-                resume: bool = False, reset_offsets: bool = False) -> RunSummary:
+                resume: bool = False, reset_offsets: bool = False,
+                inference_urls: list[str] | None = None) -> RunSummary:
     local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id)
     total = total_train_steps(recipe)  # the same count the publisher and the learner use
     val_rows = recipe.validate.data.max_rows
     console.print(f"run [bold]{run_id}[/]: logs in {local.logs}", highlight=False)
     publish = ["publish", "--resume", run_id] if resume else ["publish", str(recipe_file), "--run", run_id]
+    publish += [arg for url in inference_urls or [] for arg in ("--inference-url", url)]
     local.spawn("publisher", publish, may_finish=True)
     # The other processes read the run's resolved config from its `created` event.
     local.spawn("sink", ["sink", "--run", run_id])

@@ -15,6 +15,7 @@ import functools
 import json
 import re
 import secrets
+import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -87,6 +88,11 @@ def as_cli_error(exc: Exception) -> CliError | None:
         return CommandFailed(f"the run's recorded config does not fit this version of StreamRL: {exc}")
     if isinstance(exc, RunNotFound):
         return CommandFailed(str(exc))
+    # Only a process that loaded the inference code can raise its errors (importing it
+    # here would cost every command a torch import).
+    inference = sys.modules.get("producers.inference")
+    if inference is not None and isinstance(exc, inference.InferenceUnavailable):
+        return CommandFailed(str(exc), "inference service")
     return None
 
 

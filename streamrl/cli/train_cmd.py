@@ -21,6 +21,17 @@ def register(app: typer.Typer) -> None:
         app.command()(cli_command(command))
 
 
+InferenceUrl = Annotated[Optional[list[str]], typer.Option(
+    "--inference-url", help="An existing inference server (URL or HOST:PORT; repeat for several) instead of "
+                            "managed ones; needs service.inference_service.backend sglang or openai.")]
+
+
+def with_url(recipe, urls: list[str] | None):
+    from runtime.recipe import with_inference_url
+
+    return with_inference_url(recipe, urls) if urls else recipe
+
+
 def run_config(current, run: str):
     """The run's typed config, from its `created` event (every process but the publisher
     starts from the run id alone)."""
@@ -39,6 +50,7 @@ def run_recipe(
     run: Annotated[Optional[str], typer.Option(help="Run id (default: experiment name + time).")] = None,
     workers: Annotated[Optional[int], typer.Option(help="Rollout worker processes (default: rollout_worker.num_workers).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Folder for the summary and reward curve (default: STREAMRL_HOME/runs/RUN).")] = None,
+    inference_url: InferenceUrl = None,
 ) -> None:
     """Train a recipe end to end on this machine: start the services if needed, then the
     ledger sink, stream processor, learner, rollout workers and publisher as processes,
@@ -50,7 +62,10 @@ def run_recipe(
     current = settings()
     if (file is None) == (resume is None):
         raise UsageError("give a recipe FILE or --resume RUN, not both or neither")
-    recipe = prepared_recipe(file) if file else None
+    recipe = with_url(prepared_recipe(file), inference_url) if file else None
+    if resume and inference_url:
+        raise UsageError("--inference-url: a resumed run keeps its recorded servers; give it to "
+                         "`streamrl worker RUN --inference-url` instead")
     for line in services.up(current):
         console.print(line, highlight=False)
     db.upgrade(database_url(current))
@@ -64,7 +79,8 @@ def run_recipe(
     run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
     try:
         run_locally(current, file, recipe, run, workers or recipe.rollout_worker.num_workers, out, console,
-                    resume=bool(resume), reset_offsets=bool(resume) and resumed.rebuilt.topics_recreated)
+                    resume=bool(resume), reset_offsets=bool(resume) and resumed.rebuilt.topics_recreated,
+                    inference_urls=inference_url)
     except RunFailed as exc:
         raise CommandFailed(str(exc), "run failed") from None
 
@@ -74,6 +90,7 @@ def publish(
     run: Annotated[Optional[str], typer.Option(help="Run id (default: experiment name + time).")] = None,
     resume: Annotated[Optional[str], typer.Option(help="Resume publishing RUN: its config from the ledger; tasks "
                                                        "already rolled out and evaluated are not published again.")] = None,
+    inference_url: InferenceUrl = None,
 ) -> None:
     """Create a run from a recipe (its topics, and a `created` event holding the resolved
     config) and publish its tasks, paced by the weight versions the learner publishes."""
@@ -91,7 +108,7 @@ def publish(
         skip = finished_task_ids(database_url(current), run)
         console.print(f"resuming run {run}: {len(skip)} tasks already done", highlight=False)
     else:
-        recipe = prepared_recipe(file)
+        recipe = with_url(prepared_recipe(file), inference_url)
         run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
         with EventPublisher(current) as publisher:
             create_run(current, run, recipe, publisher)
@@ -104,6 +121,7 @@ def worker(
     run: Annotated[str, typer.Argument(help="Run id.")],
     shard: Annotated[str, typer.Option(help="I/N: serve the tasks partitions p with p % N == I.")] = "0/1",
     idle_exit: Annotated[Optional[float], typer.Option(help="Exit after this many seconds without tasks.")] = None,
+    inference_url: InferenceUrl = None,
 ) -> None:
     """Roll out RUN's tasks: trajectories and evaluations out, offsets committed after.
     SIGTERM/SIGINT finish the tasks in flight, commit and exit 0."""
@@ -114,7 +132,7 @@ def worker(
 
     current = settings()
     index_count = parse_shard(shard)
-    recipe = run_config(current, run)
+    recipe = with_url(run_config(current, run), inference_url)
     torch.set_num_threads(1)
     done = run_worker(current, run, recipe, index_count, stop_on_signals(), idle_exit_s=idle_exit)
     console.print(f"worker stopped after {done} tasks", highlight=False)

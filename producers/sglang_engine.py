@@ -1,0 +1,291 @@
+"""Rollouts from SGLang servers: token ids in, token ids and behaviour logprobs out.
+
+`SGLangEngine.complete(prompt_ids, params)` posts `/generate` with `input_ids` and
+`return_logprob: true` and returns the server's own output ids and
+`meta_info.output_token_logprobs`: no text crosses the training path. Every answer
+carries the server's `meta_info.weight_version`; one that differs from the version the
+worker loaded (a server that restarted and came back with its base weights) is
+discarded, the server re-synced, and the request sent again.
+
+Weight sync (`update_weights`) closes a gate (new requests wait), aborts the requests in
+flight (there are none in `sync` and `batch-async`: the worker updates between batches),
+loads the version on every server with `/update_weights_from_disk`, checks that each
+reports it, and opens the gate. An aborted request comes back with the tokens it had
+sampled: with `partial_rollout: resume` they are kept and generation continues from
+them under the new weights, each token keeping the version that sampled it; with
+`redo` they are dropped and the completion starts again.
+
+A server that stops answering: a managed one is restarted and re-synced; an external
+one is retried with exponential backoff, `max_retries` times, then the worker stops
+with one sentence naming the URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from transformers import AutoTokenizer
+
+from producers.inference import Completion, SamplingParams, register_inference_backend
+from producers.sglang_server import InferenceServerError, ManagedServer
+from runtime.recipe import server_urls
+
+log = logging.getLogger("streamrl.sglang")
+ABORTED = "abort"
+
+
+@dataclass
+class Server:
+    url: str
+    managed: ManagedServer | None = None
+    epoch: int = 0  # bumped on each restart or re-sync, so one failure is repaired once
+    lock: threading.RLock = field(default_factory=threading.RLock)  # held while repairing or loading
+    slots: threading.Semaphore | None = None
+
+
+@dataclass
+class Generated:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length" | "abort"
+    weight_version: str
+
+
+def parse_generate(body: dict) -> Generated:
+    """The part of an SGLang `/generate` answer StreamRL trains on."""
+    meta = body["meta_info"]
+    ids = [int(t) for t in body["output_ids"]]
+    logprobs = [float(entry[0]) for entry in meta.get("output_token_logprobs") or []]
+    if len(logprobs) != len(ids):
+        raise InferenceServerError(f"the server returned {len(ids)} output ids but {len(logprobs)} logprobs")
+    reason = meta.get("finish_reason") or {}
+    kind = reason.get("type", "length") if isinstance(reason, dict) else str(reason)
+    return Generated(ids, logprobs, kind, str(meta.get("weight_version", "")))
+
+
+class SGLangEngine:
+    """The engine front a worker's InferenceClient drives, over one or more servers."""
+
+    def __init__(self, servers: list[Server], tokenizer, partial_rollout: str = "resume",
+                 request_timeout_s: float = 600.0, sync_timeout_s: float = 300.0, max_retries: int = 3,
+                 api_key: str | None = None):
+        self.servers = servers
+        self.tokenizer = tokenizer
+        self.partial_rollout = partial_rollout
+        self.sync_timeout_s = sync_timeout_s
+        self.max_retries = max_retries
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(timeout=httpx.Timeout(request_timeout_s, connect=10.0), headers=headers,
+                                 limits=httpx.Limits(max_connections=512, max_keepalive_connections=512))
+        self.version: int | None = None  # what every server holds (None: not synced yet)
+        self.version_path: str | None = None
+        self._gate = threading.Condition()
+        self._updating = False
+        self._in_flight = 0
+        self._next = itertools.count()
+        self.aborted_requests = 0
+        self.sync_seconds: list[float] = []
+
+    # --- generation ---------------------------------------------------------------------------
+    def complete(self, prompt: list[int], params: SamplingParams) -> Completion:
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        finish = "length"
+        while len(tokens) < params.max_new_tokens:
+            server, version = self._admit()
+            try:
+                out = self._generate(server, list(prompt) + tokens, params, params.max_new_tokens - len(tokens))
+            finally:
+                self._release()
+            if out is None:  # the server lost its weights; it has been re-synced
+                continue
+            if out.finish_reason == ABORTED:  # paused for a weight update
+                self.aborted_requests += 1
+                if self.partial_rollout == "redo":
+                    tokens, logprobs, versions = [], [], []
+                    continue
+            tokens += out.token_ids
+            logprobs += out.logprobs
+            versions += [version if version is not None else 0] * len(out.token_ids)
+            if out.finish_reason != ABORTED:
+                finish = "stop" if out.finish_reason == "stop" else "length"
+                break
+        return Completion(prompt_token_ids=list(prompt), response_token_ids=tokens,
+                          response_text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                          logprobs=logprobs, finish_reason=finish,
+                          weight_version=min(versions) if versions else (self.version or 0),
+                          token_versions=versions if len(set(versions)) > 1 else [])
+
+    def _admit(self) -> tuple[Server, int | None]:
+        with self._gate:
+            while self._updating:
+                self._gate.wait()
+            self._in_flight += 1
+            version = self.version
+        return self.servers[next(self._next) % len(self.servers)], version
+
+    def _release(self) -> None:
+        with self._gate:
+            self._in_flight -= 1
+            self._gate.notify_all()
+
+    def _generate(self, server: Server, input_ids: list[int], params: SamplingParams,
+                  max_new_tokens: int) -> Generated | None:
+        sampling = {"max_new_tokens": max_new_tokens, "temperature": params.temperature, "top_p": params.top_p}
+        if params.stop_token_ids:
+            sampling["stop_token_ids"] = list(params.stop_token_ids)
+        payload = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True}
+        body = self._post(server, "/generate", payload)
+        out = parse_generate(body)
+        expected = self.version
+        if expected is not None and out.weight_version != str(expected):
+            log.warning("%s answered with weight version %r, not %d: re-syncing it", server.url,
+                        out.weight_version, expected)
+            self._resync(server, server.epoch)
+            return None
+        return out
+
+    # --- talking to a server, and repairing it --------------------------------------------------
+    def _post(self, server: Server, route: str, payload: dict, timeout: float | None = None) -> dict:
+        attempt = 0
+        while True:
+            epoch = server.epoch
+            try:
+                with server.slots or contextlib.nullcontext():
+                    response = self.http.post(server.url + route, json=payload,
+                                              timeout=timeout or httpx.USE_CLIENT_DEFAULT)
+            except httpx.TransportError as exc:
+                attempt += 1
+                self._repair(server, epoch, attempt, exc)
+                continue
+            if response.status_code >= 500 and server.managed is not None and not server.managed.alive():
+                attempt += 1
+                self._repair(server, epoch, attempt, RuntimeError(f"HTTP {response.status_code}"))
+                continue
+            if response.status_code == 400 and route == "/update_weights_from_disk":
+                return response.json()  # a refused version: the caller says which and why
+            if response.status_code != 200:
+                raise InferenceServerError(f"{server.url}{route} answered HTTP {response.status_code}: "
+                                           f"{response.text[:300]}")
+            return response.json() if response.content else {}
+
+    def _repair(self, server: Server, epoch: int, attempt: int, error: Exception) -> None:
+        """After a failed request: restart a dead managed server (and re-sync it), or wait
+        for an external one with exponential backoff; give up after max_retries."""
+        with server.lock:
+            if server.epoch != epoch:  # another request already repaired it
+                return
+            if server.managed is not None and not server.managed.alive():
+                log.warning("the SGLang server %s died (%s): restarting it", server.url, error)
+                if server.managed.restarts >= self.max_retries:
+                    raise InferenceServerError(f"the managed SGLang server {server.url} died "
+                                               f"{server.managed.restarts + 1} times; its log ends:\n"
+                                               f"{server.managed.log_tail()}")
+                server.managed.restart()
+                server.epoch += 1
+                self._load(server, force=True)
+                return
+            if attempt > self.max_retries:
+                raise InferenceServerError(f"inference server {server.url} did not answer after {attempt} tries "
+                                           f"({type(error).__name__}: {error})")
+            delay = min(30.0, 2.0 ** (attempt - 1))
+            log.warning("inference server %s did not answer (%s); retry %d/%d in %.0f s", server.url,
+                        error, attempt, self.max_retries, delay)
+            time.sleep(delay)
+
+    def _resync(self, server: Server, epoch: int) -> None:
+        with server.lock:
+            if server.epoch == epoch:
+                server.epoch += 1
+                self._load(server, force=True)
+
+    # --- weights ----------------------------------------------------------------------------------
+    def update_weights(self, model_path: str, weight_version: int) -> None:
+        """Load `weight_version` from `model_path` on every server, verified, or raise
+        InferenceServerError (the servers keep serving the version they had)."""
+        started = time.perf_counter()
+        with self._gate:
+            self._updating = True
+            in_flight = self._in_flight
+        try:
+            if in_flight:
+                for server in self.servers:  # the aborted requests return what they sampled so far
+                    self._post(server, "/abort_request", {"abort_all": True}, timeout=self.sync_timeout_s)
+            with self._gate:
+                if not self._gate.wait_for(lambda: self._in_flight == 0, timeout=self.sync_timeout_s):
+                    raise InferenceServerError(f"requests still in flight {self.sync_timeout_s:.0f} s after "
+                                               f"aborting them for weight version {weight_version}")
+            previous = (self.version_path, self.version)
+            self.version_path, self.version = str(model_path), weight_version
+            try:
+                for server in self.servers:
+                    with server.lock:
+                        server.epoch += 1
+                        self._load(server)
+            except InferenceServerError:
+                self.version_path, self.version = previous
+                raise
+        finally:
+            with self._gate:
+                self._updating = False
+                self._gate.notify_all()
+        self.sync_seconds.append(time.perf_counter() - started)
+
+    def _load(self, server: Server, force: bool = False) -> None:
+        """Load the engine's current version on `server` and check that it serves it."""
+        if self.version_path is None:
+            return
+        body = self._post(server, "/update_weights_from_disk",
+                          {"model_path": self.version_path, "weight_version": str(self.version)},
+                          timeout=self.sync_timeout_s)
+        if not body.get("success"):
+            raise InferenceServerError(f"{server.url} refused weight version {self.version} from "
+                                       f"{self.version_path}: {body.get('message', body)}")
+        probe = {"input_ids": [self.tokenizer.eos_token_id or 0],
+                 "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+        served = str(self._post(server, "/generate", probe)["meta_info"].get("weight_version"))
+        if served != str(self.version):
+            raise InferenceServerError(f"{server.url} reports weight version {served!r} after loading "
+                                       f"version {self.version}")
+
+    def close(self) -> None:
+        self.http.close()
+        for server in self.servers:
+            if server.managed is not None:
+                server.managed.stop()
+
+
+@register_inference_backend("sglang")
+def sglang_backend(recipe, seed: int, settings, logs: Path) -> SGLangEngine:
+    """SGLang servers: the recipe's `url`s, or `num_servers` managed ones launched from
+    the recipe's model (stopped with the worker)."""
+    service = recipe.service.inference_service
+    tokenizer = AutoTokenizer.from_pretrained(recipe.rollout_worker.model_path)
+    slots = service.max_batch_size
+    if service.url:
+        servers = [Server(url, slots=threading.Semaphore(slots)) for url in server_urls(service.url)]
+    else:
+        server_args = {**({"api-key": service.api_key} if service.api_key else {}),
+                       "random-seed": seed, **service.server_args}
+        servers = []
+        try:
+            for index in range(service.num_servers):
+                managed = ManagedServer(settings.sglang_python, recipe.rollout_worker.model_path,
+                                        recipe.trainer.device, server_args, logs / f"sglang-{seed}-{index}.log",
+                                        service.startup_timeout_s)
+                servers.append(Server(managed.start().url, managed=managed, slots=threading.Semaphore(slots)))
+        except BaseException:
+            for server in servers:
+                server.managed.stop()
+            raise
+    return SGLangEngine(servers, tokenizer, partial_rollout=service.partial_rollout or "resume",
+                        request_timeout_s=service.request_timeout_s, sync_timeout_s=service.weight_sync_timeout_s,
+                        max_retries=service.max_retries, api_key=service.api_key)
