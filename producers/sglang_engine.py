@@ -83,7 +83,10 @@ class SGLangEngine:
         self.max_retries = max_retries
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(timeout=httpx.Timeout(request_timeout_s, connect=10.0), headers=headers,
-                                 limits=httpx.Limits(max_connections=512, max_keepalive_connections=512))
+                                 # idle connections are dropped before the server's keep-alive
+                                 # timeout (uvicorn: 5 s) can close one under a new request
+                                 limits=httpx.Limits(max_connections=512, max_keepalive_connections=512,
+                                                     keepalive_expiry=2.0))
         self.version: int | None = None  # what every server holds (None: not synced yet)
         self.version_path: str | None = None
         self._gate = threading.Condition()
@@ -196,6 +199,8 @@ class SGLangEngine:
             if attempt > self.max_retries:
                 raise InferenceServerError(f"inference server {server.url} did not answer after {attempt} tries "
                                            f"({type(error).__name__}: {error})")
+            if attempt == 1 and isinstance(error, (httpx.RemoteProtocolError, httpx.ReadError)):
+                return  # a connection the server had just closed: try again at once
             delay = min(30.0, 2.0 ** (attempt - 1))
             log.warning("inference server %s did not answer (%s); retry %d/%d in %.0f s", server.url,
                         error, attempt, self.max_retries, delay)

@@ -6,8 +6,9 @@ Python environment (`STREAMRL_SGLANG_PYTHON`, default the one `make sglang-env` 
 it pins its own torch and CUDA packages, and StreamRL only speaks HTTP to it.
 
 On `trainer.device: cpu` the server runs SGLang's CPU engine with the plain-torch kernel
-stand-in in `contrib/sglang_cpu` and the launch options small dense models need there;
-a recipe's `server_args` come last and win.
+stand-in in `contrib/sglang_cpu` and the launch options small dense models need there,
+in float32 (SGLang's `dtype: auto` would serve a float32 model in float16, which is not
+what the learner trains); a recipe's `server_args` come last and win.
 """
 
 from __future__ import annotations
@@ -110,11 +111,13 @@ class ManagedServer:
 
     def start(self) -> "ManagedServer":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log.info("starting SGLang on port %d (log: %s)", self.port, self.log_path)
+        started = time.monotonic()
         with open(self.log_path, "ab") as out:
             self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT,
                                             env=self.environment(), start_new_session=True)
+        log.info("starting SGLang on port %d, pid %d (log: %s)", self.port, self.process.pid, self.log_path)
         self.wait_healthy()
+        log.info("SGLang on port %d is up after %.0f s", self.port, time.monotonic() - started)
         return self
 
     def alive(self) -> bool:

@@ -200,6 +200,9 @@ SERVER_KEYS = {"url": ("sglang", "openai"), "api_key": ("sglang", "openai"), "nu
                "allow_text_round_trip": ("openai",), "allow_unsynced_weights": ("openai",)}
 
 
+MANAGED_ONLY = ("num_servers", "server_args", "startup_timeout_s")
+
+
 def inference_service_problems(recipe: Recipe) -> list[str]:
     """A key that the chosen backend would not read is refused, not ignored."""
     service = recipe.service.inference_service
@@ -210,8 +213,9 @@ def inference_service_problems(recipe: Recipe) -> list[str]:
                 if service.backend not in backends and getattr(service, key) != getattr(defaults, key)]
     if service.backend == "openai" and not service.url:
         problems.append(f"{prefix}url: backend openai needs the server's url")
-    if service.backend == "sglang" and service.url and service.num_servers != 1:
-        problems.append(f"{prefix}num_servers: managed servers only; with url the servers are the ones listed")
+    if service.url:
+        problems += [f"{prefix}{key}: for managed servers only; with url the servers are the ones listed"
+                     for key in MANAGED_ONLY if getattr(service, key) != getattr(defaults, key)]
     if service.partial_rollout and recipe.weight.sync_mode != "fully-async":
         problems.append(f"{prefix}partial_rollout: only weight.sync_mode fully-async interrupts requests "
                         f"for a weight update (this recipe: {recipe.weight.sync_mode})")
@@ -227,12 +231,15 @@ def server_urls(url: str | list[str] | None) -> list[str]:
 
 
 def with_inference_url(recipe: Recipe, urls: list[str]) -> Recipe:
-    """The recipe with `--inference-url`: external servers instead of managed ones."""
+    """The recipe with `--inference-url`: these servers replace the managed ones the
+    recipe describes (and with them `num_servers`, `server_args`, `startup_timeout_s`)."""
     service = recipe.service.inference_service
     if service.backend not in SERVER_KEYS["url"]:
         raise RecipeError("--inference-url", [f"service.inference_service.backend is {service.backend}: an "
                                               "inference url needs backend sglang or openai"])
-    service = dataclasses.replace(service, url=server_urls(urls), num_servers=1)
+    defaults = type(service)()
+    service = dataclasses.replace(service, url=server_urls(urls),
+                                  **{key: getattr(defaults, key) for key in MANAGED_ONLY})
     return dataclasses.replace(recipe, service=dataclasses.replace(recipe.service, inference_service=service))
 
 

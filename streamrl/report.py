@@ -117,6 +117,39 @@ def plot_reward_curve(summary: RunSummary, path: Path) -> Path:
     return path
 
 
+def plot_logprob_gap(database_url: str, run_id: str, path: Path) -> Path | None:
+    """|learner - behaviour| logprob per step (mean and max; lag 0 = tokens sampled by the
+    weights being trained, where a gap is inference/training mismatch), log scale; None
+    when the run recorded no gap."""
+    with connect(database_url, autocommit=True) as conn:
+        rows = conn.execute("select step, gap_mean, gap_max, gap_mean_lag0, gap_mean_lag1 from logprob_gaps "
+                            "where run_id = %s order by step", (run_id,)).fetchall()
+    if not rows:
+        return None
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    steps = [r[0] for r in rows]
+    for column, label, style in ((1, "mean, all trained tokens", "-"), (2, "max, all trained tokens", ":"),
+                                 (3, "mean, lag 0 (same weights)", "-"), (4, "mean, lag 1", "--")):
+        points = [(s, r[column]) for s, r in zip(steps, rows) if r[column] is not None and r[column] > 0]
+        if points:
+            ax.plot(*zip(*points), style, label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("|learner logprob - behaviour logprob|")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    ax.set_title(f"run {run_id}: logprob gap")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 # --- `streamrl show RUN`: the run's story ---------------------------------------------------
 
 STORY_QUERIES = {
@@ -132,6 +165,11 @@ STORY_QUERIES = {
         select staleness, count(*) filter (where status = 'trained') as trained,
                count(*) filter (where status = 'dropped') as dropped, count(*) filter (where status = 'pending') as pending
         from sample_staleness where run_id = %(run)s group by staleness order by staleness""",
+    "logprob gap": """
+        select count(*) as steps, avg(gap_mean) as mean, max(gap_max) as max,
+               avg(gap_mean_lag0) as mean_lag0, max(gap_max_lag0) as max_lag0,
+               avg(gap_mean_lag1) as mean_lag1, avg(gap_mean_lag2plus) as mean_lag2plus
+        from logprob_gaps where run_id = %(run)s""",
     "filtered groups": """
         select reason, count(*) as groups, sum(received) as rollouts from filtered_groups
         where run_id = %(run)s group by reason order by reason""",
@@ -203,9 +241,10 @@ def summary_table(summary: RunSummary, wall_s: float) -> Table:
 
 
 def write_story(database_url: str, run_id: str, config: dict, parent: str | None, out: Path,
-                width: int) -> tuple[Path, Path, str]:
-    """`streamrl show`: the story as report.html (with the reward curve) and reward_curve.png
-    under `out`; returns their paths and the story as terminal text."""
+                width: int) -> tuple[Path, list[Path], str]:
+    """`streamrl show`: the story as report.html (with its plots) and the plots as PNGs
+    under `out` (reward curve; logprob gap when recorded); returns their paths and the
+    story as terminal text."""
     summary = load_summary(database_url, run_id)
     recorder = Console(record=True, width=max(width, 100))
     table = Table("setting", "value", title=f"run {run_id}: config")
@@ -221,9 +260,11 @@ def write_story(database_url: str, run_id: str, config: dict, parent: str | None
         if not rows:
             section.caption = "none"
         recorder.print(section)
-    png = plot_reward_curve(summary, out / "reward_curve.png")
+    pngs = [plot_reward_curve(summary, out / "reward_curve.png")]
+    pngs += [p for p in [plot_logprob_gap(database_url, run_id, out / "logprob_gap.png")] if p]
     html = recorder.export_html(inline_styles=True)
-    image = base64.b64encode(png.read_bytes()).decode()
-    html = html.replace("</body>", f'<img alt="reward curve" src="data:image/png;base64,{image}"></body>')
+    images = "".join(f'<img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
+                     for p in pngs)
+    html = html.replace("</body>", f"{images}</body>")
     (out / "report.html").write_text(html)
-    return out / "report.html", png, recorder.export_text(styles=True)
+    return out / "report.html", pngs, recorder.export_text(styles=True)

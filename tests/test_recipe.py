@@ -148,18 +148,24 @@ def test_choices_come_from_literals_and_registries_and_guide_keys_are_never_igno
     problems = "\n".join(info.value.problems)
     assert "weight.sync_mode: expected one of sync, batch-async, fully-async, got 'async'" in problems
     assert "service.train_service: only {} is supported" in problems  # accepted and ignored would be worse
-    assert "service.inference_service.url: only None is supported" in problems
-    # registry keys are checked against what is registered (the CLI imports the components)
+    # registry keys are checked against what is registered (the CLI imports the components);
+    # a key the chosen inference backend would not read is refused
     result = run_cli("recipe", "validate", str(write(recipe_tree / "registries.yaml", """
         algorithm: {loss_agg_mode: token_mean, kl_estimator: k9}
-        service: {inference_service: {backend: sglang}}
+        service: {inference_service: {backend: vllm}}
     """)))
     assert result.returncode == 2
     err = " ".join(result.stderr.split())
     assert ("algorithm.loss_agg_mode: unknown loss aggregation 'token_mean'; known: seq-mean-token-mean, "
             "seq-mean-token-sum, token-mean (did you mean 'token-mean'?)") in err
     assert "algorithm.kl_estimator: unknown KL estimator 'k9'; known: k1, k2, k3" in err
-    assert "service.inference_service.backend: unknown inference backend 'sglang'; known: embedded" in err
+    assert "service.inference_service.backend: unknown inference backend 'vllm'; known: embedded, openai, sglang" in err
+    result = run_cli("recipe", "validate", str(write(recipe_tree / "url.yaml", """
+        service: {inference_service: {url: "http://gpu:30000"}}
+    """)))
+    assert result.returncode == 2
+    assert ("service.inference_service.url: not used by backend embedded (only by sglang and openai)"
+            in " ".join(result.stderr.split()))
 
 
 def test_a_recipes_own_estimator_is_a_valid_algorithm_type(recipe_tree):

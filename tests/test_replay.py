@@ -159,11 +159,12 @@ def test_sql_file_params_and_outputs(source_run, tmp_path):
 
 def test_show_tells_the_story(source_run, tmp_path):
     result = run_cli("show", source_run, "--out", str(tmp_path), check=True)
-    for section in ("config", "throughput", "staleness", "filtered groups", "dead letters"):
+    for section in ("config", "throughput", "staleness", "logprob gap", "filtered groups", "dead letters"):
         assert section in result.stdout
     html = (tmp_path / "report.html").read_text()
-    assert "throughput" in html and "data:image/png;base64," in html
+    assert "throughput" in html and html.count("data:image/png;base64,") == 2
     assert (tmp_path / "reward_curve.png").stat().st_size > 10_000
+    assert (tmp_path / "logprob_gap.png").stat().st_size > 10_000
 
 
 def test_rescore_re_evaluates_recorded_trajectories(source_run, ledger, tmp_path):

@@ -145,6 +145,6 @@ def show(
     config, parent = run_config(url, run)
     if not config:
         raise UsageError(f"run {run!r} is not in the ledger (streamrl runs lists the runs)")
-    html, png, text = write_story(url, run, config, parent, out or current.home / "runs" / run, console.width)
+    html, pngs, text = write_story(url, run, config, parent, out or current.home / "runs" / run, console.width)
     console.print(text, end="")
-    console.print(f"report: {html}  reward curve: {png}", highlight=False)
+    console.print(f"report: {html}  plots: {'  '.join(str(p) for p in pngs)}", highlight=False)

@@ -40,14 +40,15 @@ def recipe_validate(
     file: Annotated[Path, typer.Argument(help="The recipe YAML.")],
     show: Annotated[bool, typer.Option("--show", help="Print the fully resolved recipe.")] = False,
 ) -> None:
-    """Check a recipe: unknown keys, wrong types, refused values and missing files, each
-    with its key path, and the names its registry keys use (exit 2 if any)."""
+    """Check a recipe: unknown keys, wrong types, refused values, missing files and
+    settings that contradict each other, each with its key path, and the names its
+    registry keys use (exit 2 if any)."""
     import copy
 
     import yaml
 
     from runtime.plugins import LoadError, load_module
-    from runtime.recipe import RecipeError, load_recipe, resolve_paths
+    from runtime.recipe import RecipeError, consistency_problems, load_recipe, resolve_paths
     from runtime.registry import registry_problems
     from streamrl import checks  # noqa: F401  (imports the components: their registries fill)
 
@@ -60,7 +61,7 @@ def recipe_validate(
             load_module(estimators)
     except LoadError as exc:
         raise RecipeError(file, [f"algorithm.custom_advantage_module_path: {exc}"]) from None
-    problems = registry_problems(recipe.to_dict())
+    problems = registry_problems(recipe.to_dict()) + consistency_problems(recipe)
     if problems:
         raise RecipeError(file, problems)
     if show:

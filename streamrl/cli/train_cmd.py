@@ -3,6 +3,7 @@ cluster runs one by one (publish, worker, processor, learner)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -22,8 +23,8 @@ def register(app: typer.Typer) -> None:
 
 
 InferenceUrl = Annotated[Optional[list[str]], typer.Option(
-    "--inference-url", help="An existing inference server (URL or HOST:PORT; repeat for several) instead of "
-                            "managed ones; needs service.inference_service.backend sglang or openai.")]
+    "--inference-url", help="An existing inference server (URL or HOST:PORT; repeat for several): replaces the "
+                            "recipe's managed servers; needs service.inference_service.backend sglang or openai.")]
 
 
 def with_url(recipe, urls: list[str] | None):
@@ -130,6 +131,9 @@ def worker(
     from producers.worker_loop import run_worker
     from runtime.runs import stop_on_signals
 
+    # What the worker does to its inference servers (started, restarted, re-synced) goes to its log.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("streamrl").setLevel(logging.INFO)
     current = settings()
     index_count = parse_shard(shard)
     recipe = with_url(run_config(current, run), inference_url)

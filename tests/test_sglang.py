@@ -1,0 +1,237 @@
+"""Rollouts from a real SGLang server (sglang 0.5.23 in its own environment, SGLang's CPU
+engine): token ids and logprobs against the learner's own scoring, verified weight
+sync, partial rollouts, the OpenAI-compatible backend, and the SGLang recipe end to end
+with its server SIGKILLed mid-run.
+
+`make sglang-env` builds the environment (`make test` and CI do it when it is missing);
+STREAMRL_SGLANG_PYTHON points at another one. Without one these tests are skipped with
+that sentence, except under CI, where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from algos.losses import token_logprobs_and_entropy
+from producers.inference import InferenceUnavailable, SamplingParams
+from producers.openai_engine import OpenAIEngine
+from producers.sglang_engine import SGLangEngine, Server
+from producers.sglang_server import InferenceServerError, ManagedServer
+from runtime.recipe import prepare_recipe
+from runtime.settings import Settings
+from tests.conftest import REPO, run_cli, wait_for
+from tests.test_rl_loop import assert_ledger_consistent, scalar
+
+RECIPE = str(REPO / "recipes" / "arith" / "sglang.yaml")
+PROMPTS = ["12+34=", "7+8=", "99+1=", "5+55=", "40+2=", "3+3="]
+
+
+@pytest.fixture(scope="module")
+def sglang_python() -> Path:
+    python = Settings.from_env().sglang_python
+    if not python.exists():
+        message = f"no SGLang environment at {python}: `make sglang-env` builds it (or set STREAMRL_SGLANG_PYTHON)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return python
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    return Path(prepare_recipe(REPO / "recipes" / "arith" / "recipe.yaml").rollout_worker.model_path)
+
+
+@pytest.fixture(scope="module")
+def server(sglang_python, model_dir, tmp_path_factory):
+    managed = ManagedServer(sglang_python, str(model_dir), "cpu", {}, tmp_path_factory.mktemp("sglang") / "server.log")
+    managed.start()
+    yield managed
+    managed.stop()
+
+
+@pytest.fixture
+def engine(server, model_dir):
+    engine = SGLangEngine([Server(server.url)], AutoTokenizer.from_pretrained(model_dir))
+    yield engine
+    engine.http.close()
+
+
+def learner_logprobs(model_dir: Path, prompt: list[int], response: list[int], temperature: float) -> list[float]:
+    """What the learner computes for the same ids (trainer.logprobs without the batching)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tokens = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logprobs, _ = token_logprobs_and_entropy(model(input_ids=tokens).logits, tokens, temperature)
+    return logprobs[0, len(prompt):].tolist()
+
+
+def perturbed_copy(model_dir: Path, out: Path, seed: int) -> Path:
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
+    return out
+
+
+def test_server_ids_and_logprobs_equal_the_learners_scoring(engine, model_dir):
+    """Greedy: the server's ids are the argmax continuation and its logprobs the learner's
+    log-softmax. Sampled (temperature 0.7): the logprobs are those of logits / 0.7, as the
+    learner scores them. Both run the float32 model; the tolerance, 1e-4, is float32
+    round-off over two layers with different attention kernels (seen: under 2e-5)."""
+    tokenizer = engine.tokenizer
+    for temperature in (0.0, 0.7):
+        for prompt_text in PROMPTS:
+            prompt = tokenizer(prompt_text)["input_ids"]
+            completion = engine.complete(prompt, SamplingParams(max_new_tokens=6, temperature=temperature))
+            assert len(completion.response_token_ids) == len(completion.logprobs) > 0
+            expected = learner_logprobs(model_dir, prompt, completion.response_token_ids, temperature or 1.0)
+            assert completion.logprobs == pytest.approx(expected, abs=1e-4)
+            if temperature == 0.0:
+                model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+                greedy = model.generate(torch.tensor([prompt]), max_new_tokens=len(completion.response_token_ids),
+                                        do_sample=False, eos_token_id=None)[0, len(prompt):].tolist()
+                assert completion.response_token_ids == greedy
+
+
+def test_a_weight_update_changes_outputs_and_version_and_a_wrong_folder_is_refused(engine, model_dir, tmp_path):
+    prompt = engine.tokenizer("12+34=")["input_ids"]
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    engine.update_weights(str(model_dir), 1)
+    before = engine.complete(prompt, greedy)
+    assert before.weight_version == 1
+    new = perturbed_copy(model_dir, tmp_path / "v2", seed=1)
+    engine.update_weights(str(new), 2)
+    after = engine.complete(prompt, greedy)
+    assert after.weight_version == 2
+    assert after.logprobs != pytest.approx(before.logprobs, abs=1e-3)
+    assert after.logprobs == pytest.approx(learner_logprobs(new, prompt, after.response_token_ids, 1.0), abs=1e-4)
+
+    with pytest.raises(InferenceServerError, match=r"refused weight version 3 from .*missing"):
+        engine.update_weights(str(tmp_path / "missing"), 3)
+    assert engine.version == 2
+    kept = engine.complete(prompt, greedy)  # the server still serves version 2, and says so
+    assert kept.weight_version == 2 and kept.response_token_ids == after.response_token_ids
+    assert kept.logprobs == pytest.approx(after.logprobs, abs=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["resume", "redo"])
+def test_an_update_mid_generation_resumes_or_redoes_in_flight_requests(engine, model_dir, tmp_path, mode):
+    """Requests in flight when a version lands are aborted. resume: a completion keeps its
+    tokens, each logprob being the one of the version that sampled it (checked against
+    each version's own scoring). redo: no completion mixes versions."""
+    engine.partial_rollout = mode
+    old, new = perturbed_copy(model_dir, tmp_path / "old", 3), perturbed_copy(model_dir, tmp_path / "new", 4)
+    engine.update_weights(str(old), 10)
+    prompt = engine.tokenizer("12+34=")["input_ids"]
+    params = SamplingParams(max_new_tokens=100, temperature=1.0)
+    results, spanning = [], []
+    for _ in range(5):  # the update must land while requests are generating
+        engine.update_weights(str(old), 10)
+        threads = [threading.Thread(target=lambda: results.append(engine.complete(prompt, params)))
+                   for _ in range(24)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)
+        engine.update_weights(str(new), 11)
+        for thread in threads:
+            thread.join(120)
+        spanning = [c for c in results if c.token_versions]
+        if engine.aborted_requests and (spanning or mode == "redo"):
+            break
+    assert engine.aborted_requests > 0
+    if mode == "redo":
+        assert not spanning and {c.weight_version for c in results} <= {10, 11}
+        return
+    assert spanning
+    for completion in spanning[:4]:
+        versions = completion.token_versions
+        assert len(versions) == len(completion.response_token_ids) == len(completion.logprobs)
+        cut = versions.index(11)
+        assert set(versions[:cut]) == {10} and set(versions[cut:]) == {11} and completion.weight_version == 10
+        ids = completion.response_token_ids
+        assert completion.logprobs[:cut] == pytest.approx(learner_logprobs(old, prompt, ids, 1.0)[:cut], abs=1e-4)
+        assert completion.logprobs[cut:] == pytest.approx(learner_logprobs(new, prompt, ids, 1.0)[cut:], abs=1e-4)
+
+
+def test_the_openai_backend_states_the_guarantees_it_loses(server, model_dir):
+    """SGLang's /v1 returns text, not ids: refused until the recipe accepts a text round
+    trip; its weights cannot be synced: refused until the recipe accepts that too."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompt = tokenizer("12+34=")["input_ids"]
+    greedy = SamplingParams(max_new_tokens=4, temperature=0.0)
+    strict = OpenAIEngine([server.url], tokenizer)
+    with pytest.raises(InferenceUnavailable, match="allow_text_round_trip"):
+        strict.complete(prompt, greedy)
+    with pytest.raises(InferenceUnavailable, match="allow_unsynced_weights"):
+        strict.update_weights(str(model_dir), 1)
+    relaxed = OpenAIEngine([server.url], tokenizer, allow_text_round_trip=True, allow_unsynced_weights=True)
+    relaxed.update_weights(str(model_dir), 1)
+    completion = relaxed.complete(prompt, greedy)
+    native = SGLangEngine([Server(server.url)], tokenizer).complete(prompt, greedy)
+    assert completion.response_token_ids == native.response_token_ids  # a character tokenizer round-trips
+    assert completion.logprobs == pytest.approx(native.logprobs, abs=1e-5)
+    assert completion.weight_version == 1
+
+
+def test_an_unreachable_inference_url_is_one_sentence_naming_it(stack, run_id, tmp_path, sglang_python):
+    env = {"ARITH_STEPS": "4", "ARITH_WARMUP_STEPS": "5", "ARITH_VALIDATE_EVERY": "4"}
+    started = time.monotonic()
+    result = run_cli("run", RECIPE, "--run", run_id, "--out", str(tmp_path), "--inference-url", "127.0.0.1:9",
+                     env=env, timeout=240)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert "inference server http://127.0.0.1:9 did not answer after 4 tries" in output, output[-3000:]
+    assert "Traceback" not in (tmp_path / "logs" / "worker-0.log").read_text()
+    assert time.monotonic() - started < 200
+
+
+def test_the_sglang_recipe_learns_and_survives_its_server_being_killed(stack, ledger, run_id, tmp_path, sglang_python):
+    """30 fully-async steps on a managed server, SIGKILLed (its whole process group) after
+    step 8: the worker restarts it, re-syncs the current version, and the run finishes
+    with exact ledger counts; held-out accuracy rises by 0.08 or more (200 rows: its
+    standard error is about 0.035), partial rollouts spanning two versions are recorded
+    and trained, and every step records the logprob gap."""
+    env = {"ARITH_STEPS": "30", "ARITH_WARMUP_STEPS": "350", "ARITH_VALIDATE_EVERY": "30"}
+    log = tmp_path / "logs" / "worker-0.log"
+    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--out", str(tmp_path)],
+                           cwd=REPO, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: scalar(ledger, "select count(*) from train_steps where run_id = %s", run_id) >= 8,
+                 timeout=400, what="8 training steps")
+        pid = int(re.search(r"starting SGLang on port \d+, pid (\d+)", log.read_text()).group(1))
+        os.killpg(pid, signal.SIGKILL)
+        output, _ = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, output[-3000:]
+    worker_log = log.read_text()
+    assert "restarting it" in worker_log and worker_log.count("starting SGLang on port") == 2
+    assert_ledger_consistent(ledger, run_id, steps=30, staleness_threshold=1)
+    accuracy = dict(ledger.execute("select step, avg(reward) from evaluations where run_id = %s and is_val "
+                                   "group by step", (run_id,)).fetchall())
+    assert accuracy[30] >= accuracy[0] + 0.08, accuracy
+    spanning_trained = scalar(ledger, """
+        select count(*) from trajectories t
+        join train_steps ts on ts.run_id = t.run_id and t.trajectory_id = any(ts.sample_ids)
+        where t.run_id = %s and t.newest_weight_version > t.weight_version""", run_id)
+    assert spanning_trained > 0
+    gaps = ledger.execute("select gap_mean, gap_max, gap_mean_lag0 from logprob_gaps where run_id = %s", (run_id,)).fetchall()
+    assert len(gaps) == 30 and all(mean is not None and 0 <= mean <= gap_max for mean, gap_max, _ in gaps)
+    # tokens sampled by the weights being trained differ from the learner's scoring by round-off only
+    assert max(lag0 for _, _, lag0 in gaps if lag0 is not None) < 1e-3
