@@ -81,12 +81,10 @@ class SGLangEngine:
         self.partial_rollout = partial_rollout
         self.sync_timeout_s = sync_timeout_s
         self.max_retries = max_retries
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(timeout=httpx.Timeout(request_timeout_s, connect=10.0), headers=headers,
-                                 # idle connections are dropped before the server's keep-alive
-                                 # timeout (uvicorn: 5 s) can close one under a new request
-                                 limits=httpx.Limits(max_connections=512, max_keepalive_connections=512,
-                                                     keepalive_expiry=2.0))
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._request_timeout_s = request_timeout_s
+        self._clients = threading.local()
+        self._all_clients: list[httpx.Client] = []
         self.version: int | None = None  # what every server holds (None: not synced yet)
         self.version_path: str | None = None
         self._gate = threading.Condition()
@@ -157,6 +155,27 @@ class SGLangEngine:
         return out
 
     # --- talking to a server, and repairing it --------------------------------------------------
+    @property
+    def http(self) -> httpx.Client:
+        """This thread's HTTP client. One per thread, replaced after a transport error: a
+        client's connection pool shared by many threads can be left waiting for a
+        connection that failed under load (encode/httpcore#550), and a rollout must not."""
+        client = getattr(self._clients, "client", None)
+        if client is None:
+            # idle connections are dropped before the server's keep-alive timeout
+            # (uvicorn: 5 s) can close one under a new request
+            client = httpx.Client(timeout=httpx.Timeout(self._request_timeout_s, connect=10.0, pool=10.0),
+                                  headers=self._headers, limits=httpx.Limits(keepalive_expiry=2.0))
+            self._clients.client = client
+            self._all_clients.append(client)
+        return client
+
+    def _drop_client(self) -> None:
+        client = getattr(self._clients, "client", None)
+        if client is not None:
+            self._clients.client = None
+            client.close()
+
     def _post(self, server: Server, route: str, payload: dict, timeout: float | None = None) -> dict:
         attempt = 0
         while True:
@@ -166,6 +185,7 @@ class SGLangEngine:
                     response = self.http.post(server.url + route, json=payload,
                                               timeout=timeout or httpx.USE_CLIENT_DEFAULT)
             except httpx.TransportError as exc:
+                self._drop_client()
                 attempt += 1
                 self._repair(server, epoch, attempt, exc)
                 continue
@@ -262,7 +282,8 @@ class SGLangEngine:
                                        f"version {self.version}")
 
     def close(self) -> None:
-        self.http.close()
+        for client in self._all_clients:
+            client.close()
         for server in self.servers:
             if server.managed is not None:
                 server.managed.stop()

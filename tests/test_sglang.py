@@ -65,7 +65,7 @@ def server(sglang_python, model_dir, tmp_path_factory):
 def engine(server, model_dir):
     engine = SGLangEngine([Server(server.url)], AutoTokenizer.from_pretrained(model_dir))
     yield engine
-    engine.http.close()
+    engine.close()  # closes its clients; the server is the module's
 
 
 def learner_logprobs(model_dir: Path, prompt: list[int], response: list[int], temperature: float) -> list[float]:
@@ -106,6 +106,12 @@ def test_server_ids_and_logprobs_equal_the_learners_scoring(engine, model_dir):
                 greedy = model.generate(torch.tensor([prompt]), max_new_tokens=len(completion.response_token_ids),
                                         do_sample=False, eos_token_id=None)[0, len(prompt):].tolist()
                 assert completion.response_token_ids == greedy
+                # a stop token ends the completion and is kept in it, as the embedded engine does
+                stop = greedy[2]
+                stopped = engine.complete(prompt, SamplingParams(max_new_tokens=6, temperature=0.0,
+                                                                 stop_token_ids=(stop,)))
+                assert stopped.response_token_ids == greedy[:greedy.index(stop) + 1]
+                assert stopped.finish_reason == "stop"
 
 
 def test_a_weight_update_changes_outputs_and_version_and_a_wrong_folder_is_refused(engine, model_dir, tmp_path):
@@ -198,6 +204,27 @@ def test_an_unreachable_inference_url_is_one_sentence_naming_it(stack, run_id, t
     assert "inference server http://127.0.0.1:9 did not answer after 4 tries" in output, output[-3000:]
     assert "Traceback" not in (tmp_path / "logs" / "worker-0.log").read_text()
     assert time.monotonic() - started < 200
+
+
+def test_the_agent_recipe_runs_its_episodes_on_sglang(stack, ledger, run_id, tmp_path, sglang_python):
+    """recipes/kv_agent/sglang.yaml: multi-turn tool-calling episodes, each assistant turn
+    sampled by the server from the episode's ids (tool results appended as ids), recorded
+    turn by turn, with exact ledger counts."""
+    env = {"KV_STEPS": "6", "KV_VALIDATE_EVERY": "6"}
+    result = run_cli("run", str(REPO / "recipes" / "kv_agent" / "sglang.yaml"), "--run", run_id,
+                     "--out", str(tmp_path), env=env, timeout=480)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    shapes = dict(ledger.execute("""
+        select roles, count(*) from (
+            select trajectory_id, string_agg(role, ',' order by turn_index) as roles
+            from trajectory_turns where run_id = %s and not is_val group by trajectory_id) s
+        group by roles""", (run_id,)).fetchall())
+    assert shapes.get("prompt,assistant,tool,assistant", 0) > 0.5 * sum(shapes.values())
+    assert {r[0] for r in ledger.execute("select distinct role from trajectory_turns where run_id = %s and trained",
+                                         (run_id,))} == {"assistant"}
+    assert_ledger_consistent(ledger, run_id, steps=6, staleness_threshold=1)
+    lag0 = [r[0] for r in ledger.execute("select gap_max_lag0 from logprob_gaps where run_id = %s", (run_id,))]
+    assert max(g for g in lag0 if g is not None) < 1e-3
 
 
 def test_the_sglang_recipe_learns_and_survives_its_server_being_killed(stack, ledger, run_id, tmp_path, sglang_python):
