@@ -56,6 +56,7 @@ class Generated:
     logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
     weight_version: str
+    message: str = ""  # why the server aborted it, when it did
 
 
 def parse_generate(body: dict) -> Generated:
@@ -67,7 +68,8 @@ def parse_generate(body: dict) -> Generated:
         raise InferenceServerError(f"the server returned {len(ids)} output ids but {len(logprobs)} logprobs")
     reason = meta.get("finish_reason") or {}
     kind = reason.get("type", "length") if isinstance(reason, dict) else str(reason)
-    return Generated(ids, logprobs, kind, str(meta.get("weight_version", "")))
+    message = str(reason.get("message", "")) if isinstance(reason, dict) else ""
+    return Generated(ids, logprobs, kind, str(meta.get("weight_version", "")), message)
 
 
 class SGLangEngine:
@@ -90,6 +92,7 @@ class SGLangEngine:
         self._gate = threading.Condition()
         self._updating = False
         self._in_flight = 0
+        self._updates = 0
         self._next = itertools.count()
         self.aborted_requests = 0
         self.sync_seconds: list[float] = []
@@ -101,15 +104,18 @@ class SGLangEngine:
         versions: list[int] = []
         finish = "length"
         while len(tokens) < params.max_new_tokens:
-            server, version = self._admit()
+            server, version, updates = self._admit()
             try:
                 out = self._generate(server, list(prompt) + tokens, params, params.max_new_tokens - len(tokens))
             finally:
                 self._release()
             if out is None:  # the server lost its weights; it has been re-synced
                 continue
-            if out.finish_reason == ABORTED:  # paused for a weight update
-                self.aborted_requests += 1
+            if out.finish_reason == ABORTED:
+                with self._gate:
+                    if self._updates == updates and not self._updating:  # not by us: the server refused it
+                        raise ValueError(f"the inference server aborted the request: {out.message or 'no reason given'}")
+                    self.aborted_requests += 1  # paused for a weight update
                 if self.partial_rollout == "redo":
                     tokens, logprobs, versions = [], [], []
                     continue
@@ -125,13 +131,15 @@ class SGLangEngine:
                           weight_version=min(versions) if versions else (self.version or 0),
                           token_versions=versions if len(set(versions)) > 1 else [])
 
-    def _admit(self) -> tuple[Server, int | None]:
+    def _admit(self) -> tuple[Server, int | None, int]:
+        """A server for one request, once no update is under way: (server, the version it
+        serves, how many updates there have been)."""
         with self._gate:
             while self._updating:
                 self._gate.wait()
             self._in_flight += 1
-            version = self.version
-        return self.servers[next(self._next) % len(self.servers)], version
+            version, updates = self.version, self._updates
+        return self.servers[next(self._next) % len(self.servers)], version, updates
 
     def _release(self) -> None:
         with self._gate:
@@ -195,6 +203,9 @@ class SGLangEngine:
                 continue
             if response.status_code == 400 and route == "/update_weights_from_disk":
                 return response.json()  # a refused version: the caller says which and why
+            if 400 <= response.status_code < 500 and route == "/generate":
+                # this request's fault (too long for the context, ...): its rollout fails, the worker goes on
+                raise ValueError(f"the inference server refused the request: {response.text[:300]}")
             if response.status_code != 200:
                 raise InferenceServerError(f"{server.url}{route} answered HTTP {response.status_code}: "
                                            f"{response.text[:300]}")
@@ -239,6 +250,7 @@ class SGLangEngine:
         started = time.perf_counter()
         with self._gate:
             self._updating = True
+            self._updates += 1
             in_flight = self._in_flight
         try:
             if in_flight:

@@ -114,6 +114,16 @@ def test_server_ids_and_logprobs_equal_the_learners_scoring(engine, model_dir):
                 assert stopped.finish_reason == "stop"
 
 
+def test_a_request_the_server_refuses_fails_that_rollout_only(engine):
+    """A prompt longer than the model's context (128 tokens): the server refuses or aborts
+    it; the completion raises ValueError (the rollout fails and is recorded), not an
+    inference-service error that would stop the worker, and does not retry forever."""
+    with pytest.raises(ValueError, match="inference server (refused|aborted) the request"):
+        engine.complete([5] * 300, SamplingParams(max_new_tokens=8, temperature=1.0))
+    prompt = engine.tokenizer("1+1=")["input_ids"]
+    assert engine.complete(prompt, SamplingParams(max_new_tokens=2, temperature=0.0)).response_token_ids
+
+
 def test_a_weight_update_changes_outputs_and_version_and_a_wrong_folder_is_refused(engine, model_dir, tmp_path):
     prompt = engine.tokenizer("12+34=")["input_ids"]
     greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
