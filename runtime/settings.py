@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
 
 ENV_VARS = {
     "STREAMRL_HOME": "state directory of the embedded services (default ./.streamrl)",
@@ -24,6 +25,8 @@ ENV_VARS = {
     "STREAMRL_KAFKA_MAX_MESSAGE_BYTES": "largest message the broker accepts (default 1048576)",
     "STREAMRL_KAFKA_SESSION_TIMEOUT_MS": "consumer group session timeout (default 6000)",
     "STREAMRL_KAFKA_PORT": "port of the embedded broker (default 9092, the next free one if taken)",
+    "STREAMRL_READONLY_DATABASE_URL": "the URL `streamrl sql`, `show`, `runs` and `replay --where` connect "
+                                      "with (default: the ledger's URL as the streamrl_reader role)",
     "STREAMRL_SGLANG_PYTHON": "the Python of an SGLang environment, for managed inference servers "
                               "(default: the one `make sglang-env` builds under ~/.cache/streamrl)",
 }
@@ -34,6 +37,19 @@ SGLANG_VERSION = "0.5.23"
 DEFAULT_KAFKA_PORT = 9092
 DEFAULT_POSTGRES_PORT = 5432
 STATE_FILE = "services.json"
+
+
+READER_ROLE = "streamrl_reader"  # created by migration 0007
+
+
+def as_user(url: str, user: str) -> str:
+    """`url` with its user replaced by `user` and no password."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    netloc = f"{quote(user)}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 class SettingsError(RuntimeError):
@@ -68,6 +84,7 @@ class Settings:
     session_timeout_ms: int = 6000
     kafka_port: int = DEFAULT_KAFKA_PORT
     sglang_python_env: str | None = None
+    readonly_database_url_env: str | None = None
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -91,7 +108,16 @@ class Settings:
             session_timeout_ms=_int_env("STREAMRL_KAFKA_SESSION_TIMEOUT_MS", 6000),
             kafka_port=_int_env("STREAMRL_KAFKA_PORT", DEFAULT_KAFKA_PORT),
             sglang_python_env=os.environ.get("STREAMRL_SGLANG_PYTHON") or None,
+            readonly_database_url_env=os.environ.get("STREAMRL_READONLY_DATABASE_URL") or None,
         )
+
+    @property
+    def readonly_database_url(self) -> str:
+        """Where users' SQL runs: the ledger's database as the least-privileged
+        `streamrl_reader` role the migrations create (no password), or the URL given."""
+        if self.readonly_database_url_env:
+            return self.readonly_database_url_env
+        return as_user(self.database_url, READER_ROLE)
 
     @property
     def sglang_python(self) -> Path:

@@ -1,9 +1,11 @@
 """Read-only SQL over the ledger.
 
-Three guards, strongest last: a friendly check of the statement's first keyword; the
+Four guards, strongest last: a friendly check of the statement's first keyword; the
 query is sent as a prepared statement, which PostgreSQL refuses to build from more than
-one command; and it runs in a READ ONLY transaction with a statement timeout, so even a
-write hidden in a CTE or an EXPLAIN ANALYZE cannot change the ledger.
+one command; it runs in a READ ONLY transaction with a statement timeout, so even a
+write hidden in a CTE or an EXPLAIN ANALYZE cannot change the ledger; and the commands
+connect as `streamrl_reader` (migration 0007: SELECT on the ledger and nothing else), so
+server files, other sessions and other roles are out of reach whatever the query does.
 """
 
 from __future__ import annotations
@@ -52,7 +54,13 @@ def run_readonly(database_url: str, query: str, params: dict[str, Any] | None = 
             f"streamrl sql runs read-only queries; {keyword.upper() or 'this statement'} is not allowed "
             f"(allowed: {', '.join(sorted(k.upper() for k in READ_KEYWORDS))})"
         )
-    with connect(database_url) as conn:
+    try:
+        conn = connect(database_url)
+    except psycopg.OperationalError as exc:
+        raise SqlFailed(f"cannot connect to the ledger as its read-only role ({str(exc).strip()}); "
+                        "`streamrl db upgrade` creates the streamrl_reader role, or set "
+                        "STREAMRL_READONLY_DATABASE_URL") from None
+    with conn:
         with conn.transaction():
             conn.execute("set transaction read only")
             conn.execute("select set_config('statement_timeout', %s, true)", (f"{int(timeout_s * 1000)}",))

@@ -144,10 +144,19 @@ def status_line(summary: RunSummary) -> str:
     return f"{reward}  {latest_val}"
 
 
+def interrupt_on_sigterm() -> None:
+    """SIGTERM (a scheduler, `timeout`, `kill`) stops the run as Ctrl-C does: its
+    processes are stopped and commit what they have, instead of being left running."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, run_id: str, workers: int,
                 out: Path | None, console: Console, final_val_timeout_s: float = 180.0,
                 resume: bool = False, reset_offsets: bool = False,
                 inference_urls: list[str] | None = None) -> RunSummary:
+    interrupt_on_sigterm()
     local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id)
     total = total_train_steps(recipe)  # the same count the publisher and the learner use
     val_rows = recipe.validate.data.max_rows

@@ -53,7 +53,8 @@ def replay_run(settings: Settings, options: ReplayOptions, console: Console) -> 
     except ConfigError as exc:
         raise rp.ReplayError(f"run {options.source!r}: its recorded config is not a recipe of this version ({exc})") from None
     try:
-        selected = rp.select_rollouts(url, options.source, rp.parse_steps(options.steps), options.where)
+        selected = rp.select_rollouts(settings.readonly_database_url, options.source, rp.parse_steps(options.steps),
+                                      options.where)
     except (SqlRefused, SqlFailed) as exc:
         raise rp.ReplayError(f"--where: {exc}") from None
     groups_per_step = (options.recipe or source_config).trajectory_pool.batch_size

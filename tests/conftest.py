@@ -6,7 +6,9 @@ other's events."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -22,8 +24,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory):
-    home = tmp_path_factory.mktemp("streamrl-home")
+def stack():
+    # Outside pytest's temp root: a second pytest session resets that root's mode, and
+    # the embedded PostgreSQL (which runs as an unprivileged user when the tests run as
+    # root) would lose its data directory under the first session's feet.
+    home = Path(tempfile.mkdtemp(prefix="streamrl-test-home-"))
+    home.chmod(0o755)
     env = {"STREAMRL_HOME": str(home)}
     saved = {k: os.environ.get(k) for k in ("STREAMRL_HOME", "STREAMRL_KAFKA_BOOTSTRAP", "STREAMRL_DATABASE_URL")}
     os.environ.update(env)
@@ -35,6 +41,7 @@ def stack(tmp_path_factory):
     db.upgrade(settings.database_url)
     yield settings
     services.down(settings)
+    shutil.rmtree(home, ignore_errors=True)
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)

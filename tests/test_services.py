@@ -1,6 +1,7 @@
 """`streamrl up / status / down`, embedded and external services, migrations."""
 
 import os
+import re
 import uuid
 from urllib.parse import urlsplit, urlunsplit
 
@@ -76,6 +77,13 @@ def test_external_postgres_by_url(stack, external_database, tmp_path, run_id):
     assert "100 rows" in sink.stdout
     counted = run_cli("sql", "select count(*) as n from tasks", "--csv", env=env, check=True)
     assert counted.stdout.splitlines() == ["n", "50"]
+    # users' SQL runs as the reader role there too
+    from tests.test_sql_cli import superuser_attacks
+    with psycopg.connect(db.psycopg_url(external_database), autocommit=True) as conn:
+        for statement, expected in superuser_attacks(conn):
+            refused = run_cli("sql", statement, env=env)
+            assert refused.returncode == 1 and re.search(expected, " ".join(refused.stderr.split())), statement
+        assert conn.execute("select count(*) from tasks").fetchone() == (50,)
     down = run_cli("down", env=env, check=True)  # external services are never stopped
     assert "nothing to stop" in down.stdout
     assert run_cli("status", env=env).returncode == 0

@@ -1,6 +1,7 @@
 """`streamrl sql` and `streamrl runs` through the real CLI."""
 
 import json
+import re
 
 import pytest
 
@@ -71,3 +72,37 @@ def test_runs_lists_the_run_with_its_counts(loaded_run):
     result = run_cli("runs", "--limit", "1000", env={"COLUMNS": "300"}, check=True)
     line = next(l for l in result.stdout.splitlines() if loaded_run[:10] in l)
     assert "running" in line and "20" in line
+
+
+def superuser_attacks(conn) -> list[tuple[str, str]]:
+    """What a superuser connection could do through `streamrl sql`, and the error the
+    reader role gets instead (a regular expression)."""
+    pid, user = conn.execute("select pg_backend_pid(), current_user").fetchone()
+    return [
+        ("select pg_read_file('/etc/hostname')", "permission denied for function pg_read_file"),
+        ("select * from pg_ls_dir('/')", "permission denied for function pg_ls_dir"),
+        (f"select pg_terminate_backend({pid})",  # the wording differs between PostgreSQL 15 and 16
+         "(permission denied to terminate process|must be a superuser to terminate superuser process)"),
+        (f"select set_config('role', '{user}', false)", "permission denied to set role"),
+        ("select lo_export(lo_from_bytea(0, 'x'::bytea), '/tmp/streamrl-lo-export')", "permission denied for function lo_export"),
+        ("select dblink('dbname=postgres', 'select 1')", "function dblink"),
+        ("copy (select 1) to '/tmp/streamrl-copy'", "COPY is not allowed"),
+        (f"set role {user}", "SET is not allowed"),
+    ]
+
+
+def test_users_sql_runs_as_the_least_privileged_reader(loaded_run, ledger):
+    assert run_cli("sql", "select current_user as u, pg_has_role(current_user, 'pg_read_server_files', 'member') "
+                          "as files", "--csv", check=True).stdout.splitlines()[1] == "streamrl_reader,False"
+    before = table_counts(ledger)
+    for statement, expected in superuser_attacks(ledger):
+        result = run_cli("sql", statement)
+        assert result.returncode == 1, statement
+        assert re.search(expected, " ".join(result.stderr.split())), (statement, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert ledger.execute("select 1").fetchone() == (1,)  # not terminated
+    assert table_counts(ledger) == before
+    import os
+    assert not os.path.exists("/tmp/streamrl-lo-export") and not os.path.exists("/tmp/streamrl-copy")
+    slept = run_cli("sql", "select pg_sleep(600)", "--timeout", "2", timeout=60)
+    assert slept.returncode == 1 and "statement timed out after 2 s" in slept.stderr

@@ -129,6 +129,13 @@ def settings():
     return Settings.from_env()
 
 
+def readonly_url(current=None) -> str:
+    """Where users' SQL runs: the ledger as the least-privileged reader role."""
+    current = current or settings()
+    database_url(current)  # the ledger must be reachable at all
+    return current.readonly_database_url
+
+
 def database_url(current=None) -> str:
     """The ledger's URL, checked reachable (ServiceMissing otherwise)."""
     from runtime import services

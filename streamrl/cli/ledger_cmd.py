@@ -14,7 +14,7 @@ import typer
 
 from streamrl.cli.common import (
     CommandFailed, UsageError, checked_run_id, cli_command, console, database_url, err_console, parse_shard,
-    plain, print_table, settings,
+    plain, print_table, readonly_url, settings,
 )
 
 
@@ -73,7 +73,7 @@ def runs(limit: Annotated[int, typer.Option(help="Show at most this many runs, n
     from runtime.sql import SqlFailed, run_readonly
 
     try:
-        result = run_readonly(database_url(), RUNS_QUERY, {"limit": limit})
+        result = run_readonly(readonly_url(), RUNS_QUERY, {"limit": limit})
     except SqlFailed as exc:
         raise CommandFailed(f"{exc} (has `streamrl db upgrade` run?)") from None
     print_table(result.columns, result.rows)
@@ -109,7 +109,7 @@ def sql(
         raise UsageError("choose one of --csv, --json and --parquet")
     params = parse_params(param or [])
     text = file.read_text() if file else query
-    result = run_readonly(database_url(), text, params, timeout)
+    result = run_readonly(readonly_url(), text, params, timeout)
     if parquet is not None:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -141,7 +141,7 @@ def show(
     from streamrl.report import run_config, write_story
 
     current = settings()
-    url = database_url(current)
+    url = readonly_url(current)
     config, parent = run_config(url, run)
     if not config:
         raise UsageError(f"run {run!r} is not in the ledger (streamrl runs lists the runs)")

@@ -8,7 +8,8 @@ import typer
 from rich.table import Table
 
 from streamrl.cli.common import (
-    EXIT_FAILED, EXIT_SERVICE, checked_run_id, cli_command, console, database_url, print_table, settings,
+    EXIT_FAILED, EXIT_SERVICE, checked_run_id, cli_command, console, database_url, print_table, readonly_url,
+    settings,
 )
 
 db_app = typer.Typer(help="Ledger database maintenance.", no_args_is_help=True, rich_markup_mode=None)
@@ -91,7 +92,7 @@ def demo(
     from streamrl.demo import run_demo
 
     current = settings()
-    result = run_demo(current, database_url(current), run, rollouts, console)
+    result = run_demo(current, readonly_url(current), run, rollouts, console)
     print_table(result.columns, result.rows)
     console.print(f"Ask the ledger yourself: streamrl sql \"select step, loss from train_steps "
                   f"where run_id = '{run}' order by step limit 5\"", highlight=False, markup=False)
