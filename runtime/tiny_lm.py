@@ -14,12 +14,8 @@ from pathlib import Path
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
-from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 SPECIAL_TOKENS = ["<pad>", "<unk>", "<bos>", "<eos>"]
-# Bumped when the tokenizer's pipeline changes: the recipes' set-up scripts rebuild a
-# model folder made by an older one (2: byte-level spelling, whitespace kept).
-TOKENIZER_VERSION = 2
 CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
 # The chat markers of Qwen-style chat models, for agent recipes: the turn markers are
 # special tokens (skipped when decoding), the tool and thinking tags ordinary added
@@ -29,23 +25,11 @@ CHAT_TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_res
 
 
 def build_char_tokenizer(characters: str = CHARACTERS, chat_tokens: bool = False) -> PreTrainedTokenizerFast:
-    """One token per character, spelled in the byte-level alphabet of GPT-2 and Qwen
-    (space is "Ġ", newline "Ċ"). transformers loads a folder whose config says
-    `model_type: qwen2` with Qwen2Tokenizer, which rebuilds the pipeline as a regex split
-    plus byte-level mapping: with plain " " and "\n" in the vocabulary, that pipeline
-    found no token for them and dropped every space and newline. Spelled byte-level, our
-    pipeline and Qwen2Tokenizer's give the same ids and decode every byte back."""
-    if any(ord(c) > 127 for c in characters):
-        raise ValueError("build_char_tokenizer: characters must be ASCII (one byte each)")
-    byte_level = bytes_to_unicode()
-    tokens = [byte_level[ord(c)] for c in sorted(set(characters))]
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + tokens)}
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + sorted(set(characters)))}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    # (`tokenizers` rejects the regex "(?s)."; [\s\S] is the same.)
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")])
-    tokenizer.decoder = decoders.ByteLevel()
+    # One token per character. (`tokenizers` rejects the regex "(?s)."; [\s\S] is the same.)
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
     if chat_tokens:
         tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CHAT_SPECIAL_TOKENS])
         tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in CHAT_TAG_TOKENS])

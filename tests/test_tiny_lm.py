@@ -51,38 +51,3 @@ def test_arith_rows(tmp_path):
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in val}  # held out
     path = write_jsonl(val, tmp_path / "val.jsonl")
     assert len(path.read_text().splitlines()) == 100
-
-
-def strings_in(value):
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from strings_in(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from strings_in(item)
-
-
-@pytest.mark.parametrize("recipe", ["arith/recipe.yaml", "kv_agent/recipe.yaml"])
-def test_every_byte_of_a_built_in_recipes_texts_survives_its_tokenizer(recipe):
-    """Loaded the way users load it (AutoTokenizer: transformers picks Qwen2Tokenizer for
-    a qwen2 folder), the recipe's tokenizer gives back every prompt, answer and
-    demonstration byte for byte, spaces and newlines included, one token per character."""
-    import json
-    from pathlib import Path
-
-    from runtime.recipe import prepare_recipe
-    from transformers import AutoTokenizer
-
-    repo = Path(__file__).resolve().parent.parent
-    prepared = prepare_recipe(repo / "recipes" / recipe)
-    tokenizer = AutoTokenizer.from_pretrained(prepared.rollout_worker.model_path)
-    texts = [text for file in prepared.data.data_files + prepared.validate.data.data_files
-             for line in Path(file).read_text().splitlines()[:300] for text in strings_in(json.loads(line))]
-    assert any(" " in t for t in texts) or recipe.startswith("arith")
-    for text in texts:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        assert tokenizer.decode(ids) == text
-        assert tokenizer.unk_token_id not in ids
-    assert tokenizer.decode(tokenizer("a b\nc", add_special_tokens=False)["input_ids"]) == "a b\nc"

@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # run as a script from the recipe's folder
 
 from recipes.arith.data import split_rows, write_jsonl  # noqa: E402
-from runtime.tiny_lm import TOKENIZER_VERSION, build_tiny_model  # noqa: E402
+from runtime.tiny_lm import build_tiny_model  # noqa: E402
 
 
 def main() -> None:
@@ -32,7 +32,6 @@ def main() -> None:
         "train_rows": int(os.environ.get("ARITH_TRAIN_ROWS", "5000")),
         "val_rows": int(os.environ.get("ARITH_VAL_ROWS", "200")),
         "seed": int(os.environ.get("ARITH_SEED", "1")),
-        "tokenizer": TOKENIZER_VERSION,
     }
     out = HERE / "generated" / settings["variant"]
     stamp = out / "settings.json"

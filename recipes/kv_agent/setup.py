@@ -19,13 +19,12 @@ sys.path.insert(0, str(HERE.parent.parent))
 sys.path.insert(0, str(HERE / "agent_workspace"))
 
 from kv_data import make_row  # noqa: E402
-from runtime.tiny_lm import TOKENIZER_VERSION, build_tiny_model  # noqa: E402
+from runtime.tiny_lm import build_tiny_model  # noqa: E402
 
 
 def main() -> None:
     settings = {"train_rows": int(os.environ.get("KV_TRAIN_ROWS", "4000")),
-                "val_rows": int(os.environ.get("KV_VAL_ROWS", "200")), "seed": int(os.environ.get("KV_SEED", "1")),
-                "tokenizer": TOKENIZER_VERSION}
+                "val_rows": int(os.environ.get("KV_VAL_ROWS", "200")), "seed": int(os.environ.get("KV_SEED", "1"))}
     out = HERE / "generated"
     stamp = out / "settings.json"
     if stamp.exists() and json.loads(stamp.read_text()) == settings:
