@@ -116,28 +116,27 @@ def broadcast_object(value, placement: Placement):
     return box[0]
 
 
-def all_reduce_sums(values: dict[str, float], placement: Placement) -> dict[str, float]:
-    """Sums of per-rank metric sums (every rank has the same keys)."""
+def all_reduce_metrics(values: dict[str, float], placement: Placement, op=None) -> dict[str, float]:
+    """Per-rank metrics combined over ranks (every rank has the same keys): summed, or
+    with `op` (dist.ReduceOp.MAX for maxima)."""
     if placement.world_size == 1 or not values:
         return values
     keys = sorted(values)
     tensor = torch.tensor([values[k] for k in keys], dtype=torch.float64)
     if placement.device.type == "cuda":
         tensor = tensor.to(placement.device)
-    dist.all_reduce(tensor)
+    dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM)
     return dict(zip(keys, tensor.tolist()))
+
+
+def all_reduce_sums(values: dict[str, float], placement: Placement) -> dict[str, float]:
+    """Sums of per-rank metric sums."""
+    return all_reduce_metrics(values, placement)
 
 
 def all_reduce_maxima(values: dict[str, float], placement: Placement) -> dict[str, float]:
-    """Maxima over ranks of per-rank maxima (every rank has the same keys)."""
-    if placement.world_size == 1 or not values:
-        return values
-    keys = sorted(values)
-    tensor = torch.tensor([values[k] for k in keys], dtype=torch.float64)
-    if placement.device.type == "cuda":
-        tensor = tensor.to(placement.device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return dict(zip(keys, tensor.tolist()))
+    """Maxima over ranks of per-rank maxima."""
+    return all_reduce_metrics(values, placement, dist.ReduceOp.MAX)
 
 
 def shares_by_tokens(lengths: list[int], world_size: int) -> list[list[int]]:

@@ -93,6 +93,7 @@ class SGLangEngine:
         self._updating = False
         self._in_flight = 0
         self._updates = 0
+        self._update_lock = threading.RLock()
         self._next = itertools.count()
         self.aborted_requests = 0
         self.sync_seconds: list[float] = []
@@ -109,7 +110,8 @@ class SGLangEngine:
                 out = self._generate(server, list(prompt) + tokens, params, params.max_new_tokens - len(tokens))
             finally:
                 self._release()
-            if out is None:  # the server lost its weights; it has been re-synced
+            if out is None:  # the server serves another version (it restarted): reload, then resend
+                self._refresh(updates)
                 continue
             if out.finish_reason == ABORTED:
                 with self._gate:
@@ -158,9 +160,15 @@ class SGLangEngine:
         if expected is not None and out.weight_version != str(expected):
             log.warning("%s answered with weight version %r, not %d: re-syncing it", server.url,
                         out.weight_version, expected)
-            self._resync(server, server.epoch)
             return None
         return out
+
+    def _refresh(self, seen_updates: int) -> None:
+        """Load the current version again on every server, through the gate like any
+        update (once, however many requests saw the stale answer)."""
+        with self._update_lock:
+            if self._updates == seen_updates and self.version_path is not None:
+                self.update_weights(self.version_path, self.version)
 
     # --- talking to a server, and repairing it --------------------------------------------------
     @property
@@ -225,7 +233,7 @@ class SGLangEngine:
                                                f"{server.managed.log_tail()}")
                 server.managed.restart()
                 server.epoch += 1
-                self._load(server, force=True)
+                self._load(server)
                 return
             if attempt > self.max_retries:
                 raise InferenceServerError(f"inference server {server.url} did not answer after {attempt} tries "
@@ -237,16 +245,14 @@ class SGLangEngine:
                         error, attempt, self.max_retries, delay)
             time.sleep(delay)
 
-    def _resync(self, server: Server, epoch: int) -> None:
-        with server.lock:
-            if server.epoch == epoch:
-                server.epoch += 1
-                self._load(server, force=True)
-
     # --- weights ----------------------------------------------------------------------------------
     def update_weights(self, model_path: str, weight_version: int) -> None:
         """Load `weight_version` from `model_path` on every server, verified, or raise
         InferenceServerError (the servers keep serving the version they had)."""
+        with self._update_lock:  # one update at a time
+            self._update(model_path, weight_version)
+
+    def _update(self, model_path: str, weight_version: int) -> None:
         started = time.perf_counter()
         with self._gate:
             self._updating = True
@@ -276,7 +282,7 @@ class SGLangEngine:
                 self._gate.notify_all()
         self.sync_seconds.append(time.perf_counter() - started)
 
-    def _load(self, server: Server, force: bool = False) -> None:
+    def _load(self, server: Server) -> None:
         """Load the engine's current version on `server` and check that it serves it."""
         if self.version_path is None:
             return
@@ -284,14 +290,25 @@ class SGLangEngine:
                           {"model_path": self.version_path, "weight_version": str(self.version)},
                           timeout=self.sync_timeout_s)
         if not body.get("success"):
-            raise InferenceServerError(f"{server.url} refused weight version {self.version} from "
-                                       f"{self.version_path}: {body.get('message', body)}")
+            if "cache was not flushed" not in str(body.get("message")):
+                raise InferenceServerError(f"{server.url} refused weight version {self.version} from "
+                                           f"{self.version_path}: {body.get('message', body)}")
+            # Loaded, but aborted requests were still leaving the scheduler: the prefix cache
+            # (KV of the old weights) must go before anything is served from it.
+            self._flush_cache(server)
         probe = {"input_ids": [self.tokenizer.eos_token_id or 0],
                  "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
         served = str(self._post(server, "/generate", probe)["meta_info"].get("weight_version"))
         if served != str(self.version):
             raise InferenceServerError(f"{server.url} reports weight version {served!r} after loading "
                                        f"version {self.version}")
+
+    def _flush_cache(self, server: Server) -> None:
+        response = self.http.post(f"{server.url}/flush_cache", params={"timeout": self.sync_timeout_s},
+                                  timeout=self.sync_timeout_s + 10)
+        if response.status_code != 200:
+            raise InferenceServerError(f"{server.url} loaded weight version {self.version} but could not flush "
+                                       f"its cache within {self.sync_timeout_s:.0f} s: {response.text[:200]}")
 
     def close(self) -> None:
         for client in self._all_clients:

@@ -104,12 +104,19 @@ def plot_reward_curve(summary: RunSummary, path: Path) -> Path:
         ax.plot(summary.steps, smooth(summary.reward_by_step, 10), color="tab:blue", label="train reward (10-step mean)")
     if summary.val_versions:
         ax.plot(summary.val_versions, summary.val_accuracy, "o-", color="tab:orange", label="held-out validation accuracy")
-    ax.set_xlabel("step (weight version)")
-    ax.set_ylabel("reward / accuracy")
     ax.set_ylim(-0.02, 1.02)
+    return save_plot(fig, ax, path, f"run {summary.run_id}", "step (weight version)", "reward / accuracy", "lower right")
+
+
+def save_plot(fig, ax, path: Path, title: str, xlabel: str, ylabel: str, legend: str = "best") -> Path:
+    """Labels, grid and legend, written as a PNG at `path`."""
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    ax.set_title(f"run {summary.run_id}")
+    ax.legend(loc=legend)
+    ax.set_title(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -138,16 +145,7 @@ def plot_logprob_gap(database_url: str, run_id: str, path: Path) -> Path | None:
         if points:
             ax.plot(*zip(*points), style, label=label)
     ax.set_yscale("log")
-    ax.set_xlabel("step")
-    ax.set_ylabel("|learner logprob - behaviour logprob|")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best")
-    ax.set_title(f"run {run_id}: logprob gap")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_plot(fig, ax, path, f"run {run_id}: logprob gap", "step", "|learner logprob - behaviour logprob|")
 
 
 # --- `streamrl show RUN`: the run's story ---------------------------------------------------
