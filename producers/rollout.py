@@ -167,16 +167,19 @@ class BaseRolloutWorker:
             self._local.error = (f"logprobs has {len(trajectory.logprobs)} entries for "
                                  f"{len(trajectory.tokens)} tokens")
             return FAIL
-        completions = self._inference_client.recorded()
-        try:
-            found_logprobs, found_versions = behaviour_logprobs(trajectory.tokens, trajectory.loss_mask,
-                                                                completions) if trajectory.logprobs is None \
-                else (trajectory.logprobs, trajectory.token_versions)
-        except ValueError as exc:
-            self._local.error = str(exc)
+        if trajectory.token_versions is not None and len(trajectory.token_versions) != len(trajectory.tokens):
+            self._local.error = (f"token_versions has {len(trajectory.token_versions)} entries for "
+                                 f"{len(trajectory.tokens)} tokens")
             return FAIL
-        logprobs = trajectory.logprobs if trajectory.logprobs is not None else found_logprobs
-        token_versions = trajectory.token_versions if trajectory.token_versions is not None else found_versions
+        completions = self._inference_client.recorded()
+        logprobs, token_versions = trajectory.logprobs, trajectory.token_versions
+        if logprobs is None:  # recovered from the completions of this rollout
+            try:
+                logprobs, found_versions = behaviour_logprobs(trajectory.tokens, trajectory.loss_mask, completions)
+            except ValueError as exc:
+                self._local.error = str(exc)
+                return FAIL
+            token_versions = token_versions if token_versions is not None else found_versions
         versions = {c.weight_version for c in completions}
         weight_version = trajectory.weight_version if trajectory.weight_version is not None else \
             (min(versions) if versions else 0)

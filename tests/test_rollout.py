@@ -81,10 +81,16 @@ class BadMask(BaseRolloutWorker):
         return self._put_trajectory(Trajectory(tokens=[1, 2, 3], loss_mask=[1]))
 
 
+class BadVersions(BaseRolloutWorker):
+    def rollout(self, task):
+        return self._put_trajectory(Trajectory(tokens=[1, 2, 3], loss_mask=[0, 1, 1], token_versions=[0, 1]))
+
+
 @pytest.mark.parametrize("cls, error", [
     (TrainsOnUnsampledTokens, "were not sampled by any completion"),
     (Crashes, "KeyError: 'question'"),
     (BadMask, "loss_mask has 1 entries for 3 tokens"),
+    (BadVersions, "token_versions has 2 entries for 3 tokens"),
 ])
 def test_a_failed_rollout_is_recorded_not_lost(server, cls, error):
     published = []
