@@ -41,6 +41,7 @@ from schema.topics import all_runs_pattern, parse_topic, run_pattern, topic_name
 from runtime.blobs import BlobMissing, PostgresBlobStore
 from runtime.bus import EventPublisher, create_topics, dead_letter, make_consumer, unframe
 from runtime.db import connect
+from runtime.outage import BrokerWatch, PostgresOutage
 from runtime.settings import Settings
 
 log = logging.getLogger("streamrl.ledger_sink")
@@ -224,16 +225,35 @@ class LedgerSink:
         self.group_id = group_id
         self.shard = shard
         self.topic_pattern = re.compile(run_pattern(run_id) if run_id else all_runs_pattern())
-        self.conn = connect(settings.database_url, autocommit=True)
-        create_staging_tables(self.conn)
-        self.blobs = PostgresBlobStore(self.conn)
+        self.conn = None
+        self._connect()
         self.consumer = make_consumer(settings, group_id)
         self.publisher = EventPublisher(settings)
         self.stop_requested = stop or threading.Event()
+        self.outage = PostgresOutage(settings, run_id, self.stop_requested)
+        self.broker_watch = BrokerWatch(settings, self.consumer, run_id)
         self.stats = SinkStats()
         self.positions: dict[TopicPartition, int] = {}  # next offset to read, per partition
         self._dead_letter_topics: set[str] = set()
         self._last_refresh = 0.0
+
+    def _connect(self) -> None:
+        """(Re)open the ledger connection. After a lost connection the partitions are
+        re-read from the offsets the ledger holds: the batch in hand was rolled back."""
+        self._disconnect()
+        self.conn = connect(self.settings.database_url, autocommit=True)
+        create_staging_tables(self.conn)
+        self.blobs = PostgresBlobStore(self.conn)
+        self.positions = {}
+        self._last_refresh = 0.0
+
+    def _disconnect(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except psycopg.Error:
+                pass
+            self.conn = None
 
     def owns(self, tp: TopicPartition) -> bool:
         index, count = self.shard
@@ -316,7 +336,15 @@ class LedgerSink:
         last_data = time.monotonic()
         while not self.stop_requested.is_set():
             try:
+                if self.conn is None:
+                    self._connect()
+                self.broker_watch.check()
                 seen = self.poll_once()
+                self.outage.recovered()
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:  # the ledger went away
+                self._disconnect()
+                self.outage.wait(exc)
+                continue
             except KafkaError as exc:
                 log.warning("kafka error, retrying: %s", exc)
                 time.sleep(0.5)
@@ -334,4 +362,4 @@ class LedgerSink:
     def close(self) -> None:
         self.consumer.close(autocommit=False)
         self.publisher.close()
-        self.conn.close()
+        self._disconnect()

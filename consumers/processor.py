@@ -108,14 +108,19 @@ class StreamProcessor:
                                 group_id=f"{PROCESSOR_GROUP}.{run_id}", shard=shard, stage="processor")
         self.publisher = EventPublisher(settings)
         self.open: dict[str, OpenGroup] = {}
-        self.closed: set[str] = set()
+        self.closed: dict[str, set[str]] = {}  # group id -> the trajectory ids accounted for
         self.stats = ProcessorStats()
 
     def _add(self, event, tp: TopicPartition, offset: int) -> str | None:
         if event.is_val:
             return None
-        if event.group_id in self.closed:  # a late copy (a re-run task): the group is done
-            self.stats.duplicates += 1
+        accounted = self.closed.get(event.group_id)
+        if accounted is not None:  # the group is done
+            if isinstance(event, Trajectory) and event.trajectory_id not in accounted:
+                accounted.add(event.trajectory_id)  # it came after the group timed out
+                self._publish_late(event.group_id, event.step, event.group_size, [event.trajectory_id])
+            else:  # a second copy (a re-run task), or the evaluation of one accounted for
+                self.stats.duplicates += 1
             return None
         group = self.open.get(event.group_id)
         if group is None:
@@ -129,11 +134,25 @@ class StreamProcessor:
         group.offsets.append((tp, offset))
         return event.group_id
 
+    def _publish_late(self, group_id: str, step: int, group_size: int, trajectory_ids: list[str]) -> None:
+        """Trajectories of a group that closed without them (timed out before they, or
+        their evaluations, arrived): recorded as a `late` GroupFiltered, so that the
+        ledger accounts for every trajectory; the learner does not count it."""
+        log.warning("group %s closed before trajectories %s were complete: recorded as late", group_id, trajectory_ids)
+        self.stats.filtered["late"] = self.stats.filtered.get("late", 0) + len(trajectory_ids)
+        self.publisher.publish(GroupFiltered(run_id=self.run_id, group_id=group_id, reason="late", step=step,
+                                             group_size=group_size, received=len(trajectory_ids),
+                                             trajectory_ids=trajectory_ids))
+
     def _emit(self, group_id: str, timed_out: bool = False) -> None:
         group = self.open.pop(group_id)
-        self.closed.add(group_id)
-        outcome = group_outcome(self.run_id, group_id, group.step, group.group_size, group.joined(),
+        joined = group.joined()
+        self.closed[group_id] = set(group.trajectories)
+        outcome = group_outcome(self.run_id, group_id, group.step, group.group_size, joined,
                                 self.estimator, self.filter_zero_variance, timed_out, self.train_partial)
+        unjoined = sorted(set(group.trajectories) - {t.trajectory_id for t, _ in joined})
+        if unjoined:  # their evaluations had not arrived
+            self._publish_late(group_id, group.step, group.group_size, unjoined)
         self.stats.groups += 1
         if isinstance(outcome, GroupFiltered):
             self.stats.filtered[outcome.reason] = self.stats.filtered.get(outcome.reason, 0) + 1

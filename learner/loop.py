@@ -104,6 +104,8 @@ class StepBuffer:
     def add(self, event, tp: TopicPartition, offset: int) -> None:
         self.offsets.append((tp, offset))
         if isinstance(event, GroupFiltered):
+            if event.reason == "late":  # its group was already accounted for
+                return
             if event.group_id not in self.filtered:
                 self.filtered[event.group_id] = event
                 self.complete += 1

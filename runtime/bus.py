@@ -9,6 +9,7 @@ Tuned for the embedded broker and for small latency-sensitive hops:
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Protocol
 
@@ -19,6 +20,7 @@ from kafka.errors import TopicAlreadyExistsError
 from schema import codec
 from schema.events import DeadLetter, Event
 from runtime.blobs import PostgresBlobStore
+from runtime.outage import BrokerWatch
 from schema.topics import event_key, run_topics, topic_name
 from runtime.settings import Settings
 
@@ -67,6 +69,9 @@ def make_producer(settings: Settings, **overrides) -> KafkaProducer:
         batch_size=512 * 1024,
         max_request_size=settings.max_message_bytes,
         retries=10,
+        # Topics are created explicitly (`create_topics`). Auto-creation would let a process
+        # that outlived a broker restart re-create a lost run's topics empty.
+        allow_auto_create_topics=False,
     )
     options.update(overrides)
     return KafkaProducer(**settings.kafka_client_options(), **options)
@@ -84,6 +89,7 @@ def make_consumer(settings: Settings, group_id: str | None, **overrides) -> Kafk
         metadata_max_age_ms=3000,
         fetch_max_wait_ms=100,
         max_partition_fetch_bytes=max(1_048_576, settings.max_message_bytes + FRAME_OVERHEAD_BYTES),
+        allow_auto_create_topics=False,
     )
     options.update(overrides)
     return KafkaConsumer(**settings.kafka_client_options(), **options)
@@ -122,14 +128,28 @@ class EventPublisher:
         self._settings = settings
         self._blobs = blobs
         self.producer = make_producer(settings, **producer_overrides)
+        self._in_flight: list = []  # futures since the last flush (workers publish from several threads)
+        self._in_flight_lock = threading.Lock()
 
     def publish(self, event: Event):
         topic = topic_name(event.run_id, event.KIND)
         value = frame(event, self._settings.max_message_bytes, self._blobs)
-        return self.producer.send(topic, key=event_key(event), value=value)
+        future = self.producer.send(topic, key=event_key(event), value=value)
+        with self._in_flight_lock:
+            self._in_flight.append(future)
+        return future
 
     def flush(self, timeout: float | None = None) -> None:
+        """Wait for every event published since the last flush, and raise the first send
+        that failed: callers commit their input offsets after a flush, so a send the
+        broker never took (it was lost, say, and the client's retries ran out) must stop
+        them rather than be skipped."""
         self.producer.flush(timeout)
+        with self._in_flight_lock:
+            in_flight, self._in_flight = self._in_flight, []
+        for future in in_flight:
+            if future.failed():
+                raise future.exception
 
     def close(self) -> None:
         self.producer.close()
@@ -168,7 +188,9 @@ class RunReader:
         self.run_id = run_id
         self.stage = stage or (group_id or "reader")
         self.consumer = make_consumer(settings, group_id, **consumer_overrides)
-        self.partitions = self._wait_for_partitions([topic_name(run_id, k) for k in kinds], shard, wait_s)
+        topics = [topic_name(run_id, k) for k in kinds]
+        self.partitions = self._wait_for_partitions(topics, shard, wait_s)
+        self.broker_watch = BrokerWatch(settings, self.consumer, run_id, topics)
         self.consumer.assign(self.partitions)
         for tp in self.partitions:
             if start_offsets is not None:
@@ -201,6 +223,7 @@ class RunReader:
         return {tp: self.consumer.position(tp) for tp in self.partitions}
 
     def poll(self, timeout_ms: int = 100, max_records: int = 500) -> tuple[list[tuple[Event, TopicPartition, int]], list]:
+        self.broker_watch.check()
         batch = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
         events, dead = [], []
         for tp, records in batch.items():

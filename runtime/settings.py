@@ -25,6 +25,8 @@ ENV_VARS = {
     "STREAMRL_KAFKA_MAX_MESSAGE_BYTES": "largest message the broker accepts (default 1048576)",
     "STREAMRL_KAFKA_SESSION_TIMEOUT_MS": "consumer group session timeout (default 6000)",
     "STREAMRL_KAFKA_PORT": "port of the embedded broker (default 9092, the next free one if taken)",
+    "STREAMRL_SERVICE_WAIT_S": "seconds a process waits for a lost broker or PostgreSQL before it gives up "
+                               "(default 120)",
     "STREAMRL_READONLY_DATABASE_URL": "the URL `streamrl sql`, `show`, `runs` and `replay --where` connect "
                                       "with (default: the ledger's URL as the streamrl_reader role)",
     "STREAMRL_SGLANG_PYTHON": "the Python of an SGLang environment, for managed inference servers "
@@ -85,6 +87,7 @@ class Settings:
     kafka_port: int = DEFAULT_KAFKA_PORT
     sglang_python_env: str | None = None
     readonly_database_url_env: str | None = None
+    service_wait_s: int = 120
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -109,6 +112,7 @@ class Settings:
             kafka_port=_int_env("STREAMRL_KAFKA_PORT", DEFAULT_KAFKA_PORT),
             sglang_python_env=os.environ.get("STREAMRL_SGLANG_PYTHON") or None,
             readonly_database_url_env=os.environ.get("STREAMRL_READONLY_DATABASE_URL") or None,
+            service_wait_s=_int_env("STREAMRL_SERVICE_WAIT_S", 120),
         )
 
     @property

@@ -194,7 +194,9 @@ class GroupFiltered(Event, tag="group_filtered", kw_only=True):
     KIND: ClassVar[str] = "samples"
 
     group_id: str
-    reason: str  # "zero_variance" | "timeout" | "all_failed"
+    # "zero_variance" | "timeout" | "all_failed"; or "late": trajectories of a group that
+    # had closed without them (one record per arrival, not counted by the learner)
+    reason: str
     step: int = 0
     group_size: int = 1
     received: int = 0
@@ -202,6 +204,8 @@ class GroupFiltered(Event, tag="group_filtered", kw_only=True):
     trajectory_ids: list[str] = []
 
     def natural_key(self) -> tuple:
+        if self.reason == "late":
+            return ("late", self.group_id, *self.trajectory_ids)
         return ("filtered", self.group_id)
 
 

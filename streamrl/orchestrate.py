@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import psycopg
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -27,24 +26,9 @@ from runtime.config import Recipe
 from runtime.dataset import total_train_steps
 from runtime.settings import Settings
 from streamrl.report import RunSummary, load_summary, plot_reward_curve, summary_table, val_accuracy_at
+from streamrl.supervise import RestartPolicy, RunFailed, Supervisor
 
-
-class RunFailed(RuntimeError):
-    pass
-
-
-@dataclass
-class Child:
-    name: str
-    process: subprocess.Popen
-    log_path: Path
-    may_finish: bool = False  # a clean exit is expected (publisher, learner), not a failure
-
-    def tail(self, lines: int = 25) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+__all__ = ["RunFailed", "RestartPolicy", "run_locally", "replay_locally"]
 
 
 def child_env(settings: Settings) -> dict:
@@ -61,50 +45,39 @@ def child_env(settings: Settings) -> dict:
 
 @dataclass
 class LocalRun:
-    """The processes of one run, their logs under `out/logs`, and how they are stopped."""
+    """The processes of one run, their logs under `out/logs`, supervised (restarted when
+    they crash, by `policy`) and stopped together."""
 
     settings: Settings
     run_id: str
     out: Path
-    children: list[Child] = field(default_factory=list)
+    console: Console
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
 
     def __post_init__(self):
         self.logs = self.out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.env = child_env(self.settings)
+        self.supervisor = Supervisor(self.logs, child_env(self.settings), self.policy, self.say)
+        self.spawn, self.check, self.stop = self.supervisor.spawn, self.supervisor.check, self.supervisor.stop
 
-    def spawn(self, name: str, args: list[str], may_finish: bool = False) -> Child:
-        log_path = self.logs / f"{name}.log"
-        handle = open(log_path, "ab")
-        process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", *args], stdout=handle,
-                                   stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-        child = Child(name, process, log_path, may_finish)
-        self.children.append(child)
-        return child
+    def restarts_note(self) -> str:
+        count = sum(self.supervisor.restarts.values())
+        return f"restarts {count}" if count else ""
 
-    def check(self) -> None:
-        for child in self.children:
-            code = child.process.poll()
-            if code not in (None, 0) or (code == 0 and not child.may_finish):
-                raise RunFailed(f"{child.name} exited with code {code}; last lines of {child.log_path}:\n{child.tail()}")
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        for child in self.children:
-            if child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for child in self.children:
-            try:
-                child.process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.process.kill()
-                child.process.wait()
+    def say(self, line: str) -> None:
+        """A supervision event: on the console and in logs/supervisor.log."""
+        self.console.print(f"[yellow]{line}[/]", highlight=False)
+        with open(self.logs / "supervisor.log", "a") as log:
+            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
 
     def follow(self, console: Console, total_steps: int, finished: Callable[[RunSummary], bool],
                poll_s: float = 1.0, before: Callable[[Progress], None] | None = None) -> RunSummary:
         """Progress bars until `finished(summary)`; then the processes are stopped and the
-        summary table and reward curve written."""
+        summary table and reward curve written. While the ledger does not answer, the
+        line says so and the processes wait for it (they give up, and so does the run,
+        after `STREAMRL_SERVICE_WAIT_S`)."""
         started = time.monotonic()
+        summary = None
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           TextColumn("{task.fields[status]}"), console=console) as progress:
@@ -114,8 +87,13 @@ class LocalRun:
                 while True:
                     time.sleep(poll_s)
                     self.check()
-                    summary = load_summary(self.settings.database_url, self.run_id, with_counts=False)
-                    progress.update(bar, completed=len(summary.steps), status=status_line(summary))
+                    try:
+                        summary = load_summary(self.settings.database_url, self.run_id, with_counts=False)
+                    except psycopg.OperationalError:
+                        progress.update(bar, status=f"waiting for the ledger's PostgreSQL  {self.restarts_note()}")
+                        continue
+                    progress.update(bar, completed=len(summary.steps),
+                                    status=f"{status_line(summary)}  {self.restarts_note()}".rstrip())
                     if finished(summary):
                         break
         except KeyboardInterrupt:
@@ -127,6 +105,7 @@ class LocalRun:
         summary = load_summary(self.settings.database_url, self.run_id)
         png = plot_reward_curve(summary, self.out / "reward_curve.png")
         table = summary_table(summary, wall)
+        table.add_row("process restarts", self.supervisor.restarts_text())
         for key in ("val_accuracy_before_replay", "val_accuracy_after_replay"):
             value = (summary.finish or {}).get(key, summary.warmup.get(key))
             if value is not None:
@@ -155,15 +134,16 @@ def interrupt_on_sigterm() -> None:
 def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, run_id: str, workers: int,
                 out: Path | None, console: Console, final_val_timeout_s: float = 180.0,
                 resume: bool = False, reset_offsets: bool = False,
-                inference_urls: list[str] | None = None) -> RunSummary:
+                inference_urls: list[str] | None = None, policy: RestartPolicy = RestartPolicy()) -> RunSummary:
     interrupt_on_sigterm()
-    local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id)
+    local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy)
     total = total_train_steps(recipe)  # the same count the publisher and the learner use
     val_rows = recipe.validate.data.max_rows
     console.print(f"run [bold]{run_id}[/]: logs in {local.logs}", highlight=False)
     publish = ["publish", "--resume", run_id] if resume else ["publish", str(recipe_file), "--run", run_id]
     publish += [arg for url in inference_urls or [] for arg in ("--inference-url", url)]
-    local.spawn("publisher", publish, may_finish=True)
+    # Restarted, the publisher resumes: the run exists, and tasks already done are skipped.
+    local.spawn("publisher", publish, may_finish=True, restart_args=["publish", "--resume", run_id])
     # The other processes read the run's resolved config from its `created` event.
     local.spawn("sink", ["sink", "--run", run_id])
     local.spawn("processor", ["processor", run_id])
@@ -176,7 +156,7 @@ def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, ru
 
     def finished(summary: RunSummary) -> bool:
         nonlocal val_wait_started
-        if learner.process.poll() != 0 or len(summary.steps) < total:
+        if not local.supervisor.finished(learner) or len(summary.steps) < total:
             return False
         if final_val_version is None or val_accuracy_at(summary, final_val_version, val_rows) is not None:
             return True
@@ -193,10 +173,10 @@ def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, ru
 
 
 def replay_locally(settings: Settings, run_id: str, steps: int, publish, out: Path | None,
-                   console: Console) -> RunSummary:
+                   console: Console, policy: RestartPolicy = RestartPolicy()) -> RunSummary:
     """The trainers of a replayed run (sink, processor, learner) as processes, fed by
     `publish(on_progress)` here; over when the learner has trained its last step."""
-    local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id)
+    local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy)
     console.print(f"replay into [bold]{run_id}[/]: logs in {local.logs}", highlight=False)
     local.spawn("sink", ["sink", "--run", run_id])
     local.spawn("processor", ["processor", run_id])
@@ -213,6 +193,6 @@ def replay_locally(settings: Settings, run_id: str, steps: int, publish, out: Pa
         progress.update(sent, total=total, completed=total)
 
     def finished(summary: RunSummary) -> bool:
-        return learner.process.poll() == 0 and len(summary.steps) >= steps and summary.finish is not None
+        return local.supervisor.finished(learner) and len(summary.steps) >= steps and summary.finish is not None
 
     return local.follow(console, steps, finished, before=publish_all)

@@ -22,7 +22,10 @@ this way runs on newer weights, and its trajectories say so (`weight_version`).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+
+from kafka import KafkaAdminClient, TopicPartition
 
 from schema.events import Evaluation, GroupFiltered, RunEvent, Sample, Trajectory
 from schema.ledger import query_events
@@ -40,12 +43,35 @@ class Rebuilt:
     events: int = 0
 
 
-def run_topics_exist(settings: Settings, run_id: str) -> bool:
+def run_topics_intact(settings: Settings, run_id: str) -> bool:
+    """Whether the broker still holds the run's topics with their events: its runs topic
+    exists and is not empty (it begins with the run's `created` event). An empty one was
+    re-created by something else after the broker lost it, and is rebuilt like a lost one."""
     consumer = make_consumer(settings, None)
     try:
-        return topic_name(run_id, "runs") in consumer.topics()
+        runs = topic_name(run_id, "runs")
+        if runs not in consumer.topics():
+            return False
+        partitions = [TopicPartition(runs, p) for p in consumer.partitions_for_topic(runs) or ()]
+        return sum(consumer.end_offsets(partitions).values()) > 0
     finally:
         consumer.close()
+
+
+def delete_run_topics(settings: Settings, run_id: str) -> None:
+    admin = KafkaAdminClient(**settings.kafka_client_options())
+    try:
+        existing = set(admin.list_topics())
+        doomed = [name for name in run_topics(run_id).values() if name in existing]
+        if doomed:
+            admin.delete_topics(doomed)
+        deadline = time.monotonic() + 30  # deletion is asynchronous: create nothing before it is done
+        while set(doomed) & set(admin.list_topics()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the broker did not delete the emptied topics {doomed} within 30 s")
+            time.sleep(0.2)
+    finally:
+        admin.close()
 
 
 def group_plan(filtered: set[str], sample_counts: dict[str, tuple[int, int]], rollout_groups: dict[str, int],
@@ -78,11 +104,13 @@ def rebuild_from_ledger(settings: Settings, run_id: str, trained_step: int) -> R
         created = query_events(conn, RunEvent, "select * from run_events where run_id = %s and kind = 'created'", (run_id,))
         if not created:
             raise LookupError(f"run {run_id!r} has no 'created' event in the ledger")
-        if not run_topics_exist(settings, run_id):
+        if not run_topics_intact(settings, run_id):
+            delete_run_topics(settings, run_id)
             create_run_topics(settings, run_id)
             conn.execute("delete from consumer_offsets where topic = any(%s)", (list(run_topics(run_id).values()),))
             rebuilt.topics_recreated = True
-        filtered = {r[0] for r in conn.execute("select group_id from filtered_groups where run_id = %s", (run_id,))}
+        filtered = {r[0] for r in conn.execute("select group_id from filtered_groups where run_id = %s "
+                                                "and reason <> 'late'", (run_id,))}
         sample_counts = {g: (int(n), int(size)) for g, n, size in conn.execute(
             "select group_id, count(*), max(group_size) from samples where run_id = %s group by group_id", (run_id,))}
         rollout_groups = {g: s for g, s in conn.execute(
@@ -92,7 +120,8 @@ def rebuild_from_ledger(settings: Settings, run_id: str, trained_step: int) -> R
         with EventPublisher(settings) as publisher:
             publisher.publish(created[0])
             batches = [
-                (GroupFiltered, "select * from filtered_groups where run_id = %s and group_id = any(%s)", chosen["filtered"]),
+                (GroupFiltered, "select * from filtered_groups where run_id = %s and group_id = any(%s) "
+                                "and reason <> 'late'", chosen["filtered"]),
                 (Sample, "select * from samples where run_id = %s and group_id = any(%s)", chosen["samples"]),
                 (Trajectory, "select t.* from trajectories t join evaluations e on e.run_id = t.run_id "
                              "and e.trajectory_id = t.trajectory_id where t.run_id = %s and t.group_id = any(%s)",

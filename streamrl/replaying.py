@@ -19,7 +19,7 @@ from runtime.config import ConfigError, Recipe
 from runtime.db import connect
 from runtime.settings import Settings
 from runtime.sql import SqlFailed, SqlRefused
-from streamrl.orchestrate import replay_locally
+from streamrl.orchestrate import RestartPolicy, replay_locally
 
 
 @dataclass
@@ -35,6 +35,7 @@ class ReplayOptions:
     recompute_advantages: str | None = None
     rescore: str | None = None
     out: Path | None = None
+    policy: RestartPolicy = RestartPolicy()
 
 
 def replay_run(settings: Settings, options: ReplayOptions, console: Console) -> None:
@@ -84,4 +85,4 @@ def replay_run(settings: Settings, options: ReplayOptions, console: Console) -> 
         return rp.publish_replay(settings, options.into, plan, trajectories, evaluations, rescorer, options.rate,
                                  on_progress)
 
-    replay_locally(settings, options.into, plan.steps, publish, options.out, console)
+    replay_locally(settings, options.into, plan.steps, publish, options.out, console, options.policy)

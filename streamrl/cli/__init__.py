@@ -11,6 +11,8 @@ codes in one place (`common.cli_command`).
 
 from __future__ import annotations
 
+import os
+
 from runtime.quiet import quiet_library_progress
 
 quiet_library_progress()
@@ -23,6 +25,15 @@ from streamrl.cli import ledger_cmd, model_cmd, recipe_cmd, services_cmd, train_
 # "[...]" is never taken for markup.
 app = typer.Typer(help="StreamRL: event-sourced RL post-training for LLMs.", no_args_is_help=True,
                   pretty_exceptions_enable=False, rich_markup_mode=None)
+
+
+@app.callback()
+def main(debug: bool = typer.Option(False, "--debug", help="On an error, print its traceback as well as its "
+                                                           "message (the run's processes inherit it).")) -> None:
+    if debug:
+        os.environ["STREAMRL_DEBUG"] = "1"
+
+
 for group in (services_cmd, recipe_cmd, ledger_cmd, train_cmd, model_cmd):
     group.register(app)
 

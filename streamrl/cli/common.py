@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import secrets
 import sys
+import traceback
 from datetime import datetime
 from pathlib import Path
 
@@ -64,6 +66,7 @@ def as_cli_error(exc: Exception) -> CliError | None:
     """The CLI meaning of an error raised by the layers below, or None (a bug: re-raised)."""
     from runtime.config import ConfigError
     from runtime.dataset import DatasetError
+    from runtime.outage import ServiceLost
     from runtime.recipe import RecipeError
     from runtime.runs import RunNotFound
     from runtime.services import ServiceError
@@ -88,12 +91,38 @@ def as_cli_error(exc: Exception) -> CliError | None:
         return CommandFailed(f"the run's recorded config does not fit this version of StreamRL: {exc}")
     if isinstance(exc, RunNotFound):
         return CommandFailed(str(exc))
+    if isinstance(exc, ServiceLost):
+        return ServiceMissing(str(exc))
+    lost = lost_service_sentence(exc)
+    if lost:
+        return ServiceMissing(lost)
     # Only a process that loaded the inference code can raise its errors (importing it
     # here would cost every command a torch import).
     inference = sys.modules.get("producers.inference")
     if inference is not None and isinstance(exc, inference.InferenceUnavailable):
         return CommandFailed(str(exc), "inference service")
     return None
+
+
+def lost_service_sentence(exc: Exception) -> str | None:
+    """One sentence for a service that went away under a command, or None. Only the
+    client libraries a command has imported can have raised (no import costs here)."""
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is not None and isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return (f"PostgreSQL stopped answering ({first}): bring it back (`streamrl up` for the embedded one), "
+                "then run the command again (`streamrl run --resume RUN` for a run).")
+    kafka_errors = sys.modules.get("kafka.errors")
+    if kafka_errors is not None and isinstance(exc, (kafka_errors.NoBrokersAvailable, kafka_errors.KafkaTimeoutError,
+                                                      kafka_errors.KafkaConnectionError)):
+        return (f"the Kafka broker stopped answering ({type(exc).__name__}: {exc}): bring it back (`streamrl up` "
+                "for the embedded one), then run the command again (`streamrl run --resume RUN` for a run).")
+    return None
+
+
+def debugging() -> bool:
+    """`streamrl --debug ...` (inherited by a run's processes): tracebacks as well as messages."""
+    return os.environ.get("STREAMRL_DEBUG") == "1"
 
 
 def report(error: CliError) -> None:
@@ -116,6 +145,8 @@ def cli_command(fn):
             error = as_cli_error(exc)
             if error is None:
                 raise
+            if debugging():
+                traceback.print_exc()
             report(error)
             raise typer.Exit(error.exit_code) from None
     return run

@@ -27,6 +27,19 @@ InferenceUrl = Annotated[Optional[list[str]], typer.Option(
                             "recipe's managed servers; needs service.inference_service.backend sglang or openai.")]
 
 
+MaxRestarts = Annotated[int, typer.Option(
+    "--max-restarts", min=0, help="Restart a crashed process of the run up to N times within --restart-window "
+                                  "(with a backoff of 1, 2, 4 ... s); one more crash ends the run. 0: no restarts.")]
+RestartWindow = Annotated[float, typer.Option(
+    "--restart-window", min=1.0, help="Seconds over which --max-restarts counts a process's crashes.")]
+
+
+def restart_policy(max_restarts: int, window_s: float):
+    from streamrl.supervise import RestartPolicy
+
+    return RestartPolicy(max_restarts=max_restarts, window_s=window_s)
+
+
 def with_url(recipe, urls: list[str] | None):
     from runtime.recipe import with_inference_url
 
@@ -52,6 +65,8 @@ def run_recipe(
     workers: Annotated[Optional[int], typer.Option(help="Rollout worker processes (default: rollout_worker.num_workers).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Folder for the summary and reward curve (default: STREAMRL_HOME/runs/RUN).")] = None,
     inference_url: InferenceUrl = None,
+    max_restarts: MaxRestarts = 5,
+    restart_window: RestartWindow = 600.0,
 ) -> None:
     """Train a recipe end to end on this machine: start the services if needed, then the
     ledger sink, stream processor, learner, rollout workers and publisher as processes,
@@ -81,7 +96,7 @@ def run_recipe(
     try:
         run_locally(current, file, recipe, run, workers or recipe.rollout_worker.num_workers, out, console,
                     resume=bool(resume), reset_offsets=bool(resume) and resumed.rebuilt.topics_recreated,
-                    inference_urls=inference_url)
+                    inference_urls=inference_url, policy=restart_policy(max_restarts, restart_window))
     except RunFailed as exc:
         raise CommandFailed(str(exc), "run failed") from None
 
@@ -227,6 +242,8 @@ def replay(
     recompute_advantages: Annotated[Optional[str], typer.Option("--recompute-advantages", help="Advantage estimator for the new run (e.g. dr_grpo).")] = None,
     rescore: Annotated[Optional[str], typer.Option("--rescore", help="Re-evaluate with this evaluator, file.py:Class or builtin:NAME.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Folder for the summary and reward curve.")] = None,
+    max_restarts: MaxRestarts = 5,
+    restart_window: RestartWindow = 600.0,
 ) -> None:
     """Retrain off-policy on a recorded run's rollouts: re-publish its trajectories and
     evaluations (behaviour logprobs and weight versions included) into a new run whose
@@ -241,7 +258,8 @@ def replay(
     options = ReplayOptions(source=source, into=checked_run_id(into, "--into"),
                             recipe=prepared_recipe(recipe_file) if recipe_file else None,
                             read_from=source_kind.value, steps=steps, where=where, rate=rate, correction=correction,
-                            recompute_advantages=recompute_advantages, rescore=rescore, out=out)
+                            recompute_advantages=recompute_advantages, rescore=rescore, out=out,
+                            policy=restart_policy(max_restarts, restart_window))
     try:
         replay_run(current, options, console)
     except ReplayError as exc:
