@@ -59,6 +59,8 @@ def compose(path: Path, _stack: tuple[Path, ...] = ()) -> Any:
     if not isinstance(own, typing.Mapping) and not OmegaConf.is_dict(own):
         raise RecipeError(path, ["a recipe must be a mapping of keys"])
     defaults = own.pop("defaults", [])
+    if defaults is not None and not OmegaConf.is_list(defaults):
+        raise RecipeError(path, [f"defaults: expected a list of recipe names, got {defaults!r}"[:200]])
     parts, self_seen = [], False
     for i, entry in enumerate(defaults or []):
         if entry == "_self_":
@@ -76,14 +78,33 @@ def compose(path: Path, _stack: tuple[Path, ...] = ()) -> Any:
     return OmegaConf.merge(*parts) if parts else own
 
 
+def section_shape_problems(values: dict, schema: type, prefix: str = "") -> list[str]:
+    """Sections (`trainer:`, `data:`, ...) given as something other than a mapping: said
+    before merging, which would otherwise fail without naming the key."""
+    hints = typing.get_type_hints(schema)
+    problems = []
+    for key, value in values.items():
+        tp = hints.get(key) if isinstance(key, str) else None
+        if tp is None or not dataclasses.is_dataclass(tp):
+            continue
+        if isinstance(value, dict):
+            problems += section_shape_problems(value, tp, f"{prefix}{key}.")
+        else:
+            problems.append(f"{prefix}{key}: expected a mapping of keys, got {type(value).__name__} {value!r}"[:200])
+    return problems
+
+
 def load_recipe(path: str | Path) -> Recipe:
     """The fully resolved, typed recipe (defaults filled in), or RecipeError."""
     path = Path(path)
     composed = compose(path)
+    problems = section_shape_problems(OmegaConf.to_container(composed, resolve=False), Recipe)
+    if problems:
+        raise RecipeError(path, problems)
     try:
         merged = OmegaConf.merge(OmegaConf.create(Recipe().to_dict()), composed)
         values = OmegaConf.to_container(merged, resolve=True)
-    except OmegaConfBaseException as exc:
+    except (OmegaConfBaseException, TypeError, ValueError) as exc:
         raise RecipeError(path, [f"{getattr(exc, 'full_key', '') or 'interpolation'}: {exc.msg if hasattr(exc, 'msg') else exc}"]) from None
     coerce_strings(values, Recipe)
     problems = check_against(values, Recipe)

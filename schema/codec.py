@@ -28,6 +28,9 @@ FRAME_ZSTD = 0x02
 FRAME_REFERENCE = 0x03
 
 DEFAULT_COMPRESS_OVER = 256 * 1024
+# Largest event a zstd frame may expand to: a frame that claims more (a decompression
+# bomb, or garbage that looks like zstd) is refused, not allocated.
+MAX_DECOMPRESSED_BYTES = 512 * 1024 * 1024
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(typing.Union[ALL_EVENT_TYPES])
@@ -78,7 +81,10 @@ def decode(data: bytes | None) -> Event:
     body = memoryview(data)[1:]
     if frame == FRAME_ZSTD:
         try:
-            body = _zstd_decompressor.decompress(body)
+            size = zstandard.frame_content_size(body)
+            if size > MAX_DECOMPRESSED_BYTES:
+                raise CodecError(f"zstd frame would expand to {size} bytes, over the limit of {MAX_DECOMPRESSED_BYTES}")
+            body = _zstd_decompressor.decompress(body, max_output_size=MAX_DECOMPRESSED_BYTES)
         except zstandard.ZstdError as exc:
             raise CodecError(f"zstd frame does not decompress: {exc}") from None
     elif frame == FRAME_REFERENCE:

@@ -119,7 +119,7 @@ class Supervisor:
         delay = self.policy.delay_s(len(child.crashes))
         child.restart_at = now + delay
         how = f"signal {-code}" if code < 0 else f"code {code}"
-        self.say(f"{child.name} exited with {how}; restarting it in {delay:.0f} s "
+        self.say(f"{child.name} exited with {how}; restarting it in {delay:.3g} s "
                  f"(crash {len(child.crashes)} of at most {self.policy.max_restarts + 1} in "
                  f"{self.policy.window_s:.0f} s; log {child.log_path})")
 

@@ -31,7 +31,7 @@ from tests.conftest import REPO, command_lines, run_cli, wait_for
 from tests.test_rl_loop import assert_ledger_consistent, small_run_env
 
 RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
-STEPS = 22
+STEPS = 40
 KILLED = ("worker-0", "processor", "sink", "learner", "publisher")
 TABLES = ("tasks", "trajectories", "evaluations", "train_steps", "weight_versions")
 
@@ -147,7 +147,7 @@ def test_fault_matrix_ends_with_the_ledger_of_a_fault_free_run(private_stack, tm
     run_id = f"faults-{uuid.uuid4().hex[:8]}"
     rng = random.Random(int(os.environ.get("STREAMRL_FAULT_SEED", "1")))
     faults = [*KILLED, "postgres restart", "bad records"]
-    rng.shuffle(faults)  # in a random order, from the first trained step on
+    rng.shuffle(faults)  # in a random order, 1-3 s apart, from the first trained step on
     out = tmp_path / "faulty"
     run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--out", str(out)],
                            cwd=REPO, env={**os.environ, **env}, stdout=open(tmp_path / "run.log", "wb"),
@@ -156,10 +156,8 @@ def test_fault_matrix_ends_with_the_ledger_of_a_fault_free_run(private_stack, tm
     try:
         wait_for(lambda: run.poll() is not None or (steps_done(settings, run_id) or 0) >= 1, timeout=300,
                  what="the first trained step")
-        for fault in faults:  # each at its own step, one or two steps after the last
-            at_step = (steps_done(settings, run_id) or 0) + rng.randint(1, 2)
-            wait_for(lambda: run.poll() is not None or (steps_done(settings, run_id) or 0) >= at_step,
-                     timeout=120, what=f"step {at_step}")
+        for fault in faults:
+            time.sleep(rng.uniform(1.0, 3.0))
             assert run.poll() is None, (tmp_path / "run.log").read_text()[-4000:]
             done = steps_done(settings, run_id)
             if fault == "postgres restart":

@@ -1,0 +1,121 @@
+"""Fuzzing the two doors that take outside input: the event decoder (every record a
+consumer reads) and the recipe loader (every YAML a user writes). Arbitrary bytes or
+YAML must give a clear error (a CodecError, which consumers turn into a dead letter; a
+RecipeError naming the file), never another exception, and never hang."""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+import yaml
+import zstandard
+from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+
+from runtime.bus import unframe
+from runtime.recipe import RecipeError, load_recipe
+from schema import codec
+from schema.codec import CodecError
+from schema.events import Event
+
+FAST = hsettings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 400)), deadline=None,
+                derandomize=os.environ.get("CI") == "true", suppress_health_check=[HealthCheck.too_slow])
+
+# msgpack-able values: what a foreign producer could put on a topic
+values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=True) | st.text(max_size=20)
+    | st.binary(max_size=20),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=12), inner, max_size=6),
+    max_leaves=20,
+)
+event_tags = st.sampled_from(["task", "trajectory", "evaluation", "sample", "group_filtered", "train_step",
+                              "weight_version", "run", "dead_letter", "nonsense"])
+event_like = st.builds(lambda tag, fields: {"type": tag, **fields}, event_tags,
+                       st.dictionaries(st.sampled_from(["run_id", "event_id", "schema_version", "created_at", "task_id",
+                                                        "group_id", "tokens", "step", "reward", "trajectory_id",
+                                                        "prompt", "logprobs", "version", "kind"]), values))
+
+
+def decodes_or_refuses(data: bytes) -> None:
+    try:
+        event = codec.decode(data)
+    except CodecError as exc:
+        assert str(exc)
+        return
+    assert isinstance(event, Event)
+
+
+@given(st.binary(max_size=2048))
+@FAST
+def test_arbitrary_bytes_decode_or_give_a_codec_error(data):
+    decodes_or_refuses(data)
+    decodes_or_refuses(bytes([codec.FRAME_PLAIN]) + data)
+    decodes_or_refuses(bytes([codec.FRAME_ZSTD]) + data)
+
+
+@given(event_like)
+@FAST
+def test_event_shaped_msgpack_decodes_or_gives_a_codec_error(obj):
+    body = msgspec.msgpack.encode(obj)
+    decodes_or_refuses(bytes([codec.FRAME_PLAIN]) + body)
+    decodes_or_refuses(bytes([codec.FRAME_ZSTD]) + zstandard.ZstdCompressor().compress(body))
+
+
+@given(st.binary(max_size=512))
+@FAST
+def test_what_a_consumer_reads_is_an_event_or_a_dead_letter_reason(data):
+    """`RunReader.poll` turns exactly CodecError, LookupError and ValueError into dead letters."""
+    try:
+        unframe(data, None)
+    except (CodecError, LookupError, ValueError):
+        pass
+
+
+def test_a_zstd_frame_that_claims_a_huge_size_is_refused_without_allocating_it():
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * (codec.MAX_DECOMPRESSED_BYTES + 1))
+    try:
+        codec.decode(bytes([codec.FRAME_ZSTD]) + bomb)
+    except CodecError as exc:
+        assert "over the limit" in str(exc)
+    else:
+        raise AssertionError("a frame over the limit was decoded")
+
+
+# --- the recipe loader ---------------------------------------------------------------------
+
+recipe_keys = st.sampled_from(["experiment_name", "data", "rollout_worker", "trainer", "algorithm", "weight",
+                               "validate", "service", "trajectory_pool", "environment", "defaults", "logger",
+                               "replay", "model_path", "batch_size", "total_train_steps", "type", "max_retries"])
+yaml_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**12, 10**12) | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(recipe_keys | st.text(max_size=8), inner, max_size=5),
+    max_leaves=25,
+)
+
+
+def loads_or_refuses(path) -> None:
+    try:
+        load_recipe(path)
+    except RecipeError as exc:
+        assert str(path.name) in str(exc.path) and exc.problems
+        assert all(isinstance(p, str) and p for p in exc.problems)
+
+
+@given(st.text(max_size=400))
+@hsettings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 200)), deadline=None,
+           derandomize=os.environ.get("CI") == "true", suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+def test_arbitrary_text_as_a_recipe_gives_a_recipe_error(tmp_path, text):
+    path = tmp_path / "fuzzed.yaml"
+    path.write_text(text)
+    loads_or_refuses(path)
+
+
+@given(st.dictionaries(recipe_keys, yaml_values, max_size=8))
+@hsettings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 200)), deadline=None,
+           derandomize=os.environ.get("CI") == "true", suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+def test_recipe_shaped_yaml_loads_or_gives_a_recipe_error(tmp_path, mapping):
+    path = tmp_path / "fuzzed.yaml"
+    path.write_text(yaml.safe_dump(mapping))
+    loads_or_refuses(path)

@@ -1,0 +1,91 @@
+"""Supervision and lost services, as an operator meets them: `streamrl run`'s supervisor
+restarts a crashing process with backoff and gives up after N crashes in its window
+(never retrying bad usage); a process whose broker goes away waits, then ends with one
+sentence naming the broker and the commands that bring the run back (the traceback
+only with --debug)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from producers.publisher import create_run
+from runtime import services
+from runtime.bus import EventPublisher
+from runtime.config import Recipe
+from runtime.settings import Settings
+from streamrl.orchestrate import child_env
+from streamrl.supervise import RestartPolicy, RunFailed, Supervisor
+from tests.conftest import REPO
+
+
+def supervise(stack, tmp_path, policy: RestartPolicy, args: list[str], timeout_s: float = 60):
+    said = []
+    supervisor = Supervisor(tmp_path, child_env(stack), policy, said.append)
+    child = supervisor.spawn("crasher", args)
+    deadline = time.monotonic() + timeout_s
+    try:
+        with pytest.raises(RunFailed) as failure:
+            while time.monotonic() < deadline:
+                supervisor.check()
+                time.sleep(0.05)
+    finally:
+        supervisor.stop()
+    return str(failure.value), said, child
+
+
+def test_a_crashing_process_is_restarted_with_backoff_then_given_up(stack, tmp_path):
+    # a query that fails: the command exits 1, as a crash does
+    message, said, child = supervise(stack, tmp_path, RestartPolicy(max_restarts=2, window_s=60, backoff_s=0.2),
+                                     ["sql", "select 1/0"])
+    assert "crasher crashed 3 times within 60 s (at most 2 restarts allowed): giving up" in message
+    assert "division by zero" in message  # the child's last log lines come with it
+    assert child.restarts == 2
+    assert [line.split(";")[0] for line in said] == ["crasher exited with code 1"] * 2
+    assert "restarting it in 0.2 s" in said[0] and "crash 2 of at most 3" in said[1]  # 0.2 s, then 0.4 s
+    assert child.log_path.read_text().count("--- restarted by streamrl run") == 2
+
+
+def test_bad_usage_is_not_retried(stack, tmp_path):
+    message, said, child = supervise(stack, tmp_path, RestartPolicy(max_restarts=5), ["sql"])
+    assert message.startswith("crasher exited with code 2") and said == [] and child.restarts == 0
+
+
+@pytest.fixture
+def own_broker(monkeypatch):
+    """A broker of this test's own, which it stops."""
+    home = Path(tempfile.mkdtemp(prefix="streamrl-broker-"))
+    monkeypatch.setenv("STREAMRL_HOME", str(home))
+    monkeypatch.setenv("STREAMRL_KAFKA_PORT", "19492")
+    state = services.start_embedded_kafka(Settings.from_env())
+    monkeypatch.setenv("STREAMRL_KAFKA_BOOTSTRAP", state["bootstrap"])
+    yield Settings.from_env(), state
+    services.stop_embedded_kafka(state)
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_lost_broker_ends_a_process_with_one_sentence(own_broker, run_id, debug):
+    settings, state = own_broker
+    with EventPublisher(settings) as publisher:
+        create_run(settings, run_id, Recipe(), publisher)
+    env = {**os.environ, "STREAMRL_SERVICE_WAIT_S": "3"}
+    processor = subprocess.Popen([sys.executable, "-m", "streamrl.cli", *(["--debug"] if debug else []),
+                                  "processor", run_id], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+    time.sleep(8)  # started, reading
+    assert processor.poll() is None, processor.communicate()
+    os.kill(state["pid"], signal.SIGKILL)
+    out, err = processor.communicate(timeout=60)
+    assert processor.returncode == 3
+    sentence = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(sentence) == 1, err
+    assert (f"the Kafka broker at {state['bootstrap']} did not answer for" in " ".join(err.split()))
+    assert f"`streamrl run --resume {run_id}`" in " ".join(err.split())
+    assert ("Traceback" in err) is debug
