@@ -59,7 +59,7 @@ def compose(path: Path, _stack: tuple[Path, ...] = ()) -> Any:
     if not isinstance(own, typing.Mapping) and not OmegaConf.is_dict(own):
         raise RecipeError(path, ["a recipe must be a mapping of keys"])
     defaults = own.pop("defaults", [])
-    if defaults is not None and not OmegaConf.is_list(defaults):
+    if defaults is not None and not (isinstance(defaults, list) or OmegaConf.is_list(defaults)):
         raise RecipeError(path, [f"defaults: expected a list of recipe names, got {defaults!r}"[:200]])
     parts, self_seen = [], False
     for i, entry in enumerate(defaults or []):
