@@ -100,7 +100,10 @@ def as_cli_error(exc: Exception) -> CliError | None:
     # here would cost every command a torch import).
     inference = sys.modules.get("producers.inference")
     if inference is not None and isinstance(exc, inference.InferenceUnavailable):
-        return CommandFailed(str(exc), "inference service")
+        # a lost service (exit 3): `streamrl run` does not restart a worker for it
+        error = ServiceMissing(str(exc))
+        error.label = "inference service"
+        return error
     return None
 
 
