@@ -233,9 +233,7 @@ class LedgerSink:
         self.outage = PostgresOutage(settings, run_id, self.stop_requested)
         self.broker_watch = BrokerWatch(settings, self.consumer, run_id)
         self.stats = SinkStats()
-        self.positions: dict[TopicPartition, int] = {}  # next offset to read, per partition
         self._dead_letter_topics: set[str] = set()
-        self._last_refresh = 0.0
 
     def _connect(self) -> None:
         """(Re)open the ledger connection. After a lost connection the partitions are
@@ -244,7 +242,7 @@ class LedgerSink:
         self.conn = connect(self.settings.database_url, autocommit=True)
         create_staging_tables(self.conn)
         self.blobs = PostgresBlobStore(self.conn)
-        self.positions = {}
+        self.positions: dict[TopicPartition, int] = {}  # next offset to read, per partition
         self._last_refresh = 0.0
 
     def _disconnect(self) -> None:

@@ -115,10 +115,13 @@ def lost_service_sentence(exc: Exception) -> str | None:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return (f"PostgreSQL stopped answering ({first}): bring it back (`streamrl up` for the embedded one), "
                 "then run the command again (`streamrl run --resume RUN` for a run).")
-    kafka_errors = sys.modules.get("kafka.errors")  # its names differ between kafka-python versions
+    kafka_errors = sys.modules.get("kafka.errors")
+    if kafka_errors is None:
+        return None
+    # the error names differ between kafka-python versions
     lost_broker = tuple(getattr(kafka_errors, name) for name in ("NoBrokersAvailable", "KafkaTimeoutError",
                                                                  "KafkaConnectionError") if hasattr(kafka_errors, name))
-    if kafka_errors is not None and isinstance(exc, lost_broker):
+    if isinstance(exc, lost_broker):
         return (f"the Kafka broker stopped answering ({type(exc).__name__}: {exc}): bring it back (`streamrl up` "
                 "for the embedded one), then run the command again (`streamrl run --resume RUN` for a run).")
     return None
