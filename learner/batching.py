@@ -29,6 +29,33 @@ class TrainItem:
     extra: dict = field(default_factory=dict)
     token_versions: np.ndarray | None = None  # int32 [T]: a rollout sampled under several versions
     behaviour_lag: np.ndarray | None = None  # int32 [T]: versions between the sampler and the learner
+    # float32 [T]: the ratio's denominator when it is not the behaviour logprobs
+    # (algorithm.do_old_log_prob_compute: the learner's own logprobs before the step)
+    old_logprobs: np.ndarray | None = None
+
+    # The guide's trainers read and write trajectories as dicts (`traj["reward"]`,
+    # `traj.get("run_id")`): fields by name, anything else kept in `extra`.
+    @property
+    def run_id(self) -> str:
+        """The guide's name for the group (the rollouts of one prompt)."""
+        return self.group_id
+
+    def __getitem__(self, key: str):
+        if key == "run_id" or key in self.__dataclass_fields__:
+            return getattr(self, key)
+        return self.extra[key]
+
+    def __setitem__(self, key: str, value) -> None:
+        if key in self.__dataclass_fields__:
+            setattr(self, key, value)
+        else:
+            self.extra[key] = value
+
+    def __contains__(self, key: str) -> bool:
+        return key == "run_id" or key in self.__dataclass_fields__ or key in self.extra
+
+    def get(self, key: str, default=None):
+        return self[key] if key in self else default
 
 
 def micro_batches_by_tokens(lengths: list[int], micro_batch_tokens: int) -> list[list[int]]:
@@ -50,6 +77,7 @@ def micro_batches_by_tokens(lengths: list[int], micro_batch_tokens: int) -> list
 
 def collate(items: list[TrainItem], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded [B, T] tensors: input_ids, attention_mask, mask, behaviour_logprobs,
+    old_logprobs (the ratio's denominator: the behaviour logprobs unless recomputed),
     advantages, behaviour_lag."""
     width = max(len(item.tokens) for item in items)
     shape = (len(items), width)
@@ -57,6 +85,7 @@ def collate(items: list[TrainItem], pad_id: int) -> dict[str, torch.Tensor]:
     attention = torch.zeros(shape, dtype=torch.long)
     mask = torch.zeros(shape, dtype=torch.float32)
     old = torch.zeros(shape, dtype=torch.float32)
+    ratio_base = torch.zeros(shape, dtype=torch.float32)
     advantages = torch.zeros(shape, dtype=torch.float32)
     lag = torch.zeros(shape, dtype=torch.int32)
     for row, item in enumerate(items):
@@ -65,6 +94,8 @@ def collate(items: list[TrainItem], pad_id: int) -> dict[str, torch.Tensor]:
         attention[row, :n] = 1
         mask[row, :n] = torch.from_numpy(item.mask.astype(np.float32))
         old[row, :n] = torch.from_numpy(item.behaviour_logprobs.astype(np.float32))
+        ratio_base[row, :n] = torch.from_numpy((item.behaviour_logprobs if item.old_logprobs is None
+                                                else item.old_logprobs).astype(np.float32))
         if item.token_advantages is not None and len(item.token_advantages):
             advantages[row, :n] = torch.from_numpy(item.token_advantages.astype(np.float32))
         else:
@@ -72,4 +103,4 @@ def collate(items: list[TrainItem], pad_id: int) -> dict[str, torch.Tensor]:
         if item.behaviour_lag is not None:
             lag[row, :n] = torch.from_numpy(item.behaviour_lag.astype(np.int32))
     return {"input_ids": input_ids, "attention_mask": attention, "mask": mask,
-            "behaviour_logprobs": old, "advantages": advantages, "behaviour_lag": lag}
+            "behaviour_logprobs": old, "old_logprobs": ratio_base, "advantages": advantages, "behaviour_lag": lag}

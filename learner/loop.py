@@ -33,7 +33,8 @@ from algos.lr_schedule import learning_rate_at
 from learner.batching import TrainItem
 from learner.checkpoint import directory_sha256, load_state, prune_weight_versions
 from learner.policy import Policy
-from learner.trainers import TRAINERS, Trainer
+import learner.batch_trainers  # noqa: F401  (registers self_hosted_grpo)
+from learner.trainers import CUSTOM_TRAINER_TYPES, TRAINERS, Trainer
 from runtime.bus import EventPublisher, RunReader
 from runtime.config import Recipe
 from runtime.dataset import total_train_steps
@@ -85,8 +86,11 @@ def staleness_split(items: list[TrainItem], learner_version: int, threshold: int
 
 def trainer_class(recipe: Recipe) -> type[Trainer]:
     cfg = recipe.trainer
-    if cfg.type == "custom" or cfg.custom_trainer_module_path:
-        return load_class(cfg.custom_trainer_module_path, ".", Trainer)
+    if cfg.type in CUSTOM_TRAINER_TYPES or cfg.custom_trainer_module_path:
+        spec = cfg.custom_trainer_module_path or ""
+        if cfg.custom_trainer_class_name:  # the guide's form: the file and the class apart
+            spec = f"{spec.rpartition('.py:')[0] + '.py' if '.py:' in spec else spec}:{cfg.custom_trainer_class_name}"
+        return load_class(spec, ".", Trainer)
     return TRAINERS.get(cfg.type)
 
 
@@ -261,7 +265,8 @@ class Learner:
         # The weights are written once: the checkpoint links to the version's files, and
         # the version is announced only after the checkpoint that can reproduce it exists.
         version_folder = self.policy.call("write_version", self.weights, step)
-        self.policy.call("write_checkpoint", step, version_folder, state, cfg.save_freq)
+        keep_every = 0 if cfg.remove_previous_ckpt else cfg.save_freq  # 0: only the newest stays
+        self.policy.call("write_checkpoint", step, version_folder, state, keep_every)
         self.step = step
         self.publish_version(step, version_folder)
         self.publisher.publish(record)

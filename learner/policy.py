@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from learner import parallel
+from learner.batch_trainers import build_trainer
 from learner.batching import TrainItem
 from learner.checkpoint import (
     latest_checkpoint, load_trainer_state, save_checkpoint, write_model_dir, write_weight_version,
@@ -45,9 +46,8 @@ class Policy:
         if recipe.algorithm.use_kl_loss or recipe.algorithm.use_kl_in_reward:
             reference = checkpoints / "reference"
             self.ref_model = self._load_reference(reference if reference.exists() else source)
-        self.trainer = trainer_class(self.model, self.tokenizer.pad_token_id, cfg, recipe.algorithm,
-                                     temperature=recipe.rollout_worker.temperature, ref_model=self.ref_model,
-                                     placement=self.placement)
+        self.trainer = build_trainer(trainer_class, recipe, self.model, self.tokenizer.pad_token_id,
+                                     ref_model=self.ref_model, placement=self.placement)
         if self.checkpoint is not None:
             parallel.load_optimizer_state(self.model, self.trainer.optimizer, load_trainer_state(self.checkpoint),
                                           self.placement)

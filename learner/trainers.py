@@ -36,7 +36,10 @@ from runtime.registry import Registry
 # `trainer.type`: Trainer subclasses, constructed as
 # `cls(model, pad_id, trainer_config, algorithm_config, temperature=, ref_model=)`.
 TRAINERS: Registry[type] = Registry(
-    "trainer", "trainer.type", reserved={"custom": "the class trainer.custom_trainer_module_path names"})
+    "trainer", "trainer.type", reserved={"custom": "the class trainer.custom_trainer_module_path names",
+                                         "self_hosted": "the guide's base class; the subclass "
+                                                        "trainer.custom_trainer_module_path names"})
+CUSTOM_TRAINER_TYPES = ("custom", "self_hosted")
 register_trainer = TRAINERS.register
 
 
@@ -139,7 +142,25 @@ class Trainer:
         items = self._prepare_batch(self._prepare_trajectories(list(items), prepared))
         if not items:
             raise ValueError("a training step needs at least one sample")
+        if self.algorithm.do_old_log_prob_compute:
+            self.recompute_old_logprobs(items)
         return items, prepared
+
+    @torch.no_grad()
+    def recompute_old_logprobs(self, items: list[TrainItem]) -> None:
+        """`algorithm.do_old_log_prob_compute`: the ratio's denominator becomes the
+        learner's own logprobs before the step (one forward pass, no gradient), so the
+        clip bounds how far this step moves the policy from itself rather than from the
+        sampler (whose numerics may differ). Items that already carry them keep theirs."""
+        todo = [item for item in items if item.old_logprobs is None]
+        if not todo:
+            return
+        self.model.eval()
+        for group in micro_batches_by_tokens([len(item.tokens) for item in todo], self.config.micro_batch_tokens):
+            members = [todo[i] for i in group]
+            logprobs, _ = self.logprobs(self.model, collate(members, self.pad_id))
+            for row, item in enumerate(members):
+                item.old_logprobs = logprobs[row, :len(item.tokens)].float().cpu().numpy()
 
     def step(self, items: list[TrainItem]) -> StepResult:
         """One optimizer step on `items` in this process."""
@@ -288,6 +309,9 @@ def zero_weight(item: TrainItem) -> TrainItem:
 @register_trainer("grpo")
 class GRPOTrainer(Trainer):
     name = "grpo"
+    # use_kl_in_reward: the KL reward-to-go is subtracted from the advantages here, unless
+    # the trainer put it in the rewards itself (the guide's SelfHostedGrpoTrainer)
+    kl_in_reward_in_loss = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -310,10 +334,13 @@ class GRPOTrainer(Trainer):
                 ref_logprobs, _ = self.logprobs(self.ref_model, batch)  # on the CPU when offloaded
             token_kl = kl_penalty(logprobs, ref_logprobs, algo.kl_estimator)
             sums["kl_sum"] = (token_kl.detach() * mask).sum()
-            if algo.use_kl_in_reward:
+            if algo.use_kl_in_reward and self.kl_in_reward_in_loss:
                 advantages = advantages - self.kl_controller.kl_coef * kl_reward_to_go(token_kl.detach(), mask)
 
-        policy = self.policy_loss(logprobs, behaviour, advantages, mask, algo)  # algos/losses.py, by off_policy_correction
+        # the ratio's denominator: the behaviour logprobs, or the learner's own ones
+        # recomputed before the step (algorithm.do_old_log_prob_compute)
+        old = batch["old_logprobs"]
+        policy = self.policy_loss(logprobs, old, advantages, mask, algo)  # algos/losses.py, by off_policy_correction
         token_loss, clipped = policy.token_loss, policy.clipped
         if policy.importance_weights is not None:
             sums["importance_weight_sum"] = (policy.importance_weights * mask).sum()
@@ -321,7 +348,7 @@ class GRPOTrainer(Trainer):
             token_loss = token_loss + self.kl_controller.kl_coef * token_kl
         loss = aggregate_loss(token_loss, mask, algo.loss_agg_mode, totals.tokens, totals.sequences)
         with torch.no_grad():
-            ratio = clamped_ratio(logprobs.detach(), behaviour)
+            ratio = clamped_ratio(logprobs.detach(), old)
             sums["entropy_sum"] = (entropy * mask).sum()
             sums["clip_fraction_sum"] = (clipped * mask).sum()
             sums["ratio_sum"] = (ratio * mask).sum()

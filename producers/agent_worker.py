@@ -40,13 +40,44 @@ from producers.agent_loop import AgentLimits, Episode, episode_turns, run_agent_
 from runtime.chat_format import tools_system_text
 from producers.evaluator import BaseEvaluationTarget, EvaluationOutcome, run_evaluator
 from producers.interaction import Interaction
-from producers.rollout import BaseRolloutWorker, Trajectory, register_rollout_worker
+from producers.rollout import BaseRolloutWorker, Trajectory, register_rollout_worker, token_loss_mask
 from producers.tools import ToolConfigError, ToolRegistry
 from runtime.plugins import load_class
 
 AGENT_CONFIG_KEYS = {"system_prompt", "few_shot", "query_template", "tools", "tools_in_system_prompt",
-                     "llm_config", "limits", "interaction", "max_tool_output_chars"}
-LLM_CONFIG_KEYS = {"temperature", "top_p", "max_tokens"}
+                     "llm_config", "limits", "interaction", "max_tool_output_chars",
+                     # the guide's agent-config keys (checked by `guide_key_problems`)
+                     "type", "name", "max_context_tokens", "system_prompt_type", "tool_call_mode", "tracers"}
+LLM_CONFIG_KEYS = {"temperature", "top_p", "max_tokens", "api_type"}
+
+# The guide's agent-config keys that name one way of working: the value StreamRL's agent
+# loop has, and why another is refused rather than ignored.
+GUIDE_AGENT_VALUES = {
+    "type": (("agent",), "an agent config describes one agent"),
+    "system_prompt_type": (("string",), "the system prompt is one text"),
+    "tool_call_mode": (("openai", "xml"), "tool calls are parsed from the model's <tool_call> JSON (Qwen "
+                                          "style) and described to it in the OpenAI function format"),
+    "llm_config.api_type": (("openai_chat_completion",), "the agent samples token ids from a chat-formatted "
+                                                          "prompt, as a chat completion does"),
+}
+IN_MEMORY_TRACER = "InMemoryTracer"  # the only tracer: the episode's trace is kept in memory and saved
+
+
+def guide_key_problems(config: dict) -> list[str]:
+    problems = []
+    for key, (allowed, why) in GUIDE_AGENT_VALUES.items():
+        section, _, name = key.rpartition(".")
+        holder = config.get(section) or {} if section else config
+        if name in holder and holder[name] not in allowed:
+            problems.append(f"{key}: only {' or '.join(allowed)} ({why}), got {holder[name]!r}")
+    for i, tracer in enumerate(config.get("tracers") or []):
+        spec = tracer.get("import", "") if isinstance(tracer, dict) else str(tracer)
+        if not spec.endswith(IN_MEMORY_TRACER):
+            problems.append(f"tracers[{i}]: only an {IN_MEMORY_TRACER} (the trace is kept in memory and saved "
+                            f"with the trajectory: rollout_worker.save_trace / trace_path), got {spec!r}")
+    if "max_context_tokens" in config and "max_total_tokens" in (config.get("limits") or {}):
+        problems.append("max_context_tokens: the same limit as limits.max_total_tokens; give one")
+    return problems
 
 
 class AgentConfigError(ValueError):
@@ -76,6 +107,7 @@ def load_agent_config(path: str | Path) -> dict[str, Any]:
     interaction = config.get("interaction")
     if interaction is not None and (not isinstance(interaction, dict) or not interaction.get("module_path")):
         problems.append("interaction.module_path: required ('file.py:Class')")
+    problems += guide_key_problems(config)
     if problems:
         raise AgentConfigError(f"{path}: " + "; ".join(problems))
     config["_dir"] = str(path.resolve().parent)
@@ -113,12 +145,16 @@ def load_agent_setup(worker_config: dict) -> AgentSetup:
     interaction = config.get("interaction")
     interaction_class = load_class(interaction["module_path"], base, Interaction) if interaction else None
     llm = config.get("llm_config") or {}
-    limits = AgentLimits(**{**(config.get("limits") or {}),
+    limits = dict(config.get("limits") or {})
+    if "max_context_tokens" in config:  # the guide's name for the whole episode's token budget
+        limits["max_total_tokens"] = int(config["max_context_tokens"])
+    limits = AgentLimits(**{**limits,
                             "max_tokens_per_turn": int(llm.get("max_tokens", worker_config.get("max_response_length", 64)))})
     return AgentSetup(config, registry, interaction_class, limits)
 
 
 @register_rollout_worker("agent")
+@register_rollout_worker("nexau")  # the guide's name for it
 class AgentRolloutWorker(BaseRolloutWorker):
     """Multi-turn, tool-using rollouts from an agent config."""
 
@@ -137,12 +173,16 @@ class AgentRolloutWorker(BaseRolloutWorker):
             system += tools_system_text(self.tools.schemas)
         messages = [{"role": "system", "content": system}] if system else []
         messages += [dict(m) for m in cfg.get("few_shot") or []]
-        template = cfg.get("query_template") or "{prompt}"
+        return messages + [{"role": "user", "content": self.format_task_query(task)}]
+
+    def format_task_query(self, data_item: dict[str, Any]) -> str:
+        """The user message: the agent config's `query_template` filled from the task's
+        row (override it, as in the guide, for task-specific prompts)."""
+        template = self.agent_config.get("query_template") or "{prompt}"
         try:
-            question = template.format(**task)
+            return template.format(**data_item)
         except KeyError as exc:
             raise KeyError(f"agent config query_template needs task field {exc}") from None
-        return messages + [{"role": "user", "content": question}]
 
     def run_agent(self, task: dict[str, Any]) -> Episode:
         llm = self.agent_config.get("llm_config") or {}
@@ -154,10 +194,6 @@ class AgentRolloutWorker(BaseRolloutWorker):
                               temperature=None if task.get("is_val") else llm.get("temperature"),
                               top_p=None if task.get("is_val") else llm.get("top_p"))
 
-    def get_train_loss_mask(self, trajectory_infos: list[dict[str, Any]]) -> list[int]:
-        """One entry per token of the whole episode: the model's own turns train; prompt,
-        tool results and user turns do not."""
-        return [int(info["role"] == "assistant") for info in trajectory_infos for _ in info["tokens"]]
 
     def evaluate_episode(self, task: dict[str, Any], episode: Episode) -> EvaluationOutcome:
         return run_evaluator(self.evaluator, task.get("data", {}),
@@ -165,17 +201,41 @@ class AgentRolloutWorker(BaseRolloutWorker):
 
     # --- the rollout ------------------------------------------------------------------------
     def rollout(self, task: dict[str, Any]) -> str | None:
-        episode = self.run_agent(task)
-        return self._put_trajectory(self.trace_processor(task, episode))
+        ran = self.run_agent(task)
+        if isinstance(ran, Episode):
+            return self._put_trajectory(self.episode_trajectory(task, ran))
+        if isinstance(ran, str) or ran is None:  # an override that put its trajectory itself
+            return ran
+        raise TypeError(f"run_agent returned {type(ran).__name__}: expected the Episode of run_agent_loop, "
+                        "or the status _put_trajectory returned")
 
-    def trace_processor(self, task: dict[str, Any], episode: Episode) -> Trajectory:
+    def trajectory_infos(self, episode: Episode) -> list[dict[str, Any]]:
+        """One info per LLM call (assistant turn), as the guide's trace processing gives
+        them: its prompt (tokens and messages), its response (tokens and message, with
+        the tool calls it made), whether it is the final turn, and where it starts."""
+        infos, start, assistant_messages = [], 0, 0
+        calls = [i for i, s in enumerate(episode.segments) if s.role == "assistant"]
+        for index, segment in enumerate(episode.segments):
+            if segment.role == "assistant":
+                message_at = [i for i, m in enumerate(episode.messages) if m["role"] == "assistant"][assistant_messages]
+                assistant_messages += 1
+                tool_calls = [{"type": "function", "function": {"name": name}}
+                              for name in segment.meta.get("tool_calls", [])]
+                infos.append({"role": "assistant", "tokens": segment.tokens, "text": segment.text, "start": start,
+                              "prompt_tokens": episode.tokens[:start], "response_tokens": segment.tokens,
+                              "prompt_messages": episode.messages[:message_at],
+                              "response_message": {"role": "assistant", "content": segment.text,
+                                                   "tool_calls": tool_calls},
+                              "tools": self.tools.schemas, "is_final": index == calls[-1],
+                              "finish_reason": segment.meta.get("finish_reason")})
+            start += len(segment.tokens)
+        return infos
+
+    def episode_trajectory(self, task: dict[str, Any], episode: Episode) -> Trajectory:
         """The episode (its segments and trace) as one trajectory."""
-        infos = [{"role": s.role, "tokens": s.tokens, "text": s.text, "sampled": s.sampled}
-                 for s in episode.segments]
-        mask = [int(bool(m)) for m in self.get_train_loss_mask(infos)]
         tokens = episode.tokens
-        if len(mask) != len(tokens):
-            raise ValueError(f"get_train_loss_mask gave {len(mask)} entries for {len(tokens)} tokens")
+        infos = self.trajectory_infos(episode)
+        mask = token_loss_mask(self.get_train_loss_mask(infos), infos, len(tokens))
         sampled = [s.sampled for s in episode.segments for _ in s.tokens]
         if any(m and not was_sampled for m, was_sampled in zip(mask, sampled)):
             raise ValueError("get_train_loss_mask trains tokens the model did not sample (prompt, tool or user "
@@ -192,7 +252,8 @@ class AgentRolloutWorker(BaseRolloutWorker):
             is_val=task.get("is_val", False), logprobs=episode.logprobs, turns=episode_turns(episode, mask),
             weight_version=min(episode.weight_versions, default=0), token_versions=episode.token_versions,
             extra_fields={"metrics": metrics, "ground_truth": outcome.result.ground_truth,
-                          "evaluator_error": outcome.error, "final_answer": episode.final_answer,
+                          "evaluator_error": outcome.error, "extra_info": outcome.result.extra_info,
+                          "final_answer": episode.final_answer,
                           "response": self._inference_client.tokenizer.decode(tokens[prompt_tokens:]),
                           "termination": episode.termination, "trace": episode.trace,
                           "finish_reason": episode.termination})

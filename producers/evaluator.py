@@ -35,6 +35,9 @@ class EvaluationRunResult:
     extra_info: dict[str, Any] = field(default_factory=dict)
 
 
+NexAUEvaluationTarget = BaseEvaluationTarget  # the guide's name for an agent's target (final answer + trace)
+
+
 class Evaluator:
     def evaluate(self, data: dict[str, Any], evaluation_target: BaseEvaluationTarget) -> EvaluationRunResult:
         raise NotImplementedError

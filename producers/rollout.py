@@ -16,13 +16,17 @@ completion sampled is refused ("fail"): the learner could not compute its ratio.
 
 from __future__ import annotations
 
-import functools
+import json
+import logging
 import threading
+from contextlib import contextmanager
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from producers.evaluator import BaseEvaluationTarget, Evaluator, run_evaluator
-from producers.inference import Completion, InferenceUnavailable, SamplingParams
+from producers.inference import Completion, InferenceUnavailable
+from producers.inference_client import InferenceClient, behaviour_logprobs  # noqa: F401  (the seed API's names)
 from schema.events import Evaluation, Task, Turn, pack_float32, pack_int32, pack_mask
 from schema.events import Trajectory as TrajectoryEvent
 from runtime.registry import Registry
@@ -45,89 +49,6 @@ class Trajectory:
     token_versions: list[int] | None = None  # per token (0 where not sampled); from the completions otherwise
 
 
-class InferenceClient:
-    """`completion(prompt)` for workers; records the completions of the current rollout.
-
-    `engine` is an engine front (`tokenizer`, `complete(prompt_ids, params)`): the
-    embedded BatchingEngine, or an inference server's (SGLang, OpenAI-compatible)."""
-
-    def __init__(self, engine, defaults: SamplingParams, val_defaults: SamplingParams | None = None,
-                 max_prompt_tokens: int | None = None):
-        self._engine = engine
-        self.max_prompt_tokens = max_prompt_tokens  # a task's prompt may not be longer (in tokens)
-        self._train_defaults = defaults
-        self._val_defaults = val_defaults or defaults
-        self._local = threading.local()
-        # A group's rollouts share their prompt, so most prompts are tokenised again
-        # and again; the tokenizer's call costs more than a small model's sampling step.
-        self._prompt_ids = functools.lru_cache(maxsize=4096)(
-            lambda prompt: tuple(self.tokenizer(prompt)["input_ids"]))
-
-    @property
-    def _defaults(self) -> SamplingParams:
-        # Validation rollouts sample with the validation settings (greedy by default).
-        return self._val_defaults if getattr(self._local, "is_val", False) else self._train_defaults
-
-    @property
-    def tokenizer(self):
-        return self._engine.tokenizer
-
-    def tokenize(self, prompt: str) -> list[int]:
-        return list(self._prompt_ids(prompt))
-
-    def begin(self, is_val: bool = False) -> None:
-        self._local.completions = []
-        self._local.is_val = is_val
-
-    def recorded(self) -> list[Completion]:
-        return list(getattr(self._local, "completions", []))
-
-    def completion(self, prompt: str | list[int], temperature: float | None = None,
-                   max_tokens: int | None = None, top_p: float | None = None,
-                   stop_token_ids: list[int] | tuple[int, ...] = ()) -> dict[str, Any]:
-        prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        params = SamplingParams(
-            max_new_tokens=max_tokens if max_tokens is not None else self._defaults.max_new_tokens,
-            temperature=temperature if temperature is not None else self._defaults.temperature,
-            top_p=top_p if top_p is not None else self._defaults.top_p, stop_token_ids=tuple(stop_token_ids))
-        result: Completion = self._engine.complete(prompt_ids, params)
-        if hasattr(self._local, "completions"):
-            self._local.completions.append(result)
-        return {"prompt_tokens": result.prompt_token_ids, "response_tokens": result.response_token_ids,
-                "response": result.response_text, "logprobs": result.logprobs,
-                "finish_reason": result.finish_reason, "weight_version": result.weight_version,
-                "token_versions": result.token_versions or [result.weight_version] * len(result.response_token_ids)}
-
-
-def behaviour_logprobs(tokens: list[int], loss_mask: list[int], completions: list[Completion]
-                       ) -> tuple[list[float], list[int]]:
-    """Per-token behaviour logprobs and the weight version that sampled each token: each
-    completion's response is found in `tokens` (in order, searching forward); tokens no
-    completion sampled get 0 and version 0. Raises ValueError if a trained token was not
-    sampled by any completion."""
-    logprobs = [0.0] * len(tokens)
-    versions = [0] * len(tokens)
-    sampled = [False] * len(tokens)
-    cursor = 0
-    for completion in completions:
-        response = completion.response_token_ids
-        if not response:
-            continue
-        for start in range(cursor, len(tokens) - len(response) + 1):
-            if tokens[start:start + len(response)] == response:
-                logprobs[start:start + len(response)] = completion.logprobs
-                versions[start:start + len(response)] = (completion.token_versions or
-                                                         [completion.weight_version] * len(response))
-                sampled[start:start + len(response)] = [True] * len(response)
-                cursor = start + len(response)
-                break
-    unsampled = [i for i, (m, s) in enumerate(zip(loss_mask, sampled)) if m and not s]
-    if unsampled:
-        raise ValueError(f"{len(unsampled)} trained token(s) (first at position {unsampled[0]}) were not "
-                         "sampled by any completion of this rollout: no behaviour logprob to train with")
-    return logprobs, versions
-
-
 # `rollout_worker.type`: classes with the seed API's constructor
 # `(config, inference_client, evaluator, publish, worker_id)`; a custom worker is named by
 # `custom_rollout_worker_module_path` instead.
@@ -135,16 +56,69 @@ ROLLOUT_WORKERS: Registry[type] = Registry("rollout worker type", "rollout_worke
 register_rollout_worker = ROLLOUT_WORKERS.register
 
 
-class BaseRolloutWorker:
-    """Subclass and implement `rollout(task)`; publishing is done by `_put_trajectory`."""
+# What a worker is built with besides its config: set by `make_worker` around the
+# constructor, so a subclass may keep the guide's `__init__(self, config)`.
+_RUNTIME = threading.local()
 
-    def __init__(self, config: dict, inference_client: InferenceClient, evaluator: Evaluator | None,
-                 publish: Callable[[Any], None], worker_id: str = "worker"):
-        self._config = _Namespace(config)
-        self._inference_client = inference_client
-        self.evaluator = evaluator
-        self._publish = publish
-        self.worker_id = worker_id
+
+@contextmanager
+def worker_runtime(inference_client, evaluator, publish, worker_id: str = "worker"):
+    _RUNTIME.parts = (inference_client, evaluator, publish, worker_id)
+    try:
+        yield
+    finally:
+        _RUNTIME.parts = None
+
+
+def make_worker(cls: type, config: dict, inference_client, evaluator, publish, worker_id: str = "worker"):
+    """`cls(config)`, as the guide constructs workers, with the runtime parts in place."""
+    with worker_runtime(inference_client, evaluator, publish, worker_id):
+        return cls(config)
+
+
+class ActivityTracker:
+    """`self._activity_tracker.experiment_logger_post(backend, data, step)`, as in the
+    guide: the values join the metrics of the rollout being run (its Evaluation event, so
+    the ledger has them per step: view `worker_metrics`). Numbers only."""
+
+    def __init__(self, worker: "BaseRolloutWorker"):
+        self._worker = worker
+
+    def experiment_logger_post(self, backend: str = "ledger", data: dict | None = None, step: int | None = None):
+        logged = getattr(self._worker._local, "logged", None)
+        if logged is None:
+            raise RuntimeError("experiment_logger_post: call it while a rollout runs (from rollout() or "
+                               "what it calls); the values are recorded with that rollout's step")
+        for key, value in (data or {}).items():
+            try:
+                logged[str(key)] = float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"experiment_logger_post: {key!r} is {value!r}, not a number") from None
+        if step is not None:
+            logged["logged_step"] = float(step)
+
+
+class BaseRolloutWorker:
+    """Subclass and implement `rollout(task)`; publishing is done by `_put_trajectory`.
+
+    Built as the guide builds it, `Worker(config)` (`make_worker` supplies the inference
+    client, evaluator and publisher); the explicit form
+    `Worker(config, inference_client, evaluator, publish, worker_id)` works too."""
+
+    def __init__(self, config=None, inference_client: InferenceClient | None = None,
+                 evaluator: Evaluator | None = None, publish: Callable[[Any], None] | None = None,
+                 worker_id: str | None = None):
+        parts = getattr(_RUNTIME, "parts", None) or (None, None, None, "worker")
+        # a plain dict gets attribute access (`self._config.temperature`); an OmegaConf
+        # DictConfig (the guide's unit tests) already has it
+        self._config = _Namespace(config or {}) if isinstance(config, dict) or config is None else config
+        self._inference_client = inference_client if inference_client is not None else parts[0]
+        self.evaluator = evaluator if evaluator is not None else parts[1]
+        self._publish = publish if publish is not None else parts[2]
+        self.worker_id = worker_id or parts[3]
+        self.tokenizer = getattr(self._inference_client, "tokenizer", None)
+        self.logger = logging.getLogger(f"streamrl.worker.{type(self).__name__}")
+        self._activity_tracker = ActivityTracker(self)
         self._local = threading.local()
 
     # --- the seed API --------------------------------------------------------------------
@@ -152,13 +126,24 @@ class BaseRolloutWorker:
         raise NotImplementedError
 
     def format_task_query(self, data_item: dict[str, Any]) -> str:
+        """The prompt text of a task (default: its `prompt` field)."""
         return str(data_item.get("prompt", ""))
 
-    def get_train_loss_mask(self, prompt_tokens: list[int], response_tokens: list[int]) -> list[int]:
-        return [0] * len(prompt_tokens) + [1] * len(response_tokens)
+    def get_train_loss_mask(self, trajectory_infos: list[dict[str, Any]]) -> list[bool]:
+        """Which sampled tokens train, given one info per LLM call of the rollout
+        (`prompt_tokens`, `response_tokens`, `response_message`, `prompt_messages`,
+        `is_final`, ...). Return one value per call, one per response token (calls in
+        order), or one per token of the whole trajectory. Default: every response trains."""
+        return [True] * len(trajectory_infos)
 
-    def _put_trajectory(self, trajectory: Trajectory) -> str:
+    def _put_trajectory(self, trajectory: Trajectory | dict) -> str:
         task: Task = self._local.task
+        if isinstance(trajectory, dict):  # the guide's dict form: tokens, loss_mask, reward, the rest extra
+            trajectory = trajectory_from_dict(trajectory)
+        if self._local.logged:
+            extra = dict(trajectory.extra_fields)
+            extra["metrics"] = {**self._local.logged, **(extra.get("metrics") or {})}
+            trajectory = Trajectory(**{**trajectory.__dict__, "extra_fields": extra})
         if len(trajectory.loss_mask) != len(trajectory.tokens):
             self._local.error = (f"loss_mask has {len(trajectory.loss_mask)} entries for "
                                  f"{len(trajectory.tokens)} tokens")
@@ -197,6 +182,7 @@ class BaseRolloutWorker:
         error = "no trajectory"
         for _ in range(max_retries + 1):
             self._local.task, self._local.put, self._local.error = task, None, None
+            self._local.logged = {}
             self._inference_client.begin(is_val=task.is_val)
             try:
                 status = self.rollout(task_dict(task))
@@ -210,9 +196,32 @@ class BaseRolloutWorker:
         else:
             self._local.put = failed_events(task, error, self.worker_id)
         trajectory_event, evaluation = self._local.put
+        self._keep_trace(trajectory_event, evaluation)
         self._publish(trajectory_event)
         self._publish(evaluation)
         return trajectory_event, evaluation
+
+
+    def _keep_trace(self, event: TrajectoryEvent, evaluation: Evaluation) -> None:
+        """`save_trace` (default on): the rollout's trace (an agent's steps; otherwise its
+        LLM calls) stays in the trajectory's extra_fields, in the ledger; `trace_path`
+        also writes it as RUN/TRAJECTORY.json under that folder. Off: the trace is dropped."""
+        if not self._config.get("save_trace", True):
+            event.extra_fields.pop("trace", None)
+            return
+        if "trace" not in event.extra_fields and event.error is None:
+            event.extra_fields["trace"] = [
+                {"type": "llm", "prompt_tokens": len(c.prompt_token_ids), "response_tokens": len(c.response_token_ids),
+                 "response": c.response_text, "finish_reason": c.finish_reason, "weight_version": c.weight_version}
+                for c in self._inference_client.recorded()]
+        folder = self._config.get("trace_path")
+        if folder:
+            path = Path(folder) / event.run_id / f"{event.trajectory_id}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"trajectory_id": event.trajectory_id, "group_id": event.group_id,
+                                        "step": event.step, "reward": evaluation.reward, "prompt": event.prompt_text,
+                                        "response": event.response_text, "error": event.error,
+                                        "trace": event.extra_fields.get("trace", [])}, default=str, indent=1))
 
 
 @register_rollout_worker("single_turn")
@@ -220,19 +229,67 @@ class SingleTurnWorker(BaseRolloutWorker):
     """The default worker: one completion of the formatted prompt, scored by the evaluator."""
 
     def rollout(self, task):
-        prompt = self._inference_client.tokenize(self.format_task_query(task))
+        query = self.format_task_query(task)
+        prompt = self._inference_client.tokenize(query)
         limit = self._inference_client.max_prompt_tokens
         if limit is not None and len(prompt) > limit:
             raise ValueError(f"the prompt has {len(prompt)} tokens, more than max_prompt_length ({limit})")
         result = self._inference_client.completion(prompt)
-        mask = self.get_train_loss_mask(result["prompt_tokens"], result["response_tokens"])
+        info = {"prompt_tokens": result["prompt_tokens"], "response_tokens": result["response_tokens"],
+                "prompt_messages": [{"role": "user", "content": query}],
+                "response_message": {"role": "assistant", "content": result["response"]},
+                "finish_reason": result["finish_reason"], "is_final": True, "start": len(result["prompt_tokens"])}
+        tokens = result["prompt_tokens"] + result["response_tokens"]
+        mask = token_loss_mask(self.get_train_loss_mask([info]), [info], len(tokens))
         outcome = run_evaluator(self.evaluator, task.get("data", {}), BaseEvaluationTarget(result["response"]))
         return self._put_trajectory(Trajectory(
-            tokens=result["prompt_tokens"] + result["response_tokens"], loss_mask=mask,
+            tokens=tokens, loss_mask=mask,
             reward=outcome.result.reward, is_val=task.get("is_val", False),
             extra_fields={"metrics": outcome.result.metrics, "ground_truth": outcome.result.ground_truth,
+                          "extra_info": outcome.result.extra_info,
                           "evaluator_error": outcome.error, "response": result["response"],
                           "finish_reason": result["finish_reason"]}))
+
+
+register_rollout_worker("simple")(SingleTurnWorker)  # the guide's name for it
+
+
+def token_loss_mask(mask: list, infos: list[dict[str, Any]], length: int) -> list[int]:
+    """`get_train_loss_mask`'s answer as one 0/1 per token of the trajectory. `infos` are
+    the rollout's LLM calls, each with its `response_tokens` and their `start` position;
+    the answer may give one value per call (the guide's per-message form), one per
+    response token (calls in order), or one per token of the whole trajectory."""
+    mask = [int(bool(m)) for m in mask]
+    if len(mask) == length and len(mask) != len(infos):
+        return mask
+    spans = [(info["start"], len(info["response_tokens"])) for info in infos]
+    out = [0] * length
+    if len(mask) == len(infos):
+        for (start, size), value in zip(spans, mask):
+            out[start:start + size] = [value] * size
+        return out
+    if len(mask) == sum(size for _, size in spans):
+        cursor = 0
+        for start, size in spans:
+            out[start:start + size] = mask[cursor:cursor + size]
+            cursor += size
+        return out
+    raise ValueError(f"get_train_loss_mask returned {len(mask)} values: expected one per LLM call ({len(infos)}), "
+                     f"one per response token ({sum(size for _, size in spans)}) or one per token ({length})")
+
+
+def trajectory_from_dict(values: dict[str, Any]) -> Trajectory:
+    """The guide's dict trajectory: `tokens`, `loss_mask`, `reward` (and optionally
+    `is_val`, `logprobs`); every other key is kept in `extra_fields`."""
+    values = dict(values)
+    missing = [key for key in ("tokens", "loss_mask") if key not in values]
+    if missing:
+        raise ValueError(f"the trajectory dict has no {' or '.join(missing)}")
+    known = {key: values.pop(key) for key in ("tokens", "loss_mask", "reward", "is_val", "logprobs", "turns")
+             if key in values}
+    extra = values.pop("extra_fields", None) or {}
+    known["loss_mask"] = [int(bool(m)) for m in known["loss_mask"]]
+    return Trajectory(**known, extra_fields={**values, **extra})
 
 
 class _Namespace(dict):
@@ -247,7 +304,10 @@ class _Namespace(dict):
 
 def task_dict(task: Task) -> dict[str, Any]:
     row = dict(task.data)
-    row.update(task_id=task.task_id, group_id=task.group_id, run_id=task.run_id, is_val=task.is_val,
+    # `run_id` is the group, as in the guide (its trainers group a prompt's rollouts by
+    # it); the run itself is `streamrl_run_id`.
+    row.update(task_id=task.task_id, group_id=task.group_id, run_id=task.group_id, streamrl_run_id=task.run_id,
+               is_val=task.is_val,
                step=task.step, data=task.data, prompt=task.prompt if task.prompt else task.data.get("prompt", ""))
     return row
 
@@ -260,6 +320,7 @@ def build_events(task: Task, trajectory: Trajectory, logprobs: list[float], weig
     sampled_versions = {v for v, m in zip(token_versions or [], trajectory.loss_mask) if m}
     spans_versions = len(sampled_versions) > 1
     metrics = {k: float(v) for k, v in (extra.pop("metrics", None) or {}).items()}
+    extra_info = extra.pop("extra_info", None) or {}
     prompt_length = next((i for i, m in enumerate(trajectory.loss_mask) if m), len(trajectory.tokens))
     event = TrajectoryEvent(
         run_id=task.run_id, trajectory_id=task.task_id, task_id=task.task_id, group_id=task.group_id,
@@ -273,7 +334,8 @@ def build_events(task: Task, trajectory: Trajectory, logprobs: list[float], weig
     evaluation = Evaluation(
         run_id=task.run_id, trajectory_id=task.task_id, task_id=task.task_id, group_id=task.group_id,
         reward=float(trajectory.reward), metrics=metrics, ground_truth=extra.get("ground_truth"),
-        evaluator="rollout", is_val=trajectory.is_val, step=task.step, error=extra.get("evaluator_error"))
+        extra_info=extra_info, evaluator="rollout", is_val=trajectory.is_val, step=task.step,
+        error=extra.get("evaluator_error"))
     return event, evaluation
 
 

@@ -84,6 +84,28 @@ def load_callable(spec: str, base_dir: Path) -> Callable[..., Any]:
     return function
 
 
+JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "list": "array",
+              "dict": "object"}
+
+
+def schema_from_function(name: str, description: str | None, function: Callable[..., Any]) -> dict:
+    """An OpenAI function schema from a Python function's signature: each parameter (but
+    `task`, which the registry passes itself) with its annotated JSON type (string when
+    unannotated); parameters without a default are required."""
+    properties, required = {}, []
+    hints = getattr(function, "__annotations__", {})
+    for parameter in inspect.signature(function).parameters.values():
+        if parameter.name == "task" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        annotation = hints.get(parameter.name, "str")  # a class, or its name under `from __future__ import annotations`
+        properties[parameter.name] = {"type": JSON_TYPES.get(getattr(annotation, "__name__", str(annotation)), "string")}
+        if parameter.default is parameter.empty:
+            required.append(parameter.name)
+    return {"type": "function", "function": {
+        "name": name, "description": description or (inspect.getdoc(function) or "").split("\n")[0],
+        "parameters": {"type": "object", "properties": properties, "required": required}}}
+
+
 class ToolRegistry:
     def __init__(self, tools: list[Tool], max_output_chars: int = 2000):
         self.tools = {tool.name: tool for tool in tools}
@@ -97,9 +119,22 @@ class ToolRegistry:
             where = f"{source}[{i}]"
             if not isinstance(entry, dict):
                 raise ToolConfigError(f"{where}: expected a mapping with callable and tool_schema")
+            if "binding" in entry:  # the guide's form: name, binding, description
+                unknown = set(entry) - {"name", "binding", "description"}
+                if unknown:
+                    raise ToolConfigError(f"{where}: unknown key(s) {sorted(unknown)} (a `binding:` tool has "
+                                          "name, binding, description)")
+                try:
+                    function = load_callable(str(entry["binding"]), base_dir)
+                except LoadError as exc:
+                    raise ToolConfigError(f"{where}.binding: {exc}") from None
+                name = entry.get("name") or function.__name__
+                tools.append(Tool(name, schema_from_function(name, entry.get("description"), function), function))
+                continue
             unknown = set(entry) - {"callable", "tool_schema"}
             if unknown:
-                raise ToolConfigError(f"{where}: unknown key(s) {sorted(unknown)} (expected callable, tool_schema)")
+                raise ToolConfigError(f"{where}: unknown key(s) {sorted(unknown)} (expected callable and "
+                                      "tool_schema, or name, binding and description)")
             schema = entry.get("tool_schema")
             name = (schema or {}).get("function", {}).get("name") if isinstance(schema, dict) else None
             if not name:

@@ -31,7 +31,7 @@ import producers.sglang_engine  # noqa: F401  (registers the "sglang" inference 
 from producers.evaluator import Evaluator
 from producers.evaluator_builtins import make_evaluator as build_evaluator
 from producers.inference import INFERENCE_BACKENDS, SamplingParams
-from producers.rollout import ROLLOUT_WORKERS, BaseRolloutWorker, InferenceClient
+from producers.rollout import ROLLOUT_WORKERS, BaseRolloutWorker, InferenceClient, make_worker
 from runtime.bus import EventPublisher, RunReader
 from runtime.config import Recipe
 from runtime.plugins import load_class
@@ -97,7 +97,8 @@ def run_worker(settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int
         SamplingParams(max_new_tokens=cfg.max_response_length, temperature=recipe.validate.temperature),
         max_prompt_tokens=min(cfg.max_prompt_length, recipe.data.max_prompt_length))
     publisher = EventPublisher(settings)
-    worker = worker_class(recipe)(cfg.worker_config(), client, make_evaluator(recipe), publisher.publish, worker_id)
+    worker = make_worker(worker_class(recipe), cfg.worker_config(), client, make_evaluator(recipe), publisher.publish,
+                         worker_id)
     tasks = RunReader(settings, run_id, ["tasks"], group_id=f"{WORKER_GROUP}.{run_id}", shard=shard, stage="worker")
     watcher = WeightWatcher(settings, run_id)
     loaded = {"version": -1}

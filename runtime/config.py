@@ -78,6 +78,8 @@ class RolloutWorker:
     num_workers: int = 1
     max_concurrent_tasks: int = 16
     max_retries: int = 2
+    save_trace: bool = True  # keep each rollout's trace (agent steps / LLM calls) in the ledger
+    trace_path: Optional[str] = None  # also write each trace as RUN/TRAJECTORY.json under this folder
     # A custom worker's own settings live in its section, as in the guide
     # (`self._config.use_few_shot`): its unknown keys are kept here, not refused.
     extra: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
@@ -117,8 +119,9 @@ class Algorithm:
     clip_ratio_c: Optional[float] = 3.0  # dual-clip cap for negative advantages; null turns it off
     loss_agg_mode: str = "token-mean"  # a registered loss aggregation
     filter_zero_variance: bool = True
-    do_old_log_prob_compute: bool = only(False, "the ratio uses the engine's behaviour logprobs, or the "
-                                                "proximal policy with off_policy_correction")
+    # the ratio's denominator: the sampler's behaviour logprobs (false), or the learner's
+    # own logprobs recomputed before each step (true; one learner process)
+    do_old_log_prob_compute: bool = False
     off_policy_correction: str = "none"  # a registered policy loss: none | truncated_is | decoupled_ppo
     truncated_is_cap: float = 2.0
     use_kl_in_reward: bool = False
@@ -126,12 +129,16 @@ class Algorithm:
     kl_estimator: str = "k3"  # a registered KL estimator
     custom_advantage_module_path: Optional[str] = path_field()  # a .py file that calls register_advantage
     kl_ctrl: KlControl = field(default_factory=KlControl)
+    # a custom trainer's own parameters (`config.algorithm.get("my_param")`), kept with a custom trainer
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
 
 
 @dataclass
 class Trainer:
     type: str = "grpo"  # a registered trainer: grpo | cross_entropy, or custom
-    custom_trainer_module_path: Optional[str] = None  # "file.py:Class", a subclass of GRPOTrainer
+    # the class: "file.py:Class", or the file and custom_trainer_class_name, as the guide writes it
+    custom_trainer_module_path: Optional[str] = None
+    custom_trainer_class_name: Optional[str] = None
     total_train_steps: int = 100
     total_epochs: Optional[int] = None  # stop after this many passes over the data, if sooner
     lr: float = 3e-4
@@ -159,8 +166,9 @@ class Trainer:
     nproc_per_node: int = 1  # learner processes per node (torchrun); more than one shards with FSDP2
     nnodes: int = 1
     checkpoint_path: str = "runs/${experiment_name}/checkpoints"
+    # a checkpoint every step (exact resume); older ones removed but every save_freq-th (all: remove_previous_ckpt)
     save_freq: int = 10
-    remove_previous_ckpt: bool = only(True, "checkpoints between save_freq multiples are pruned")
+    remove_previous_ckpt: bool = False
     seed: int = 0
 
 
@@ -267,8 +275,8 @@ class Recipe:
 
     def to_dict(self) -> dict:
         values = dataclasses.asdict(self)
-        worker = values["rollout_worker"]
-        worker.update(worker.pop("extra"))
+        for section in ("rollout_worker", "algorithm"):  # a custom component's own keys, in its section
+            values[section].update(values[section].pop("extra"))
         if values["replay"] is None:
             del values["replay"]
         return values
@@ -393,17 +401,20 @@ def check_against(values: dict, schema: type = Recipe, prefix: str = "") -> list
     return problems
 
 
-def missing_files(values: dict, schema: type, base, prefix: str = "") -> list[str]:
+def missing_files(values: dict, schema: type, bases: list, prefix: str = "") -> list[str]:
+    """Path keys naming nothing: a relative path is looked up in each of `bases` (the
+    recipe's folder, then the working directory, where the guide's paths start)."""
     problems = []
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
         value = values.get(f.name)
         tp = _scalar_type(hints[f.name])
         if dataclasses.is_dataclass(tp) and isinstance(value, dict):
-            problems += missing_files(value, tp, base, f"{prefix}{f.name}.")
+            problems += missing_files(value, tp, bases, f"{prefix}{f.name}.")
         elif f.metadata.get("path") and value:
             for i, item in enumerate(value if isinstance(value, list) else [value]):
                 where = f"{prefix}{f.name}" + (f"[{i}]" if isinstance(value, list) else "")
-                if not (base / str(item)).exists():
-                    problems.append(f"{where}: file not found: {item} (relative to {base})")
+                if not any((base / str(item)).exists() for base in bases):
+                    problems.append(f"{where}: file not found: {item} (relative to "
+                                    f"{' or '.join(str(base) for base in bases)})")
     return problems

@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from runtime.config import Recipe, check_against, coerce_strings, missing_files
+from runtime.guide_forms import apply_guide_forms
 
 
 class RecipeError(ValueError):
@@ -94,26 +95,53 @@ def section_shape_problems(values: dict, schema: type, prefix: str = "") -> list
     return problems
 
 
-def load_recipe(path: str | Path) -> Recipe:
-    """The fully resolved, typed recipe (defaults filled in), or RecipeError."""
+def parse_overrides(overrides: list[str] | None) -> dict:
+    """`key.path=value` arguments (values read as YAML: 1e-4, true, [a, b]) as a mapping."""
+    problems = [f"{item!r}: expected key.path=value" for item in overrides or []
+                if "=" not in item or not item.split("=", 1)[0].strip()]
+    if problems:
+        raise RecipeError(Path("command line"), problems)
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides or [])), resolve=False)
+    except OmegaConfBaseException as exc:
+        raise RecipeError(Path("command line"), [str(exc).splitlines()[0]]) from None
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """The fully resolved, typed recipe (defaults filled in, then the command line's
+    `key=value` overrides), or RecipeError."""
     path = Path(path)
-    composed = compose(path)
-    problems = section_shape_problems(OmegaConf.to_container(composed, resolve=False), Recipe)
+    own = OmegaConf.to_container(compose(path), resolve=False)
+    problems = section_shape_problems(own, Recipe)
     if problems:
         raise RecipeError(path, problems)
+    guide_problems = apply_guide_forms(own)  # the guide's spellings moved to StreamRL's keys
+    override_values = parse_overrides(overrides)
+    if "environment" in override_values:
+        guide_problems.append("command line: environment.*: the scripts run before the recipe is read; set "
+                              "them in the recipe")
+    guide_problems += [f"command line: {p}" for p in apply_guide_forms(override_values)]
+    shape = section_shape_problems(override_values, Recipe)
+    if shape:
+        raise RecipeError(path, guide_problems + [f"command line: {p}" for p in shape])
     try:
-        merged = OmegaConf.merge(OmegaConf.create(Recipe().to_dict()), composed)
+        merged = OmegaConf.merge(OmegaConf.create(Recipe().to_dict()), OmegaConf.create(own),
+                                 OmegaConf.create(override_values))
         values = OmegaConf.to_container(merged, resolve=True)
     except (OmegaConfBaseException, TypeError, ValueError) as exc:
         raise RecipeError(path, [f"{getattr(exc, 'full_key', '') or 'interpolation'}: {exc.msg if hasattr(exc, 'msg') else exc}"]) from None
     coerce_strings(values, Recipe)
-    problems = check_against(values, Recipe)
-    if values.get("rollout_worker", {}).get("custom_rollout_worker_module_path"):
-        # a custom worker's own settings live in its section, as in the guide
-        # (`self._config.use_few_shot`): its unknown keys are its own, not typos
-        problems = [p for p in problems if not re.fullmatch(r"rollout_worker\.[^.\[]+: unknown key.*", p)]
+    problems = guide_problems + check_against(values, Recipe)
+    custom = {"rollout_worker": (values.get("rollout_worker") or {}).get("custom_rollout_worker_module_path"),
+              "algorithm": (values.get("trainer") or {}).get("custom_trainer_module_path")}
+    for section, custom_code in custom.items():
+        if custom_code:
+            # a custom worker's or trainer's own settings live in its section, as in the
+            # guide (`self._config.use_few_shot`, `config.algorithm.my_param`): its
+            # unknown keys are its own, not typos
+            problems = [p for p in problems if not re.fullmatch(rf"{section}\.[^.\[]+: unknown key.*", p)]
     if not problems:
-        problems = missing_files(values, Recipe, path.resolve().parent)
+        problems = missing_files(values, Recipe, path_bases(path))
     if problems:
         raise RecipeError(path, problems)
     return Recipe.from_dict(values)
@@ -121,15 +149,23 @@ def load_recipe(path: str | Path) -> Recipe:
 
 # --- preparing a recipe to run -----------------------------------------------------------
 
+def path_bases(recipe_path: Path) -> list[Path]:
+    """Where a recipe's relative paths are looked up: its own folder, then the working
+    directory (the guide writes them from the repository's root: recipe/my_task/...)."""
+    return [recipe_path.resolve().parent, Path.cwd()]
+
+
 def _absolute(value: str | None, base: Path) -> str | None:
-    """A path relative to the recipe's folder made absolute; "file.py:Class" keeps its class.
-    A value that names nothing on disk (a hub model id, say) is left alone."""
+    """A relative path made absolute (looked up in `path_bases`); "file.py:Class" keeps
+    its class. A value that names nothing on disk (a hub model id, say) is left alone."""
     if not value:
         return value
     path_text, sep, suffix = value.rpartition(":") if ".py:" in value else (value, "", "")
-    candidate = (base / path_text)
-    if not Path(path_text).is_absolute() and candidate.exists():
-        return str(candidate.resolve()) + sep + suffix
+    if Path(path_text).is_absolute():
+        return value
+    for folder in (base, Path.cwd()):
+        if (folder / path_text).exists():
+            return str((folder / path_text).resolve()) + sep + suffix
     return value
 
 
@@ -145,50 +181,63 @@ def resolve_paths(recipe: Recipe, base: Path) -> Recipe:
     recipe.trainer.custom_trainer_module_path = _absolute(recipe.trainer.custom_trainer_module_path, base)
     recipe.algorithm.custom_advantage_module_path = _absolute(recipe.algorithm.custom_advantage_module_path, base)
     recipe.environment.setup_script = _absolute(recipe.environment.setup_script, base)
+    recipe.environment.env_script = _absolute(recipe.environment.env_script, base)
+    if worker.trace_path and not Path(worker.trace_path).is_absolute():  # as the guide: from where the run starts
+        worker.trace_path = str(Path.cwd() / worker.trace_path)
     return recipe
 
 
-def run_setup_script(path: str | Path) -> None:
-    """Run the recipe's `environment.setup_script` (a Python file, in the recipe's folder),
-    which prepares what the recipe needs (data, a model) before anything is checked."""
-    path = Path(path)
-    composed = compose(path)
-    script = OmegaConf.select(composed, "environment.setup_script", default=None)
+def _script(path: Path, key: str) -> Path | None:
+    """The file `environment.<key>` names (in the recipe's folder or the working
+    directory), or None when the recipe names none."""
+    script = OmegaConf.select(compose(path), f"environment.{key}", default=None)
     if not script:
+        return None
+    for base in path_bases(path):
+        if (base / str(script)).is_file():
+            return (base / str(script)).resolve()
+    raise RecipeError(path, [f"environment.{key}: file not found: {script}"])
+
+
+def run_setup_script(path: str | Path) -> None:
+    """Run the recipe's `environment.setup_script` when it is a Python file (in its own
+    folder), which prepares what the recipe needs (data, a model) before anything is
+    checked. A `.sh` set-up script is the guide's env file: `apply_env_script` sources it."""
+    path = Path(path)
+    script_path = _script(path, "setup_script")
+    if script_path is None or script_path.suffix == ".sh":
         return
-    script_path = (path.resolve().parent / str(script)).resolve()
-    if not script_path.is_file():
-        raise RecipeError(path, [f"environment.setup_script: file not found: {script}"])
     result = subprocess.run([sys.executable, str(script_path)], cwd=script_path.parent,
                             capture_output=True, text=True)
     if result.returncode != 0:
-        raise RecipeError(path, [f"environment.setup_script: {script} exited {result.returncode}: "
+        raise RecipeError(path, [f"environment.setup_script: {script_path.name} exited {result.returncode}: "
                                  f"{(result.stderr or result.stdout).strip()[-2000:]}"])
 
 
 def apply_env_script(path: str | Path) -> dict[str, str]:
-    """Source the recipe's `environment.env_script` (bash, `set -a`) and take the variables
-    it sets into this process's environment, so `${oc.env:...}` and the set-up script see
-    them. A variable already set keeps its value when the script writes `${VAR:-default}`,
-    the usual form. Returns what changed."""
+    """Source the recipe's `environment.env_script` (and a `.sh` `setup_script`, the
+    guide's env file) in bash with `set -a`, and take the variables it sets into this
+    process's environment, so `${oc.env:...}` and the set-up script see them. A variable
+    already set keeps its value when the script writes `${VAR:-default}`, the usual form.
+    Returns what changed."""
     path = Path(path)
-    script = OmegaConf.select(compose(path), "environment.env_script", default=None)
-    if not script:
-        return {}
-    script_path = (path.resolve().parent / str(script)).resolve()
-    if not script_path.is_file():
-        raise RecipeError(path, [f"environment.env_script: file not found: {script}"])
-    result = subprocess.run(["bash", "-c", 'set -a; . "$0" >&2; env -0', str(script_path)],
-                            cwd=script_path.parent, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RecipeError(path, [f"environment.env_script: {script} exited {result.returncode}: "
-                                 f"{result.stderr.strip()[-2000:]}"])
+    scripts = []
+    for key in ("env_script", "setup_script"):
+        script = _script(path, key)
+        if script is not None and (key == "env_script" or script.suffix == ".sh"):
+            scripts.append((key, script))
     changed = {}
-    for entry in result.stdout.split("\0"):
-        name, sep, value = entry.partition("=")
-        if sep and name and os.environ.get(name) != value and name not in ("_", "SHLVL", "PWD", "OLDPWD"):
-            changed[name] = value
-    os.environ.update(changed)
+    for key, script_path in scripts:
+        result = subprocess.run(["bash", "-c", 'set -a; . "$0" >&2; env -0', str(script_path)],
+                                cwd=script_path.parent, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RecipeError(path, [f"environment.{key}: {script_path.name} exited {result.returncode}: "
+                                     f"{result.stderr.strip()[-2000:]}"])
+        for entry in result.stdout.split("\0"):
+            name, sep, value = entry.partition("=")
+            if sep and name and os.environ.get(name) != value and name not in ("_", "SHLVL", "PWD", "OLDPWD"):
+                changed[name] = value
+        os.environ.update(changed)
     return changed
 
 
@@ -199,8 +248,12 @@ def consistency_problems(recipe: Recipe) -> list[str]:
     if pool.group_size is not None and pool.group_size != worker.rollout_repeat_n:
         problems.append(f"trajectory_pool.group_size: {pool.group_size} differs from "
                         f"rollout_worker.rollout_repeat_n ({worker.rollout_repeat_n}), the samples per prompt")
-    if recipe.trainer.type == "custom" and not recipe.trainer.custom_trainer_module_path:
-        problems.append("trainer.custom_trainer_module_path: required when trainer.type is custom")
+    if recipe.trainer.type in ("custom", "self_hosted") and not recipe.trainer.custom_trainer_module_path:
+        problems.append(f"trainer.custom_trainer_module_path: required when trainer.type is {recipe.trainer.type} "
+                        "(the file of your trainer class)")
+    if recipe.trainer.type.startswith("remote_api"):
+        problems.append(f"trainer.type: {recipe.trainer.type} trains through a remote training service, which this "
+                        "version does not drive; self_hosted_grpo (or grpo) trains on StreamRL's own learner")
     if recipe.weight.staleness_threshold < 0:
         problems.append("weight.staleness_threshold: must be >= 0")
     if not 0.0 <= recipe.trainer.min_lr_ratio <= 1.0:
@@ -211,6 +264,13 @@ def consistency_problems(recipe: Recipe) -> list[str]:
         problems.append("trajectory_pool.batch_size: must be >= 1")
     if recipe.trainer.nproc_per_node < 1 or recipe.trainer.nnodes < 1:
         problems.append("trainer.nproc_per_node / trainer.nnodes: must be >= 1")
+    elif recipe.algorithm.do_old_log_prob_compute and recipe.trainer.nproc_per_node * recipe.trainer.nnodes > 1:
+        problems.append("algorithm.do_old_log_prob_compute: with one learner process only (the recomputation runs "
+                        "where the step is prepared, on rank 0, and a sharded model needs every rank)")
+    if recipe.trainer.custom_trainer_class_name and not recipe.trainer.custom_trainer_module_path:
+        problems.append("trainer.custom_trainer_class_name: needs trainer.custom_trainer_module_path (the file)")
+    if recipe.trainer.save_freq < 0:
+        problems.append("trainer.save_freq: must be >= 0")
     return problems + inference_service_problems(recipe)
 
 
@@ -264,13 +324,14 @@ def with_inference_url(recipe: Recipe, urls: list[str]) -> Recipe:
     return dataclasses.replace(recipe, service=dataclasses.replace(recipe.service, inference_service=service))
 
 
-def prepare_recipe(path: str | Path, run_setup: bool = True) -> Recipe:
-    """Env script, set-up script, load, check consistency, absolute paths: what a run starts from."""
+def prepare_recipe(path: str | Path, run_setup: bool = True, overrides: list[str] | None = None) -> Recipe:
+    """Env script, set-up script, load (with the command line's `key=value` overrides),
+    check consistency, absolute paths: what a run starts from."""
     path = Path(path)
     apply_env_script(path)
     if run_setup:
         run_setup_script(path)
-    recipe = load_recipe(path)
+    recipe = load_recipe(path, overrides)
     problems = consistency_problems(recipe)
     if problems:
         raise RecipeError(path, problems)

@@ -196,12 +196,14 @@ from producers.agent_worker import AgentRolloutWorker
 
 
 class {class_prefix}Worker(AgentRolloutWorker):
-    def format_query(self, task):
-        """The opening messages: change the prompt template or add few-shot turns here."""
-        return super().format_query(task)
+    def format_task_query(self, data_item):
+        """The user message from a task's row (default: the agent config's query_template)."""
+        return super().format_task_query(data_item)
 
     def get_train_loss_mask(self, trajectory_infos):
-        """One 0/1 per token of the episode; by default only the model's own turns train."""
+        """One info per LLM call (prompt_tokens, response_tokens, response_message,
+        is_final, ...); return one True/False per call, or one per response token.
+        By default every call's response trains."""
         return super().get_train_loss_mask(trajectory_infos)
 '''
 

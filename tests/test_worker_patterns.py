@@ -96,8 +96,10 @@ def test_marker_mask_trains_only_after_the_marker(client):
     worker = workers.MarkerMaskWorker({"marker": "="}, client, ExactMatchEvaluator(), lambda e: None)
     tok = client.tokenizer
     response = tok("12=34", add_special_tokens=False)["input_ids"]
-    assert worker.get_train_loss_mask([7, 7], response) == [0, 0, 0, 0, 0, 1, 1]
-    assert worker.get_train_loss_mask([7], tok("34", add_special_tokens=False)["input_ids"]) == [0, 1, 1]
+    assert worker.get_train_loss_mask([{"response_tokens": response}]) == [0, 0, 0, 1, 1]
+    no_marker = tok("34", add_special_tokens=False)["input_ids"]
+    assert worker.get_train_loss_mask([{"response_tokens": no_marker}, {"response_tokens": response}]) == \
+        [1, 1, 0, 0, 0, 1, 1]
     trajectory, _, completions = run(workers.MarkerMaskWorker, client, {"marker": "="})
     assert set(trained(trajectory)[0]) <= set(completions[0].response_token_ids)
 

@@ -23,7 +23,7 @@ import urllib.request
 
 from producers.evaluator import BaseEvaluationTarget, run_evaluator
 from producers.evaluator_builtins import make_evaluator
-from producers.rollout import BaseRolloutWorker, Trajectory
+from producers.rollout import BaseRolloutWorker, Trajectory, token_loss_mask
 
 
 def _trajectory(result: dict, reward: float, task: dict, mask: list[int] | None = None, **extra) -> Trajectory:
@@ -100,17 +100,24 @@ class ExternalContextWorker(BaseRolloutWorker):
 
 class MarkerMaskWorker(BaseRolloutWorker):
     """Trains only what follows rollout_worker.marker in the response (all of it when the
-    marker is absent), matched on token ids."""
+    marker is absent), matched on token ids: the guide's pattern 3, one mask value per
+    response token of each LLM call."""
 
-    def get_train_loss_mask(self, prompt_tokens, response_tokens):
-        marker = self._inference_client.tokenizer(self._config.get("marker", "="), add_special_tokens=False)["input_ids"]
-        start = next((i + len(marker) for i in range(len(response_tokens) - len(marker) + 1)
-                      if response_tokens[i:i + len(marker)] == marker), 0)
-        return [0] * len(prompt_tokens) + [0] * start + [1] * (len(response_tokens) - start)
+    def get_train_loss_mask(self, trajectory_infos):
+        marker = self.tokenizer(self._config.get("marker", "="), add_special_tokens=False)["input_ids"]
+        mask = []
+        for info in trajectory_infos:
+            response = info["response_tokens"]
+            start = next((i + len(marker) for i in range(len(response) - len(marker) + 1)
+                          if response[i:i + len(marker)] == marker), 0)
+            mask += [False] * start + [True] * (len(response) - start)
+        return mask
 
     def rollout(self, task):
         result = self._inference_client.completion(task["prompt"])
-        mask = self.get_train_loss_mask(result["prompt_tokens"], result["response_tokens"])
+        info = {"response_tokens": result["response_tokens"], "start": len(result["prompt_tokens"])}
+        tokens = result["prompt_tokens"] + result["response_tokens"]
+        mask = token_loss_mask(self.get_train_loss_mask([info]), [info], len(tokens))
         reward = float(result["response"].strip().endswith(str(task.get("answer", ""))))
         return self._put_trajectory(_trajectory(result, reward, task, mask=mask))
 

@@ -212,12 +212,14 @@ def new_run_id(experiment_name: str) -> str:
     return f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def prepared_recipe(file: Path):
-    """The recipe a run starts from, its own code loaded and its registry keys checked."""
+def prepared_recipe(file: Path, overrides: list[str] | None = None):
+    """The recipe a run starts from, its `key=value` overrides applied, its own code
+    loaded and its registry keys checked: `run`, `publish` and `recipe validate` all
+    call this, so validation and a run refuse the same recipes."""
     from runtime.recipe import RecipeError, prepare_recipe
     from streamrl.checks import recipe_code_problems
 
-    recipe = prepare_recipe(file)
+    recipe = prepare_recipe(file, overrides=overrides)
     problems = recipe_code_problems(recipe)
     if problems:
         raise RecipeError(file, problems)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -38,32 +38,19 @@ def recipe_new(
 
 def recipe_validate(
     file: Annotated[Path, typer.Argument(help="The recipe YAML.")],
+    overrides: Annotated[Optional[list[str]], typer.Argument(
+        help="Overrides, key.path=value, as `streamrl run` takes them.", show_default=False)] = None,
     show: Annotated[bool, typer.Option("--show", help="Print the fully resolved recipe.")] = False,
 ) -> None:
-    """Check a recipe: unknown keys, wrong types, refused values, missing files and
-    settings that contradict each other, each with its key path, and the names its
-    registry keys use (exit 2 if any)."""
-    import copy
-
+    """Check a recipe exactly as `streamrl run` does before it starts anything: its
+    environment and set-up scripts, unknown keys, wrong types, refused values, missing
+    files, settings that contradict each other, its own code (evaluator, worker, trainer,
+    estimator) and the names its registry keys use, each with its key path (exit 2 if any)."""
     import yaml
 
-    from runtime.plugins import LoadError, load_module
-    from runtime.recipe import RecipeError, consistency_problems, load_recipe, resolve_paths
-    from runtime.registry import registry_problems
-    from streamrl import checks  # noqa: F401  (imports the components: their registries fill)
+    from streamrl.cli.common import prepared_recipe
 
-    recipe = load_recipe(file)
-    # A recipe's own advantage estimators register when their module loads (the path
-    # resolved on a copy: --show prints the recipe as written).
-    estimators = resolve_paths(copy.deepcopy(recipe), file.resolve().parent).algorithm.custom_advantage_module_path
-    try:
-        if estimators:
-            load_module(estimators)
-    except LoadError as exc:
-        raise RecipeError(file, [f"algorithm.custom_advantage_module_path: {exc}"]) from None
-    problems = registry_problems(recipe.to_dict()) + consistency_problems(recipe)
-    if problems:
-        raise RecipeError(file, problems)
+    recipe = prepared_recipe(file, overrides)
     if show:
         console.print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), highlight=False, markup=False)
     console.print(f"{file}: valid ({recipe.project_name}/{recipe.experiment_name}, "

@@ -30,6 +30,9 @@ InferenceUrl = Annotated[Optional[list[str]], typer.Option(
 MaxRestarts = Annotated[int, typer.Option(
     "--max-restarts", min=0, help="Restart a crashed process of the run up to N times within --restart-window "
                                   "(with a backoff of 1, 2, 4 ... s); one more crash ends the run. 0: no restarts.")]
+Overrides = Annotated[Optional[list[str]], typer.Argument(
+    help="Recipe overrides after the file, key.path=value (trainer.lr=1e-4 data.seed=3), recorded in the run's "
+         "resolved config.", show_default=False)]
 RestartWindow = Annotated[float, typer.Option(
     "--restart-window", min=1.0, help="Seconds over which --max-restarts counts a process's crashes.")]
 
@@ -59,6 +62,7 @@ def run_config(current, run: str):
 
 def run_recipe(
     file: Annotated[Optional[Path], typer.Argument(help="The recipe YAML (not with --resume).")] = None,
+    overrides: Overrides = None,
     resume: Annotated[Optional[str], typer.Option(help="Finish RUN after a crash or a broker restart: what the "
                                                        "broker lost is rebuilt from the ledger.")] = None,
     run: Annotated[Optional[str], typer.Option(help="Run id (default: experiment name + time).")] = None,
@@ -78,7 +82,7 @@ def run_recipe(
     current = settings()
     if (file is None) == (resume is None):
         raise UsageError("give a recipe FILE or --resume RUN, not both or neither")
-    recipe = with_url(prepared_recipe(file), inference_url) if file else None
+    recipe = with_url(prepared_recipe(file, overrides), inference_url) if file else None
     if resume and inference_url:
         raise UsageError("--inference-url: a resumed run keeps its recorded servers; give it to "
                          "`streamrl worker RUN --inference-url` instead")
@@ -103,6 +107,7 @@ def run_recipe(
 
 def publish(
     file: Annotated[Optional[Path], typer.Argument(help="The recipe YAML (not with --resume).")] = None,
+    overrides: Overrides = None,
     run: Annotated[Optional[str], typer.Option(help="Run id (default: experiment name + time).")] = None,
     resume: Annotated[Optional[str], typer.Option(help="Resume publishing RUN: its config from the ledger; tasks "
                                                        "already rolled out and evaluated are not published again.")] = None,
@@ -124,7 +129,7 @@ def publish(
         skip = finished_task_ids(database_url(current), run)
         console.print(f"resuming run {run}: {len(skip)} tasks already done", highlight=False)
     else:
-        recipe = with_url(prepared_recipe(file), inference_url)
+        recipe = with_url(prepared_recipe(file, overrides), inference_url)
         run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
         with EventPublisher(current) as publisher:
             create_run(current, run, recipe, publisher)

@@ -1,0 +1,93 @@
+"""The inference client workers call (`self._inference_client.completion(prompt)`), and
+how a trajectory's behaviour logprobs are recovered from the completions it recorded."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+from producers.inference import Completion, SamplingParams
+
+
+class InferenceClient:
+    """`completion(prompt)` for workers; records the completions of the current rollout.
+
+    `engine` is an engine front (`tokenizer`, `complete(prompt_ids, params)`): the
+    embedded BatchingEngine, or an inference server's (SGLang, OpenAI-compatible)."""
+
+    def __init__(self, engine, defaults: SamplingParams, val_defaults: SamplingParams | None = None,
+                 max_prompt_tokens: int | None = None):
+        self._engine = engine
+        self.max_prompt_tokens = max_prompt_tokens  # a task's prompt may not be longer (in tokens)
+        self._train_defaults = defaults
+        self._val_defaults = val_defaults or defaults
+        self._local = threading.local()
+        # A group's rollouts share their prompt, so most prompts are tokenised again
+        # and again; the tokenizer's call costs more than a small model's sampling step.
+        self._prompt_ids = functools.lru_cache(maxsize=4096)(
+            lambda prompt: tuple(self.tokenizer(prompt)["input_ids"]))
+
+    @property
+    def _defaults(self) -> SamplingParams:
+        # Validation rollouts sample with the validation settings (greedy by default).
+        return self._val_defaults if getattr(self._local, "is_val", False) else self._train_defaults
+
+    @property
+    def tokenizer(self):
+        return self._engine.tokenizer
+
+    def tokenize(self, prompt: str) -> list[int]:
+        return list(self._prompt_ids(prompt))
+
+    def begin(self, is_val: bool = False) -> None:
+        self._local.completions = []
+        self._local.is_val = is_val
+
+    def recorded(self) -> list[Completion]:
+        return list(getattr(self._local, "completions", []))
+
+    def completion(self, prompt: str | list[int], temperature: float | None = None,
+                   max_tokens: int | None = None, top_p: float | None = None,
+                   stop_token_ids: list[int] | tuple[int, ...] = ()) -> dict[str, Any]:
+        prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        params = SamplingParams(
+            max_new_tokens=max_tokens if max_tokens is not None else self._defaults.max_new_tokens,
+            temperature=temperature if temperature is not None else self._defaults.temperature,
+            top_p=top_p if top_p is not None else self._defaults.top_p, stop_token_ids=tuple(stop_token_ids))
+        result: Completion = self._engine.complete(prompt_ids, params)
+        if hasattr(self._local, "completions"):
+            self._local.completions.append(result)
+        return {"prompt_tokens": result.prompt_token_ids, "response_tokens": result.response_token_ids,
+                "response": result.response_text, "logprobs": result.logprobs,
+                "finish_reason": result.finish_reason, "weight_version": result.weight_version,
+                "token_versions": result.token_versions or [result.weight_version] * len(result.response_token_ids)}
+
+
+def behaviour_logprobs(tokens: list[int], loss_mask: list[int], completions: list[Completion]
+                       ) -> tuple[list[float], list[int]]:
+    """Per-token behaviour logprobs and the weight version that sampled each token: each
+    completion's response is found in `tokens` (in order, searching forward); tokens no
+    completion sampled get 0 and version 0. Raises ValueError if a trained token was not
+    sampled by any completion."""
+    logprobs = [0.0] * len(tokens)
+    versions = [0] * len(tokens)
+    sampled = [False] * len(tokens)
+    cursor = 0
+    for completion in completions:
+        response = completion.response_token_ids
+        if not response:
+            continue
+        for start in range(cursor, len(tokens) - len(response) + 1):
+            if tokens[start:start + len(response)] == response:
+                logprobs[start:start + len(response)] = completion.logprobs
+                versions[start:start + len(response)] = (completion.token_versions or
+                                                         [completion.weight_version] * len(response))
+                sampled[start:start + len(response)] = [True] * len(response)
+                cursor = start + len(response)
+                break
+    unsampled = [i for i, (m, s) in enumerate(zip(loss_mask, sampled)) if m and not s]
+    if unsampled:
+        raise ValueError(f"{len(unsampled)} trained token(s) (first at position {unsampled[0]}) were not "
+                         "sampled by any completion of this rollout: no behaviour logprob to train with")
+    return logprobs, versions
