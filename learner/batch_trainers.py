@@ -286,3 +286,12 @@ class SelfHostedGrpoTrainer(SelfHostedTrainer):
         batch = self._compute_advantage(batch)
         metrics.update(self._compute_data_metrics(batch))
         return batch, metrics
+
+
+class RemoteApiTrainer(SelfHostedTrainer):
+    """The guide's remote-API trainer shape on StreamRL's own learner: override
+    `_prepare_trajectories(trajectories, metrics)` (trajectories read and written as
+    dicts or attributes: `traj.get("run_id")`, `traj.reward`, `traj.advantage = ...`)."""
+
+    def _prepare_batch(self, batch: Batch) -> tuple[Batch, dict]:
+        return batch, {}

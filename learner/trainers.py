@@ -376,10 +376,15 @@ class CrossEntropyTrainer(Trainer):
         return loss, {"entropy_sum": (entropy * batch["mask"]).sum()}
 
 
-def compute_grpo_advantage_for_trajectories(trajectories: list[TrainItem], estimator: str = "grpo") -> list[TrainItem]:
-    """Advantages from the rewards of each group (samples sharing a group id), with a
-    registered estimator (GRPO by default): what a custom trainer calls after changing
-    rewards. Sets each item's `advantage` (and clears per-token advantages)."""
+def compute_grpo_advantage_for_trajectories(trajectories: list[TrainItem], logger=None, use_run_ids: bool = True,
+                                            estimator: str = "grpo") -> list[TrainItem]:
+    """Advantages from the rewards of each group (samples sharing a run_id, the guide's
+    name for the group), with a registered estimator (GRPO by default): what a custom
+    trainer calls after changing rewards. Sets each item's `advantage` (and clears
+    per-token advantages). `logger` (optional) gets one debug line per call."""
+    if not use_run_ids:
+        raise ValueError("compute_grpo_advantage_for_trajectories: StreamRL groups by run_id (a task's rollouts); "
+                         "use_run_ids=False has no other grouping to use")
     estimate = get_advantage_estimator(estimator)
     groups: dict[str, list[TrainItem]] = {}
     for item in trajectories:
@@ -388,5 +393,7 @@ def compute_grpo_advantage_for_trajectories(trajectories: list[TrainItem], estim
         advantages = estimate(np.asarray([item.reward for item in members], dtype=np.float64))
         for item, advantage in zip(members, advantages):
             item.advantage, item.token_advantages = float(advantage), None
+    if logger is not None:
+        logger.debug("advantages of %d trajectories in %d groups", len(trajectories), len(groups))
     return trajectories
 

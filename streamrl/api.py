@@ -1,0 +1,25 @@
+"""Every name the guide's code imports, from one module: port a recipe's code by
+pointing its imports here (`from streamrl.api import BaseRolloutWorker, Trajectory`).
+
+    guide module                         names
+    nexrl.rollout_worker                 BaseRolloutWorker, BaseNexAURolloutWorker, Evaluator,
+                                         BaseEvaluationTarget, NexAUEvaluationTarget, EvaluationRunResult
+    nexrl.nexrl_types                    Trajectory, Batch
+    nexrl.trainer                        SelfHostedTrainer, SelfHostedGrpoTrainer, RemoteApiTrainer
+    nexrl.algorithm.core_algos           compute_grpo_advantage_for_trajectories
+    nexrl.utils.torch_functional         padding_data, compute_position_id_with_mask
+    nexrl.utils.logging_utils            log_rollout_metrics, log_grpo_metrics
+"""
+
+from learner.batch_trainers import (  # noqa: F401
+    Batch, RemoteApiTrainer, SelfHostedGrpoTrainer, SelfHostedTrainer, compute_position_id_with_mask,
+    log_grpo_metrics, log_rollout_metrics, padding_data,
+)
+from learner.trainers import compute_grpo_advantage_for_trajectories  # noqa: F401
+from producers.agent_worker import AgentRolloutWorker
+from producers.evaluator import (  # noqa: F401
+    BaseEvaluationTarget, EvaluationRunResult, Evaluator, NexAUEvaluationTarget,
+)
+from producers.rollout import BaseRolloutWorker, Trajectory  # noqa: F401
+
+BaseNexAURolloutWorker = AgentRolloutWorker  # the guide's agent worker base class
