@@ -134,13 +134,17 @@ def interrupt_on_sigterm() -> None:
 def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, run_id: str, workers: int,
                 out: Path | None, console: Console, final_val_timeout_s: float = 180.0,
                 resume: bool = False, reset_offsets: bool = False,
-                inference_urls: list[str] | None = None, policy: RestartPolicy = RestartPolicy()) -> RunSummary:
+                inference_urls: list[str] | None = None, policy: RestartPolicy = RestartPolicy(),
+                overrides: list[str] | None = None) -> RunSummary:
     interrupt_on_sigterm()
     local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy)
     total = total_train_steps(recipe)  # the same count the publisher and the learner use
     val_rows = recipe.validate.data.max_rows
     console.print(f"run [bold]{run_id}[/]: logs in {local.logs}", highlight=False)
-    publish = ["publish", "--resume", run_id] if resume else ["publish", str(recipe_file), "--run", run_id]
+    # the publisher creates the run from the same recipe and overrides (its resolved config
+    # is what every other process reads)
+    publish = ["publish", "--resume", run_id] if resume else \
+        ["publish", str(recipe_file), *(overrides or []), "--run", run_id]
     publish += [arg for url in inference_urls or [] for arg in ("--inference-url", url)]
     # Restarted, the publisher resumes: the run exists, and tasks already done are skipped.
     local.spawn("publisher", publish, may_finish=True, restart_args=["publish", "--resume", run_id])

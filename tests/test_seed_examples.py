@@ -90,6 +90,10 @@ def test_worker_chapter_examples_run(client):
     worker = ch1.MyWorker(DictConfig({"temperature": 0.7, "num_examples": 5}))
     assert (worker.use_few_shot, worker.num_examples, worker.answer_format) == (True, 5, "xml")
     assert ch1.XmlAnswerWorker(DictConfig({}))._extract_answer("so <answer> 4 </answer>") == "4"
+    # the evaluator's extra_info reaches the rollout's evaluation
+    from producers.rollout import SingleTurnWorker
+    _, _, evaluation = roll(SingleTurnWorker, client, evaluator=ch_agents.MyEvaluator(), id=11)
+    assert evaluation.extra_info["data_id"] == 11 and "agent_output" in evaluation.extra_info
     # the guide's logging call: recorded with the rollout's evaluation metrics
     _, _, evaluation = roll(ch1.LoggingWorker, client)
     assert evaluation.metrics["agent_calls"] == 1.0 and evaluation.metrics["logged_step"] == 4.0
@@ -258,8 +262,8 @@ def test_the_guide_style_recipe_trains_with_its_custom_code(stack, ledger, run_i
                             (run_id,)).fetchone()[0]
     assert config["trainer"]["total_train_steps"] == 2 and config["algorithm"]["my_param"] == 0.5
     assert config["algorithm"]["filter_zero_variance"] is False
-    extra, metrics = ledger.execute("select extra_info, metrics from evaluations where run_id = %s limit 1",
-                                    (run_id,)).fetchone()
-    assert set(extra) == {"agent_output", "data_id"} and "custom_metric" in metrics
+    metrics = ledger.execute("select metrics from evaluations where run_id = %s and not is_val limit 1",
+                             (run_id,)).fetchone()[0]
+    assert metrics["agent_calls"] == 1.0 and "custom_metric" in metrics  # experiment_logger_post
     traces = list((tmp_path / "traces" / run_id).glob("*.json"))
     assert traces and json.loads(traces[0].read_text())["trace"][0]["type"] == "llm"

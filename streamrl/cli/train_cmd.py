@@ -100,7 +100,8 @@ def run_recipe(
     try:
         run_locally(current, file, recipe, run, workers or recipe.rollout_worker.num_workers, out, console,
                     resume=bool(resume), reset_offsets=bool(resume) and resumed.rebuilt.topics_recreated,
-                    inference_urls=inference_url, policy=restart_policy(max_restarts, restart_window))
+                    inference_urls=inference_url, policy=restart_policy(max_restarts, restart_window),
+                    overrides=overrides)
     except RunFailed as exc:
         raise CommandFailed(str(exc), "run failed") from None
 
