@@ -21,9 +21,13 @@ Agent config (paths relative to the agent config's folder):
     limits: {max_assistant_turns: 8, max_user_turns: 0, max_tool_calls_per_turn: 4, max_total_tokens: 1024}
     interaction: {module_path: "interaction.py:MyUser", kwargs: {}}
 
-Override points, as in the guide: `format_query(task)` (prompt templates),
-`run_agent(task)` (the whole episode), `get_train_loss_mask(trajectory_infos)`
-(token-level loss masks), `evaluate_episode(task, episode)` (conditional evaluation).
+Override points, as in the guide: `format_task_query(data_item)` (the user message),
+`format_query(task)` (all opening messages), `run_agent(task)` (the whole episode),
+`get_train_loss_mask(trajectory_infos)` (one info per LLM call; a value per call, per
+response token or per token), `evaluate_episode(task, episode)` (conditional evaluation).
+The guide's agent-config keys are read too: `max_context_tokens` (= limits.max_total_tokens),
+`type`, `name`, `system_prompt_type`, `tool_call_mode`, `tracers`, `llm_config.api_type`
+(checked: a value naming another way of working is refused), tools given by `binding:`.
 The reward is the evaluator's reward plus the sum of the interaction's per-turn rewards.
 """
 

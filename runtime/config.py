@@ -113,7 +113,7 @@ class KlControl:
 @dataclass
 class Algorithm:
     type: str = "grpo"  # a registered advantage estimator: grpo | dr_grpo | rloo | reinforce | yours
-    batch_size: Optional[int] = only(None, "a step's size is trajectory_pool.batch_size")
+    batch_size: Optional[int] = None  # the guide's copy of trajectory_pool.batch_size; must equal it
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28
     clip_ratio_c: Optional[float] = 3.0  # dual-clip cap for negative advantages; null turns it off

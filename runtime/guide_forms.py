@@ -107,8 +107,25 @@ def train_service_problems(values: dict) -> list[str]:
     return problems
 
 
-def apply_guide_forms(values: dict) -> list[str]:
+def torch_data_type(values: dict) -> list[str]:
+    """The guide's `type: torch` (a torch data loader over the files) reads the files by
+    their extension here: jsonl or parquet."""
     problems = []
+    for section in ("data", "validate.data"):
+        found, data = _get(values, section)
+        if not found or not isinstance(data, dict) or data.get("type") != "torch":
+            continue
+        kinds = {str(f).rsplit(".", 1)[-1] for f in data.get("data_files") or []}
+        if len(kinds) == 1 and kinds <= {"jsonl", "parquet"}:
+            data["type"] = kinds.pop()
+        else:
+            problems.append(f"{section}.type: torch reads jsonl or parquet files by their extension; "
+                            f"these files are {sorted(kinds) or 'none'}: name the type (jsonl or parquet)")
+    return problems
+
+
+def apply_guide_forms(values: dict) -> list[str]:
+    problems = torch_data_type(values)
     for guide, (streamrl, _) in MOVED.items():
         found, value = _get(values, guide)
         if found:

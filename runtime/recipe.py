@@ -140,8 +140,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
             # guide (`self._config.use_few_shot`, `config.algorithm.my_param`): its
             # unknown keys are its own, not typos
             problems = [p for p in problems if not re.fullmatch(rf"{section}\.[^.\[]+: unknown key.*", p)]
-    if not problems:
-        problems = missing_files(values, Recipe, path_bases(path))
+    problems += missing_files(values, Recipe, path_bases(path))
     if problems:
         raise RecipeError(path, problems)
     return Recipe.from_dict(values)
@@ -245,6 +244,9 @@ def consistency_problems(recipe: Recipe) -> list[str]:
     """Problems no single key shows: settings that contradict each other or are out of range."""
     problems = []
     pool, worker = recipe.trajectory_pool, recipe.rollout_worker
+    if recipe.algorithm.batch_size is not None and recipe.algorithm.batch_size != pool.batch_size:
+        problems.append(f"algorithm.batch_size: {recipe.algorithm.batch_size} differs from trajectory_pool.batch_size "
+                        f"({pool.batch_size}), the groups per step")
     if pool.group_size is not None and pool.group_size != worker.rollout_repeat_n:
         problems.append(f"trajectory_pool.group_size: {pool.group_size} differs from "
                         f"rollout_worker.rollout_repeat_n ({worker.rollout_repeat_n}), the samples per prompt")

@@ -228,7 +228,10 @@ CONTRADICTIONS = {
     "trainer type": ("trainer: {type: self_hosted}\n", "trainer.custom_trainer_module_path: required when trainer.type "
                                                         "is self_hosted"),
     "remote trainer": ("trainer: {type: remote_api_grpo}\n", "trainer.type: remote_api_grpo trains through a remote"),
-    "data type": ("data: {type: torch}\n", "data.type: expected one of jsonl, parquet, got 'torch'"),
+    "data type": ("data: {type: torch}\n", "data.type: torch reads jsonl or parquet files by their extension; "
+                                           "these files are none"),
+    "algorithm batch size": ("algorithm: {batch_size: 4}\ntrajectory_pool: {batch_size: 8}\n",
+                             "algorithm.batch_size: 4 differs from trajectory_pool.batch_size (8)"),
     "class without file": ("trainer: {custom_trainer_class_name: X}\n", "trainer.custom_trainer_class_name: needs"),
 }
 
@@ -265,5 +268,32 @@ def test_the_guide_style_recipe_trains_with_its_custom_code(stack, ledger, run_i
     metrics = ledger.execute("select metrics from evaluations where run_id = %s and not is_val limit 1",
                              (run_id,)).fetchone()[0]
     assert metrics["agent_calls"] == 1.0 and "custom_metric" in metrics  # experiment_logger_post
+    per_step = ledger.execute("select step, mean, rollouts from worker_metrics where run_id = %s and name = "
+                              "'agent_calls' order by step", (run_id,)).fetchall()
+    assert [s for s, _, _ in per_step][:2] == [1, 2] and all(mean == 1.0 and n >= 16 for _, mean, n in per_step)
+    # remove_previous_ckpt: only the newest checkpoint is left
+    assert [p.name for p in (tmp_path / "traces" / "ckpt" / run_id).glob("step-*")] == ["step-000002"]
     traces = list((tmp_path / "traces" / run_id).glob("*.json"))
     assert traces and json.loads(traces[0].read_text())["trace"][0]["type"] == "llm"
+
+
+def test_the_guides_full_configuration_example_names_every_key_it_cannot_honour():
+    """The guide's reference listing, as printed: each key StreamRL does not implement is
+    named with its reason, each file it names is looked for; the rest is taken."""
+    with pytest.raises(Exception) as info:
+        load_recipe(EXAMPLES / "recipe" / "full_reference.yaml")
+    named = {problem.split(":")[0] for problem in info.value.problems}
+    assert named == {
+        "hydra", "resource", "runtime_monitor", "algorithm.inference_service", "data.num_workers",
+        "rollout_worker.tokenizer", "trajectory_pool.key_list", "logger.backend", "logger.wandb",
+        "service.train_service.url", "service.train_service.model_tag",  # a self-hosted learner has no url
+        "environment.setup_script", "data.data_files[0]", "validate.data.data_files[0]",
+        "rollout_worker.custom_rollout_worker_module_path", "rollout_worker.agent_config_path",
+        "rollout_worker.agent_workspace"}
+
+
+def test_a_prompt_longer_than_max_prompt_length_fails_its_rollout(client):
+    from producers.rollout import SingleTurnWorker
+    short = InferenceClient(client._engine, SamplingParams(max_new_tokens=2), max_prompt_tokens=2)
+    _, trajectory, evaluation = roll(SingleTurnWorker, short)
+    assert "more than max_prompt_length (2)" in trajectory.error and evaluation.reward == 0.0
