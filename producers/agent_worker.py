@@ -40,6 +40,7 @@ from typing import Any
 
 import yaml
 
+from producers.agent_facade import LoopAgent
 from producers.agent_loop import AgentLimits, Episode, episode_turns, run_agent_loop
 from runtime.chat_format import tools_system_text
 from producers.evaluator import BaseEvaluationTarget, EvaluationOutcome, run_evaluator
@@ -189,14 +190,42 @@ class AgentRolloutWorker(BaseRolloutWorker):
             raise KeyError(f"agent config query_template needs task field {exc}") from None
 
     def run_agent(self, task: dict[str, Any]) -> Episode:
+        return self.run_episode(task, self.format_query(task))
+
+    def run_episode(self, task: dict[str, Any], messages: list[dict[str, str]], client=None) -> Episode:
         llm = self.agent_config.get("llm_config") or {}
         interaction = self.interaction_class(**(self.agent_config["interaction"].get("kwargs") or {})) \
             if self.interaction_class else None
-        return run_agent_loop(self._inference_client, self.format_query(task), self.tools, interaction,
+        return run_agent_loop(client or self._inference_client, messages, self.tools, interaction,
                               task, self.limits,
                               # validation samples with the validation settings (greedy)
                               temperature=None if task.get("is_val") else llm.get("temperature"),
                               top_p=None if task.get("is_val") else llm.get("top_p"))
+
+    # --- the guide's NexAU-style objects (producers/agent_facade.py) ---------------------------
+    def load_agent_from_config(self, custom_llm_client_provider=None):
+        """(agent, client provider): `agent.run(query)` runs an episode of this worker's
+        agent config for the task being rolled out, `query` as its user message."""
+        task = self.current_task()
+
+        def run_episode(query: str, client):
+            return self.run_episode(task, self.format_query(task)[:-1] + [{"role": "user", "content": query}],
+                                    client)
+        provider = custom_llm_client_provider or (lambda: self._inference_client)
+        return LoopAgent(run_episode, self._inference_client), provider
+
+    def trace_processor(self, traces: list[Episode]) -> list[dict[str, Any]]:
+        """The guide's trace processing: each traced episode as a trajectory dict
+        (tokens, loss_mask from get_train_loss_mask, logprobs, turns, versions)."""
+        trajectories = []
+        for episode in traces:
+            mask = self.episode_mask(episode)
+            trajectories.append({"tokens": episode.tokens, "loss_mask": mask, "logprobs": episode.logprobs,
+                                 "turns": episode_turns(episode, mask), "token_versions": episode.token_versions,
+                                 "weight_version": min(episode.weight_versions, default=0),
+                                 "final_answer": episode.final_answer, "termination": episode.termination,
+                                 "trace": episode.trace})
+        return trajectories
 
 
     def evaluate_episode(self, task: dict[str, Any], episode: Episode) -> EvaluationOutcome:
@@ -210,8 +239,18 @@ class AgentRolloutWorker(BaseRolloutWorker):
             return self._put_trajectory(self.episode_trajectory(task, ran))
         if isinstance(ran, str) or ran is None:  # an override that put its trajectory itself
             return ran
+        if isinstance(ran, tuple) and len(ran) == 2:  # the guide's (agent_output, evaluation_result)
+            output, evaluation = ran
+            trajectories = (getattr(output, "rl_params", None) or {}).get("trajectory") or []
+            if len(trajectories) != 1:
+                raise ValueError(f"run_agent's agent_output.rl_params['trajectory'] holds {len(trajectories)} "
+                                 "trajectories; a task is rolled out into one")
+            trajectory = {"reward": evaluation.reward, "is_val": task.get("is_val", False), **trajectories[0]}
+            trajectory.setdefault("extra_info", evaluation.extra_info)
+            trajectory.setdefault("metrics", evaluation.metrics)
+            return self._put_trajectory(trajectory)
         raise TypeError(f"run_agent returned {type(ran).__name__}: expected the Episode of run_agent_loop, "
-                        "or the status _put_trajectory returned")
+                        "(agent_output, evaluation_result), or the status _put_trajectory returned")
 
     def trajectory_infos(self, episode: Episode) -> list[dict[str, Any]]:
         """One info per LLM call (assistant turn), as the guide's trace processing gives
@@ -235,15 +274,20 @@ class AgentRolloutWorker(BaseRolloutWorker):
             start += len(segment.tokens)
         return infos
 
-    def episode_trajectory(self, task: dict[str, Any], episode: Episode) -> Trajectory:
-        """The episode (its segments and trace) as one trajectory."""
-        tokens = episode.tokens
+    def episode_mask(self, episode: Episode) -> list[int]:
+        """get_train_loss_mask's answer as one 0/1 per token of the episode, checked."""
         infos = self.trajectory_infos(episode)
-        mask = token_loss_mask(self.get_train_loss_mask(infos), infos, len(tokens))
+        mask = token_loss_mask(self.get_train_loss_mask(infos), infos, len(episode.tokens))
         sampled = [s.sampled for s in episode.segments for _ in s.tokens]
         if any(m and not was_sampled for m, was_sampled in zip(mask, sampled)):
             raise ValueError("get_train_loss_mask trains tokens the model did not sample (prompt, tool or user "
                              "tokens): they have no behaviour logprob")
+        return mask
+
+    def episode_trajectory(self, task: dict[str, Any], episode: Episode) -> Trajectory:
+        """The episode (its segments and trace) as one trajectory."""
+        tokens = episode.tokens
+        mask = self.episode_mask(episode)
         outcome = self.evaluate_episode(task, episode)
         turn_rewards = episode.turn_rewards
         metrics = dict(outcome.result.metrics)

@@ -136,6 +136,10 @@ class BaseRolloutWorker:
         order), or one per token of the whole trajectory. Default: every response trains."""
         return [True] * len(trajectory_infos)
 
+    def current_task(self) -> dict[str, Any]:
+        """The task being rolled out, as `rollout(task)` received it."""
+        return task_dict(self._local.task)
+
     def _put_trajectory(self, trajectory: Trajectory | dict) -> str:
         task: Task = self._local.task
         if isinstance(trajectory, dict):  # the guide's dict form: tokens, loss_mask, reward, the rest extra
@@ -285,8 +289,8 @@ def trajectory_from_dict(values: dict[str, Any]) -> Trajectory:
     missing = [key for key in ("tokens", "loss_mask") if key not in values]
     if missing:
         raise ValueError(f"the trajectory dict has no {' or '.join(missing)}")
-    known = {key: values.pop(key) for key in ("tokens", "loss_mask", "reward", "is_val", "logprobs", "turns")
-             if key in values}
+    known = {key: values.pop(key) for key in ("tokens", "loss_mask", "reward", "is_val", "logprobs", "turns",
+                                              "weight_version", "token_versions") if key in values}
     extra = values.pop("extra_fields", None) or {}
     known["loss_mask"] = [int(bool(m)) for m in known["loss_mask"]]
     return Trajectory(**known, extra_fields={**values, **extra})

@@ -9,6 +9,7 @@ pointing its imports here (`from streamrl.api import BaseRolloutWorker, Trajecto
     nexrl.algorithm.core_algos           compute_grpo_advantage_for_trajectories
     nexrl.utils.torch_functional         padding_data, compute_position_id_with_mask
     nexrl.utils.logging_utils            log_rollout_metrics, log_grpo_metrics
+    nexau.archs.tracer.adapters          InMemoryTracer (the agent loop's episodes)
 """
 
 from learner.batch_trainers import (  # noqa: F401
@@ -16,6 +17,7 @@ from learner.batch_trainers import (  # noqa: F401
     log_grpo_metrics, log_rollout_metrics, padding_data,
 )
 from learner.trainers import compute_grpo_advantage_for_trajectories  # noqa: F401
+from producers.agent_facade import InMemoryTracer  # noqa: F401
 from producers.agent_worker import AgentRolloutWorker
 from producers.evaluator import (  # noqa: F401
     BaseEvaluationTarget, EvaluationRunResult, Evaluator, NexAUEvaluationTarget,

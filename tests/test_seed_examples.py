@@ -14,8 +14,8 @@ MultiTurnWorker, CodeGenEvaluator, ReasoningWorker + ReasoningEvaluator, standal
 evaluator test, experiment_logger_post), recipe chapter 5 (MyTaskEvaluator,
 FuzzyMatchEvaluator, MyTaskWorker x2, recipe files), trainers chapter 8 (patterns 1-3,
 KL penalty, value function, n-step returns, edge cases, unit test). 40 in all; run here:
-26 (see each test). Not run: the NexAU-library examples (MyAgentWorker, ComplexTaskWorker:
-they drive `nexau` agents, `InMemoryTracer.dump_traces`), the LLM judge (a hosted API),
+27 (see each test). Not run: ComplexTaskWorker (it drives a NexAU agent object with
+`agent.run(query, client=, tracer=)` and `tracer.get_trace()` children), the LLM judge (a hosted API),
 the value-function and code-execution patterns (undefined helpers), and fragments.
 Where the guide's own code reads a field it never sets (pattern 1 reads
 `values["advantages"]` after writing `metadata["advantages"]`), that line is marked.
@@ -131,6 +131,14 @@ def test_agent_worker_examples_and_the_guides_agent_config(client):
     # per-token masks (pattern 3): no marker in the response -> all of it trains
     _, custom, _ = roll(ch1.CustomTokenWorker, client, AGENT)
     assert unpack_mask(custom.loss_mask).sum() == sum(t.end - t.start for t in custom.turns if t.role == "assistant")
+    # type 2 (NexAU): load_agent_from_config, agent.run, InMemoryTracer, trace_processor,
+    # the (agent_output, evaluation_result) return
+    _, nexau, evaluation = roll(ch_agents.MyAgentWorker, client, AGENT, instruction="add", context="2+3")
+    assert nexau.error is None and unpack_mask(nexau.loss_mask).sum() > 0
+    assert nexau.extra_fields["score"]["reward_score"] == evaluation.reward
+    tokens = list(np.frombuffer(nexau.tokens, np.int32))
+    prompt = "".join(client.tokenizer.decode(tokens[:nexau.turns[0].end]).split())
+    assert "Instruction:add" in prompt and "Context:2+3" in prompt and "Pleasesolvethetask:" in prompt
     worker = ch_agents.MultiTurnWorker.__new__(ch_agents.MultiTurnWorker)
     assert worker.format_task_query({"conversation": [{"role": "user", "content": "hi"}], "query": "2+3"}) == \
         "user: hi\nuser: 2+3\nassistant:"
