@@ -271,6 +271,8 @@ def consistency_problems(recipe: Recipe) -> list[str]:
                         "where the step is prepared, on rank 0, and a sharded model needs every rank)")
     if recipe.trainer.custom_trainer_class_name and not recipe.trainer.custom_trainer_module_path:
         problems.append("trainer.custom_trainer_class_name: needs trainer.custom_trainer_module_path (the file)")
+    if worker.trace_path and not worker.save_trace:
+        problems.append("rollout_worker.trace_path: traces are written only with save_trace: true")
     if recipe.trainer.save_freq < 0:
         problems.append("trainer.save_freq: must be >= 0")
     return problems + inference_service_problems(recipe)

@@ -240,6 +240,8 @@ CONTRADICTIONS = {
                                            "these files are none"),
     "algorithm batch size": ("algorithm: {batch_size: 4}\ntrajectory_pool: {batch_size: 8}\n",
                              "algorithm.batch_size: 4 differs from trajectory_pool.batch_size (8)"),
+    "trace path without traces": ("rollout_worker: {save_trace: false, trace_path: traces}\n",
+                                  "rollout_worker.trace_path: traces are written only with save_trace: true"),
     "class without file": ("trainer: {custom_trainer_class_name: X}\n", "trainer.custom_trainer_class_name: needs"),
 }
 
