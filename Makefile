@@ -50,7 +50,7 @@ test: $(STAMP)
 ifeq ($(STREAMRL_SGLANG_PYTHON),)
 	@$(MAKE) --no-print-directory sglang-env || echo "could not build the SGLang environment (the error is above): the SGLang tests will be skipped"
 endif
-	$(PY) -m pytest -p no:cacheprovider
+	$(PY) -m pytest -p no:cacheprovider --durations=25
 
 bench: $(BENCH_STAMP)
 	$(PY) bench/codec_bench.py
