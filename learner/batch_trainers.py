@@ -209,6 +209,9 @@ class SelfHostedTrainer(GRPOTrainer):
     @torch.no_grad()
     def _compute_old_log_probs(self, batch: Batch) -> torch.Tensor:
         """The current policy's logprob of each token ([B, T], 0 at padding)."""
+        if self.placement.world_size > 1:  # a sharded forward needs every rank; _prepare_batch runs on rank 0
+            raise RuntimeError("_compute_old_log_probs needs the whole policy in one process: run the learner with "
+                               "trainer.nproc_per_node: 1 and nnodes: 1 for a trainer that calls it")
         self.model.eval()
         logprobs, _ = self.logprobs(self.model, {"input_ids": batch.values["input_ids"],
                                                  "attention_mask": batch.values["attention_mask"]})
