@@ -49,9 +49,8 @@ class Trajectory:
     token_versions: list[int] | None = None  # per token (0 where not sampled); from the completions otherwise
 
 
-# `rollout_worker.type`: classes with the seed API's constructor
-# `(config, inference_client, evaluator, publish, worker_id)`; a custom worker is named by
-# `custom_rollout_worker_module_path` instead.
+# `rollout_worker.type`: BaseRolloutWorker subclasses, built by `make_worker` as
+# `cls(config)`; a custom worker is named by `custom_rollout_worker_module_path` instead.
 ROLLOUT_WORKERS: Registry[type] = Registry("rollout worker type", "rollout_worker.type")
 register_rollout_worker = ROLLOUT_WORKERS.register
 
