@@ -89,7 +89,7 @@ def trainer_class(recipe: Recipe) -> type[Trainer]:
     if cfg.type in CUSTOM_TRAINER_TYPES or cfg.custom_trainer_module_path:
         spec = cfg.custom_trainer_module_path or ""
         if cfg.custom_trainer_class_name:  # the guide's form: the file and the class apart
-            spec = f"{spec.rpartition('.py:')[0] + '.py' if '.py:' in spec else spec}:{cfg.custom_trainer_class_name}"
+            spec = f"{spec}:{cfg.custom_trainer_class_name}"
         return load_class(spec, ".", Trainer)
     return TRAINERS.get(cfg.type)
 

@@ -140,7 +140,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
             # guide (`self._config.use_few_shot`, `config.algorithm.my_param`): its
             # unknown keys are its own, not typos
             problems = [p for p in problems if not re.fullmatch(rf"{section}\.[^.\[]+: unknown key.*", p)]
-    problems += missing_files(values, Recipe, path_bases(path))
+    problems += missing_files(values, Recipe, path_bases(path.resolve().parent))
     if problems:
         raise RecipeError(path, problems)
     return Recipe.from_dict(values)
@@ -148,10 +148,10 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
 
 # --- preparing a recipe to run -----------------------------------------------------------
 
-def path_bases(recipe_path: Path) -> list[Path]:
+def path_bases(recipe_dir: Path) -> list[Path]:
     """Where a recipe's relative paths are looked up: its own folder, then the working
     directory (the guide writes them from the repository's root: recipe/my_task/...)."""
-    return [recipe_path.resolve().parent, Path.cwd()]
+    return [recipe_dir, Path.cwd()]
 
 
 def _absolute(value: str | None, base: Path) -> str | None:
@@ -162,7 +162,7 @@ def _absolute(value: str | None, base: Path) -> str | None:
     path_text, sep, suffix = value.rpartition(":") if ".py:" in value else (value, "", "")
     if Path(path_text).is_absolute():
         return value
-    for folder in (base, Path.cwd()):
+    for folder in path_bases(base):
         if (folder / path_text).exists():
             return str((folder / path_text).resolve()) + sep + suffix
     return value
@@ -192,7 +192,7 @@ def _script(path: Path, key: str) -> Path | None:
     script = OmegaConf.select(compose(path), f"environment.{key}", default=None)
     if not script:
         return None
-    for base in path_bases(path):
+    for base in path_bases(path.resolve().parent):
         if (base / str(script)).is_file():
             return (base / str(script)).resolve()
     raise RecipeError(path, [f"environment.{key}: file not found: {script}"])
@@ -271,6 +271,9 @@ def consistency_problems(recipe: Recipe) -> list[str]:
                         "where the step is prepared, on rank 0, and a sharded model needs every rank)")
     if recipe.trainer.custom_trainer_class_name and not recipe.trainer.custom_trainer_module_path:
         problems.append("trainer.custom_trainer_class_name: needs trainer.custom_trainer_module_path (the file)")
+    elif recipe.trainer.custom_trainer_class_name and ".py:" in recipe.trainer.custom_trainer_module_path:
+        problems.append("trainer.custom_trainer_class_name: the module path names a class already "
+                        "(file.py:Class); give the class in one place")
     if worker.trace_path and not worker.save_trace:
         problems.append("rollout_worker.trace_path: traces are written only with save_trace: true")
     if recipe.trainer.save_freq < 0:

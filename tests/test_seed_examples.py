@@ -243,7 +243,10 @@ CONTRADICTIONS = {
                   "trainer.custom_trainer_class_name: needs trainer.custom_trainer_module_path",
                   "algorithm.batch_size: 4 differs from trajectory_pool.batch_size (8)",
                   "rollout_worker.trace_path: traces are written only with save_trace: true"]),
-    "remote trainer": ("trainer: {type: remote_api_grpo}\n", ["trainer.type: remote_api_grpo trains through a remote"]),
+    "remote trainer": ("trainer: {type: remote_api_grpo, custom_trainer_module_path: t.py:A, "
+                       "custom_trainer_class_name: B}\n",
+                       ["trainer.type: remote_api_grpo trains through a remote",
+                        "trainer.custom_trainer_class_name: the module path names a class already"]),
 }
 
 
