@@ -1,0 +1,127 @@
+"""One trained model of `streamrl serve-training`: the base model (full fine-tuning) or
+a LoRA adapter on it (peft), its AdamW state, and the API's operations on it.
+
+forward_backward accumulates gradients (the API's losses are sums, so chunks of one
+batch add up to the batch); optim_step applies them with the step's Adam parameters
+and clears them. States are safetensors (the trained weights) plus the optimizer;
+`export_for_sampler` writes a plain Hugging Face folder (a LoRA merged into the base), the
+shape every inference engine StreamRL drives loads.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from algos.service_losses import SERVICE_LOSSES
+from learner.checkpoint import write_folder
+from learner.service.wire import ForwardBackward
+
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+MLP = ["gate_proj", "up_proj", "down_proj"]
+
+
+def lora_targets(train_attn: bool, train_mlp: bool, train_unembed: bool) -> list[str]:
+    return (ATTENTION if train_attn else []) + (MLP if train_mlp else []) + (["lm_head"] if train_unembed else [])
+
+
+def untied(model):
+    """The model with its own copy of the output embeddings (config says so, as saved)."""
+    model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
+    model.config.tie_word_embeddings = False
+    if hasattr(model.config, "get_text_config"):
+        model.config.get_text_config().tie_word_embeddings = False
+    return model
+
+
+class TrainableModel:
+    def __init__(self, base_model: str, lora: dict | None, seed: int | None, device: torch.device):
+        self.base_model, self.lora, self.device = base_model, lora, device
+        torch.manual_seed(seed or 0)  # a LoRA's initialisation is reproducible from its seed
+        model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
+        self.tokenizer = AutoTokenizer.from_pretrained(base_model)
+        if lora and lora.get("train_unembed", True) and model.config.tie_word_embeddings:
+            model = untied(model)  # an adapter on lm_head must not change the input embeddings when merged
+        if lora:
+            from peft import LoraConfig, get_peft_model
+            targets = lora_targets(lora.get("train_attn", True), lora.get("train_mlp", True),
+                                   lora.get("train_unembed", True))
+            model = get_peft_model(model, LoraConfig(r=lora["rank"], lora_alpha=32, lora_dropout=0.0,
+                                                     target_modules=targets))
+        self.model = model.to(device)
+        self.params = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
+        self.optimizer = torch.optim.AdamW(self.params.values(), lr=1e-4)
+        self.optim_steps = 0
+
+    # --- the API's operations ------------------------------------------------------------------
+    def forward_backward(self, request: ForwardBackward) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
+        """Each datum's loss (a sum over its tokens) and, unless forward-only, its gradient
+        added to the accumulated ones. Outputs: per-token `logprobs` and `elementwise_loss`."""
+        loss_fn = SERVICE_LOSSES.get(request.loss_fn)
+        self.model.train()
+        outputs, total = [], 0.0
+        for datum in request.data:
+            tokens = torch.as_tensor(datum.tokens, device=self.device).unsqueeze(0)
+            targets = torch.as_tensor(datum.inputs["target_tokens"].astype(np.int64), device=self.device)
+            with torch.set_grad_enabled(not request.forward_only):
+                logits = self.model(input_ids=tokens, use_cache=False).logits[0]
+                target_logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+                inputs = {name: torch.as_tensor(value.astype(np.float32), device=self.device)
+                          for name, value in datum.inputs.items() if name != "target_tokens"}
+                token_loss = loss_fn(target_logprobs, inputs, request.loss_fn_config)
+                loss = token_loss.sum()
+                if not request.forward_only:
+                    loss.backward()
+            total += float(loss.detach())
+            outputs.append({"logprobs": target_logprobs.detach().cpu().numpy(),
+                            "elementwise_loss": token_loss.detach().cpu().numpy()})
+        return outputs, {"loss:sum": total}
+
+    def optim_step(self, adam: dict) -> dict[str, float]:
+        for group in self.optimizer.param_groups:
+            group.update(lr=adam.get("learning_rate", 1e-4), betas=(adam.get("beta1", 0.9), adam.get("beta2", 0.95)),
+                         eps=adam.get("eps", 1e-12), weight_decay=adam.get("weight_decay", 0.0))
+        grads = [p.grad for p in self.params.values() if p.grad is not None]
+        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+        if adam.get("grad_clip_norm", 0.0) > 0:
+            torch.nn.utils.clip_grad_norm_(list(self.params.values()), adam["grad_clip_norm"])
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optim_steps += 1
+        return {"grad_norm": norm, "optim_steps": float(self.optim_steps)}
+
+    # --- states ------------------------------------------------------------------------------------
+    def save_state(self, folder: Path, with_optimizer: bool = True) -> Path:
+        def fill(tmp: Path) -> None:
+            save_file({name: p.detach().cpu().contiguous() for name, p in self.params.items()}, tmp / "trained.safetensors")
+            torch.save({"optimizer": self.optimizer.state_dict() if with_optimizer else None,
+                        "optim_steps": self.optim_steps}, tmp / "optimizer.pt")
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        return write_folder(folder, fill)
+
+    def load_state(self, folder: Path, with_optimizer: bool) -> None:
+        saved = load_file(str(folder / "trained.safetensors"))
+        missing = set(self.params) ^ set(saved)
+        if missing:
+            raise ValueError(f"the state in {folder} does not fit this model (parameters differ: {sorted(missing)[:3]})")
+        with torch.no_grad():
+            for name, value in saved.items():
+                self.params[name].copy_(value.to(self.device))
+        extra = torch.load(folder / "optimizer.pt", weights_only=False)
+        if with_optimizer and extra["optimizer"] is not None:
+            self.optimizer.load_state_dict(extra["optimizer"])
+            self.optim_steps = extra["optim_steps"]
+
+    def export_for_sampler(self, folder: Path) -> Path:
+        """The weights as a Hugging Face folder (a LoRA merged), written atomically."""
+        def fill(tmp: Path) -> None:
+            model = copy.deepcopy(self.model).merge_and_unload() if self.lora else self.model
+            model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        return write_folder(folder, fill)
