@@ -51,6 +51,9 @@ def build_trainer(cls: type[Trainer], recipe, model, pad_id: int, ref_model=None
 
     parts = dict(model=model, pad_id=pad_id, trainer_config=recipe.trainer, algorithm_config=recipe.algorithm,
                  temperature=recipe.rollout_worker.temperature, ref_model=ref_model, placement=placement)
+    from learner.remote_trainers import RemoteApiTrainer
+    if issubclass(cls, RemoteApiTrainer):  # its model is the service's; it only prepares trajectories
+        return cls(OmegaConf.create(recipe.to_dict()))
     if issubclass(cls, SelfHostedTrainer):
         with trainer_runtime(**parts):
             return cls(OmegaConf.create(recipe.to_dict()))
@@ -289,12 +292,3 @@ class SelfHostedGrpoTrainer(SelfHostedTrainer):
         batch = self._compute_advantage(batch)
         metrics.update(self._compute_data_metrics(batch))
         return batch, metrics
-
-
-class RemoteApiTrainer(SelfHostedTrainer):
-    """The guide's remote-API trainer shape on StreamRL's own learner: override
-    `_prepare_trajectories(trajectories, metrics)` (trajectories read and written as
-    dicts or attributes: `traj.get("run_id")`, `traj.reward`, `traj.advantage = ...`)."""
-
-    def _prepare_batch(self, batch: Batch) -> tuple[Batch, dict]:
-        return batch, {}

@@ -33,12 +33,14 @@ from algos.lr_schedule import learning_rate_at
 from learner.batching import TrainItem
 from learner.checkpoint import directory_sha256, load_state, prune_weight_versions
 from learner.policy import Policy
+from learner.remote_policy import RemotePolicy
+from learner.remote_trainers import RemoteApiTrainer
 import learner.batch_trainers  # noqa: F401  (registers self_hosted_grpo)
 from learner.trainers import CUSTOM_TRAINER_TYPES, TRAINERS, Trainer
 from runtime.bus import EventPublisher, RunReader
 from runtime.config import Recipe
 from runtime.dataset import total_train_steps
-from runtime.plugins import load_class
+from runtime.plugins import LoadError, load_class
 from runtime.settings import Settings
 from schema.events import (
     GroupFiltered, RunEvent, Sample, TrainStep, WeightVersion, unpack_float32, unpack_int32, unpack_mask,
@@ -90,7 +92,11 @@ def trainer_class(recipe: Recipe) -> type[Trainer]:
         spec = cfg.custom_trainer_module_path or ""
         if cfg.custom_trainer_class_name:  # the guide's form: the file and the class apart
             spec = f"{spec}:{cfg.custom_trainer_class_name}"
-        return load_class(spec, ".", Trainer)
+        cls = load_class(spec, ".")
+        if not issubclass(cls, (Trainer, RemoteApiTrainer)):
+            raise LoadError(f"{spec!r}: {cls.__name__} is not a subclass of Trainer (a self-hosted trainer) or "
+                            "RemoteApiTrainer (trained through service.train_service)")
+        return cls
     return TRAINERS.get(cfg.type)
 
 
@@ -142,7 +148,10 @@ class Learner:
         self.replay = recipe.replay
         self.staleness_threshold = math.inf if self.replay else recipe.weight.staleness_threshold
         self.keep_weight_versions = recipe.weight.staleness_threshold + 3
-        self.policy = Policy(recipe, trainer_class(recipe), self.checkpoints)
+        cls = trainer_class(recipe)
+        # A remote trainer's model lives in the training service; the loop is the same.
+        self.policy = RemotePolicy(recipe, cls, self.checkpoints, run_id) if issubclass(cls, RemoteApiTrainer) else \
+            Policy(recipe, cls, self.checkpoints)
         self.publisher = EventPublisher(settings) if self.policy.is_main else None
         self.step = 0
         self.start_offsets: dict[TopicPartition, int] | None = None

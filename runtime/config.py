@@ -216,9 +216,37 @@ class InferenceService:
 
 
 @dataclass
+class TrainServiceConfig:
+    """The optimizer and loss of a remote training service (the guide's train_service.config;
+    its learning_rate is trainer.lr, so schedules apply)."""
+    loss_fn: Optional[str] = None  # importance_sampling | ppo | cispo | cross_entropy; default by trainer.type
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+
+
+@dataclass
+class TrainService:
+    """Where a remote_api_* trainer trains: a Tinker-compatible API (`streamrl serve-training`,
+    or Tinker itself). The self-hosted learner has no train_service."""
+    backend: Literal["none", "tinker"] = "none"
+    url: Optional[str] = None
+    base_model: Optional[str] = None  # the service's name for the model; default rollout_worker.model_path
+    request_timeout_s: float = 600.0  # a step's requests; the client retries a lost connection within it
+    config: TrainServiceConfig = field(default_factory=TrainServiceConfig)
+
+
+@dataclass
+class TinkerService:
+    lora_rank: int = 32  # 0: full fine-tuning (served by `streamrl serve-training`)
+    api_key: Optional[str] = None  # default: $TINKER_API_KEY
+
+
+@dataclass
 class Service:
     inference_service: InferenceService = field(default_factory=InferenceService)
-    train_service: dict[str, Any] = only({}, "the training-service mode is not available in this version")
+    train_service: TrainService = field(default_factory=TrainService)
+    tinker_service: TinkerService = field(default_factory=TinkerService)
 
 
 @dataclass

@@ -96,9 +96,17 @@ def train_service_problems(values: dict) -> list[str]:
     if not found or not isinstance(service, dict) or not service:
         return []
     backend = service.get("backend")
+    if backend == "tinker":  # a Tinker-compatible API: its learning_rate is trainer.lr (schedules apply)
+        problems: list[str] = []
+        config = service.get("config")
+        if isinstance(config, dict) and "learning_rate" in config:
+            _merge(values, "trainer.lr", config.pop("learning_rate"), "service.train_service.config.learning_rate",
+                   problems)
+        return problems
     if backend not in SELF_HOSTED_BACKENDS:
-        return [f"service.train_service.backend: {backend!r} is a remote training service, which this version "
-                f"does not drive; the self-hosted learner ({' | '.join(SELF_HOSTED_BACKENDS)}) is StreamRL's own"]
+        return [f"service.train_service.backend: {backend!r} is not supported: remote trainers speak the Tinker "
+                f"API (backend: tinker, e.g. `streamrl serve-training`); the self-hosted learner "
+                f"({' | '.join(SELF_HOSTED_BACKENDS)}) is StreamRL's own"]
     problems = [f"service.train_service.{key}: not used by the self-hosted learner (StreamRL's learner runs as "
                 "its own processes: streamrl learner / torchrun)" for key in sorted(set(service) - {"backend", "world_size"})]
     if "world_size" in service:

@@ -253,9 +253,7 @@ def consistency_problems(recipe: Recipe) -> list[str]:
     if recipe.trainer.type in ("custom", "self_hosted") and not recipe.trainer.custom_trainer_module_path:
         problems.append(f"trainer.custom_trainer_module_path: required when trainer.type is {recipe.trainer.type} "
                         "(the file of your trainer class)")
-    if recipe.trainer.type.startswith("remote_api"):
-        problems.append(f"trainer.type: {recipe.trainer.type} trains through a remote training service, which this "
-                        "version does not drive; self_hosted_grpo (or grpo) trains on StreamRL's own learner")
+    problems += remote_training_problems(recipe)
     if recipe.weight.staleness_threshold < 0:
         problems.append("weight.staleness_threshold: must be >= 0")
     if not 0.0 <= recipe.trainer.min_lr_ratio <= 1.0:
@@ -343,3 +341,36 @@ def prepare_recipe(path: str | Path, run_setup: bool = True, overrides: list[str
     if problems:
         raise RecipeError(path, problems)
     return resolve_paths(recipe, path.resolve().parent)
+
+
+REMOTE_TRAINER_TYPES = ("remote_api_grpo", "remote_api_cross_entropy")
+
+
+def remote_training_problems(recipe: Recipe) -> list[str]:
+    """A remote_api_* trainer trains through service.train_service (a Tinker-compatible API);
+    what only a local learner can do is refused with the reason."""
+    trainer, service = recipe.trainer, recipe.service.train_service
+    remote = trainer.type in REMOTE_TRAINER_TYPES
+    if not remote:
+        return [f"service.train_service.backend: {service.backend} is for trainer.type remote_api_grpo or "
+                f"remote_api_cross_entropy (the trainer is {trainer.type})"] if service.backend != "none" else []
+    problems = []
+    if service.backend != "tinker" or not service.url:
+        problems.append(f"trainer.type: {trainer.type} trains through a remote training service: set "
+                        "service.train_service.backend: tinker and service.train_service.url (e.g. a "
+                        "`streamrl serve-training`)")
+    why = "the model lives in the training service, not in this process"
+    for key, value in (("algorithm.use_kl_loss", recipe.algorithm.use_kl_loss),
+                       ("algorithm.use_kl_in_reward", recipe.algorithm.use_kl_in_reward),
+                       ("algorithm.do_old_log_prob_compute", recipe.algorithm.do_old_log_prob_compute)):
+        if value:
+            problems.append(f"{key}: not available with trainer.type {trainer.type} ({why})")
+    if trainer.nproc_per_node != 1 or trainer.nnodes != 1:
+        problems.append(f"trainer.nproc_per_node / nnodes: a {trainer.type} trainer is one client process; "
+                        "the service decides its own GPUs")
+    if service.config.loss_fn not in (None, "importance_sampling", "ppo", "cispo", "cross_entropy"):
+        problems.append(f"service.train_service.config.loss_fn: {service.config.loss_fn!r} is not one of "
+                        "importance_sampling, ppo, cispo, cross_entropy")
+    if recipe.service.tinker_service.lora_rank < 0:
+        problems.append("service.tinker_service.lora_rank: must be >= 0 (0: full fine-tuning)")
+    return problems

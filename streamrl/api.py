@@ -5,7 +5,8 @@ pointing its imports here (`from streamrl.api import BaseRolloutWorker, Trajecto
     nexrl.rollout_worker                 BaseRolloutWorker, BaseNexAURolloutWorker, Evaluator,
                                          BaseEvaluationTarget, NexAUEvaluationTarget, EvaluationRunResult
     nexrl.nexrl_types                    Trajectory, Batch
-    nexrl.trainer                        SelfHostedTrainer, SelfHostedGrpoTrainer, RemoteApiTrainer
+    nexrl.trainer                        SelfHostedTrainer, SelfHostedGrpoTrainer, RemoteApiTrainer,
+                                         RemoteApiGrpoTrainer, RemoteApiCrossEntropyTrainer
     nexrl.algorithm.core_algos           compute_grpo_advantage_for_trajectories
     nexrl.utils.torch_functional         padding_data, compute_position_id_with_mask
     nexrl.utils.logging_utils            log_rollout_metrics, log_grpo_metrics
@@ -13,8 +14,11 @@ pointing its imports here (`from streamrl.api import BaseRolloutWorker, Trajecto
 """
 
 from learner.batch_trainers import (  # noqa: F401
-    Batch, RemoteApiTrainer, SelfHostedGrpoTrainer, SelfHostedTrainer, compute_position_id_with_mask,
-    log_grpo_metrics, log_rollout_metrics, padding_data,
+    Batch, SelfHostedGrpoTrainer, SelfHostedTrainer, compute_position_id_with_mask, log_grpo_metrics,
+    log_rollout_metrics, padding_data,
+)
+from learner.remote_trainers import (  # noqa: F401
+    RemoteApiCrossEntropyTrainer, RemoteApiGrpoTrainer, RemoteApiTrainer,
 )
 from learner.trainers import compute_grpo_advantage_for_trajectories  # noqa: F401
 from producers.agent_facade import InMemoryTracer  # noqa: F401

@@ -14,6 +14,7 @@ import algos.kl  # noqa: F401
 import algos.losses  # noqa: F401
 import algos.lr_schedule  # noqa: F401
 import learner.batch_trainers  # noqa: F401
+import learner.remote_trainers  # noqa: F401
 import learner.trainers  # noqa: F401
 import producers.inference  # noqa: F401
 import producers.worker_loop  # noqa: F401

@@ -151,7 +151,9 @@ def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, ru
     # The other processes read the run's resolved config from its `created` event.
     local.spawn("sink", ["sink", "--run", run_id])
     local.spawn("processor", ["processor", run_id])
-    learner = local.spawn("learner", ["learner", run_id] + (["--reset-offsets"] if reset_offsets else []),
+    # training-service mode (a remote_api_* trainer): the same loop, holding no model
+    role = "remote-trainer" if recipe.service.train_service.backend != "none" else "learner"
+    learner = local.spawn(role, ["learner", run_id] + (["--reset-offsets"] if reset_offsets else []),
                           may_finish=True)
     for i in range(workers):
         local.spawn(f"worker-{i}", ["worker", run_id, "--shard", f"{i}/{workers}"])

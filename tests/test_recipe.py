@@ -148,7 +148,11 @@ def test_choices_come_from_literals_and_registries_and_guide_keys_are_never_igno
     problems = "\n".join(info.value.problems)
     assert "weight.sync_mode: expected one of sync, batch-async, fully-async, got 'async'" in problems
     # accepted and ignored would be worse
-    assert "service.train_service.backend: 'tinker' is a remote training service, which this version does not drive" in problems
+    # a training service for a self-hosted trainer would train nothing there
+    from runtime.recipe import consistency_problems
+    recipe = load_recipe(write(recipe_tree / "service.yaml", "service: {train_service: {backend: tinker, url: 'http://x'}}"))
+    assert ("service.train_service.backend: tinker is for trainer.type remote_api_grpo or remote_api_cross_entropy "
+            "(the trainer is grpo)") in consistency_problems(recipe)
     # registry keys are checked against what is registered (the CLI imports the components);
     # a key the chosen inference backend would not read is refused
     result = run_cli("recipe", "validate", str(write(recipe_tree / "registries.yaml", """

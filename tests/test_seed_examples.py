@@ -221,13 +221,13 @@ def test_guide_spellings_move_and_refused_keys_say_why(tmp_path, monkeypatch):
     assert (recipe.trainer.lr, recipe.data.seed) == (1e-4, 3)
     refused = tmp_path / "refused.yaml"
     refused.write_text("resource: {inference: {gpu_count: 2}}\nlaunch_mode: kubernetes\n"
-                       "service: {train_service: {backend: tinker}}\ntrainer: {type: remote_api_grpo}\n")
+                       "service: {train_service: {backend: weaver}}\ntrainer: {type: remote_api_grpo}\n")
     result = run_cli("recipe", "validate", str(refused))
     err = " ".join(result.stderr.split())
     assert result.returncode == 2
     assert "resource: not supported (StreamRL does not schedule Kubernetes pods" in err
     assert "launch_mode: not supported" in err and "only 'local'" in err
-    assert "service.train_service.backend: 'tinker' is a remote training service" in err
+    assert "service.train_service.backend: 'weaver' is not supported: remote trainers speak the Tinker API" in err
 
 
 # Recipes that contradict themselves, by the stage that finds it: the keys' own checks,
@@ -245,7 +245,8 @@ CONTRADICTIONS = {
                   "rollout_worker.trace_path: traces are written only with save_trace: true"]),
     "remote trainer": ("trainer: {type: remote_api_grpo, custom_trainer_module_path: t.py:A, "
                        "custom_trainer_class_name: B}\n",
-                       ["trainer.type: remote_api_grpo trains through a remote",
+                       ["trainer.type: remote_api_grpo trains through a remote training service: set "
+                        "service.train_service.backend: tinker and service.train_service.url",
                         "trainer.custom_trainer_class_name: the module path names a class already"]),
 }
 

@@ -64,7 +64,7 @@ def build_app(store: ServiceStore, executor: Executor) -> FastAPI:
         return row
 
     def future(request_id: str, model_id: str | None = None, **extra) -> dict:
-        executor.wake.set()
+        executor.notify()
         return {"request_id": request_id, "model_id": model_id, **extra}
 
     @app.exception_handler(WireError)
@@ -120,7 +120,8 @@ def build_app(store: ServiceStore, executor: Executor) -> FastAPI:
             raise HTTPException(400, f"base_model: {body.base_model!r} is not served here; served: "
                                      f"{', '.join(executor.base_models)}")
         model_id = f"{body.session_id}:train:{body.model_seq_id}"
-        lora = body.lora_config.model_dump() if body.lora_config else None
+        # rank 0: full fine-tuning (the official client always sends a LoraConfig)
+        lora = body.lora_config.model_dump() if body.lora_config and body.lora_config.rank > 0 else None
         store.add_model(model_id=model_id, session_id=body.session_id, base_model=body.base_model, lora=lora,
                         lora_rank=lora["rank"] if lora else None, seed=lora.get("seed") if lora else None)
         store.accept(model_id + ":0", "create_model", body.model_dump_json().encode(), model_id, 0)

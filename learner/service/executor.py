@@ -41,7 +41,7 @@ class Executor:
         self.models: dict[str, TrainableModel] = {}
         self.next_seq: dict[str, int] = {}
         self.sampler = Sampler(device)
-        self.wake, self.stop = threading.Event(), threading.Event()
+        self.wake, self.sample_wake, self.stop = threading.Event(), threading.Event(), threading.Event()
         self.finished = threading.Condition()
         self.finished_ids: set[str] = set()
         self.threads: list[threading.Thread] = []
@@ -69,7 +69,12 @@ class Executor:
 
     def track(self, model_id: str) -> None:
         self.next_seq.setdefault(model_id, 0)
+        self.notify()
+
+    def notify(self) -> None:
+        """A request was accepted: both loops look for work now rather than at their next tick."""
         self.wake.set()
+        self.sample_wake.set()
 
     def build(self, row: dict) -> TrainableModel:
         return TrainableModel(self.base_models[row["base_model"]], row["lora"], row["seed"], self.device)
@@ -95,7 +100,8 @@ class Executor:
 
     def sampling_loop(self) -> None:
         while not self.stop.is_set():
-            self.wake.wait(0.05)
+            self.sample_wake.wait(0.05)
+            self.sample_wake.clear()
             for row in self.store.pending(("sample",)):
                 self.run(row)
 

@@ -22,6 +22,7 @@ from algos.service_losses import SERVICE_LOSSES
 from learner.checkpoint import write_folder
 from learner.service.wire import ForwardBackward
 
+MICRO_BATCH_TOKENS = 16384  # padded tokens per forward pass
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 MLP = ["gate_proj", "up_proj", "down_proj"]
 
@@ -61,25 +62,40 @@ class TrainableModel:
     # --- the API's operations ------------------------------------------------------------------
     def forward_backward(self, request: ForwardBackward) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
         """Each datum's loss (a sum over its tokens) and, unless forward-only, its gradient
-        added to the accumulated ones. Outputs: per-token `logprobs` and `elementwise_loss`."""
+        added to the accumulated ones; datums run right-padded in micro-batches of at most
+        `MICRO_BATCH_TOKENS` padded tokens. Outputs: per-token `logprobs` and `elementwise_loss`."""
         loss_fn = SERVICE_LOSSES.get(request.loss_fn)
         self.model.train()
-        outputs, total = [], 0.0
-        for datum in request.data:
-            tokens = torch.as_tensor(datum.tokens, device=self.device).unsqueeze(0)
-            targets = torch.as_tensor(datum.inputs["target_tokens"].astype(np.int64), device=self.device)
+        outputs: list[dict[str, np.ndarray]] = [{} for _ in request.data]
+        total = 0.0
+        order = sorted(range(len(request.data)), key=lambda i: len(request.data[i].tokens))
+        for group in _micro_batches(order, [len(d.tokens) for d in request.data]):
+            width = max(len(request.data[i].tokens) for i in group)
+            tokens = torch.zeros(len(group), width, dtype=torch.long)
+            attention = torch.zeros(len(group), width, dtype=torch.long)
+            targets = torch.zeros(len(group), width, dtype=torch.long)
+            for row, i in enumerate(group):
+                n = len(request.data[i].tokens)
+                tokens[row, :n] = torch.as_tensor(request.data[i].tokens)
+                targets[row, :n] = torch.as_tensor(request.data[i].inputs["target_tokens"].astype(np.int64))
+                attention[row, :n] = 1
             with torch.set_grad_enabled(not request.forward_only):
-                logits = self.model(input_ids=tokens, use_cache=False).logits[0]
-                target_logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-                inputs = {name: torch.as_tensor(value.astype(np.float32), device=self.device)
-                          for name, value in datum.inputs.items() if name != "target_tokens"}
-                token_loss = loss_fn(target_logprobs, inputs, request.loss_fn_config)
-                loss = token_loss.sum()
+                logits = self.model(input_ids=tokens.to(self.device), attention_mask=attention.to(self.device),
+                                    use_cache=False).logits
+                logprobs = torch.log_softmax(logits.float(), -1).gather(-1, targets.to(self.device)[..., None])[..., 0]
+                losses = []
+                for row, i in enumerate(group):
+                    datum, n = request.data[i], len(request.data[i].tokens)
+                    inputs = {name: torch.as_tensor(value.astype(np.float32), device=self.device)
+                              for name, value in datum.inputs.items() if name != "target_tokens"}
+                    token_loss = loss_fn(logprobs[row, :n], inputs, request.loss_fn_config)
+                    losses.append(token_loss.sum())
+                    outputs[i] = {"logprobs": logprobs[row, :n].detach().cpu().numpy(),
+                                  "elementwise_loss": token_loss.detach().cpu().numpy()}
+                loss = torch.stack(losses).sum()
                 if not request.forward_only:
                     loss.backward()
             total += float(loss.detach())
-            outputs.append({"logprobs": target_logprobs.detach().cpu().numpy(),
-                            "elementwise_loss": token_loss.detach().cpu().numpy()})
         return outputs, {"loss:sum": total}
 
     def optim_step(self, adam: dict) -> dict[str, float]:
@@ -116,6 +132,8 @@ class TrainableModel:
         if with_optimizer and extra["optimizer"] is not None:
             self.optimizer.load_state_dict(extra["optimizer"])
             self.optim_steps = extra["optim_steps"]
+        else:  # the weights alone: the optimizer starts afresh (its moments belonged to other weights)
+            self.optimizer = torch.optim.AdamW(self.params.values(), lr=1e-4)
 
     def export_for_sampler(self, folder: Path) -> Path:
         """The weights as a Hugging Face folder (a LoRA merged), written atomically."""
@@ -125,3 +143,13 @@ class TrainableModel:
             self.tokenizer.save_pretrained(tmp)
         folder.parent.mkdir(parents=True, exist_ok=True)
         return write_folder(folder, fill)
+
+
+def _micro_batches(order: list[int], lengths: list[int]) -> list[list[int]]:
+    """Datums (shortest first) in groups whose padded size stays within the budget."""
+    groups: list[list[int]] = [[]]
+    for i in order:
+        if groups[-1] and (len(groups[-1]) + 1) * lengths[i] > MICRO_BATCH_TOKENS:
+            groups.append([])
+        groups[-1].append(i)
+    return groups

@@ -71,6 +71,10 @@ def run_recipe(
     inference_url: InferenceUrl = None,
     max_restarts: MaxRestarts = 5,
     restart_window: RestartWindow = 600.0,
+    mode: Annotated[Optional[str], typer.Option("--mode", "-m", help="self-hosted (StreamRL's learner trains the "
+                                                "model here) or training-service (trainer.type remote_api_*: "
+                                                "no model here, steps go to service.train_service). Default: "
+                                                "what the recipe's trainer.type implies.")] = None,
 ) -> None:
     """Train a recipe end to end on this machine: start the services if needed, then the
     ledger sink, stream processor, learner, rollout workers and publisher as processes,
@@ -83,6 +87,8 @@ def run_recipe(
     if (file is None) == (resume is None):
         raise UsageError("give a recipe FILE or --resume RUN, not both or neither")
     recipe = with_url(prepared_recipe(file, overrides), inference_url) if file else None
+    if recipe is not None:
+        check_mode(mode, recipe)
     if resume and inference_url:
         raise UsageError("--inference-url: a resumed run keeps its recorded servers; give it to "
                          "`streamrl worker RUN --inference-url` instead")
@@ -96,6 +102,7 @@ def run_recipe(
             raise UsageError(str(exc)) from None
         run, recipe = resume, resumed.recipe
         console.print(resumed.describe(run), highlight=False)
+        check_mode(mode, recipe)
     run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
     try:
         run_locally(current, file, recipe, run, workers or recipe.rollout_worker.num_workers, out, console,
@@ -104,6 +111,23 @@ def run_recipe(
                     overrides=overrides)
     except RunFailed as exc:
         raise CommandFailed(str(exc), "run failed") from None
+
+
+MODES = ("self-hosted", "training-service")
+
+
+def check_mode(mode: str | None, recipe) -> None:
+    """The guide's launch modes: the recipe's trainer must be the mode's kind."""
+    from runtime.recipe import REMOTE_TRAINER_TYPES
+
+    if mode is None:
+        return
+    if mode not in MODES:
+        raise UsageError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
+    remote = recipe.trainer.type in REMOTE_TRAINER_TYPES
+    if remote != (mode == "training-service"):
+        raise UsageError(f"--mode {mode}: trainer.type is {recipe.trainer.type}; training-service needs "
+                         f"{' or '.join(REMOTE_TRAINER_TYPES)} (with service.train_service), self-hosted any other")
 
 
 def publish(

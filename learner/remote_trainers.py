@@ -1,0 +1,92 @@
+"""The guide's remote-API trainers: a step's trajectories become the Tinker API's datums
+and train on a remote training service (`streamrl serve-training`, or Tinker itself).
+
+    RemoteApiTrainer               override `_prepare_trajectories(trajectories, metrics)`
+    RemoteApiGrpoTrainer           trainer.type remote_api_grpo: GRPO advantages by run_id
+    RemoteApiCrossEntropyTrainer   trainer.type remote_api_cross_entropy: supervised
+
+A datum is one sequence shifted by one (the API's layout: input t predicts target t):
+`target_tokens`, the sampler's `logprobs`, per-token `advantages` (0 on the prompt) and
+`weights` (the loss mask). The API's losses are sums over tokens; each datum's
+advantages (or weights) are scaled by `algorithm.loss_agg_mode`'s divisor, so the
+remote step optimises the same objective the self-hosted learner does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from learner.batch_trainers import log_grpo_metrics, log_rollout_metrics
+from learner.batching import TrainItem
+from learner.trainers import compute_grpo_advantage_for_trajectories, register_trainer
+
+
+class RemoteApiTrainer:
+    """Built as `cls(config)` with the whole recipe (OmegaConf); trains through the service."""
+
+    name = "remote_api"
+    loss_fn = "importance_sampling"  # the default of service.train_service.config.loss_fn
+
+    def __init__(self, config):
+        self._config = config
+        self.algorithm = config.algorithm
+
+    def _prepare_trajectories(self, trajectories: list[TrainItem], metrics: dict) -> list[TrainItem]:
+        raise NotImplementedError(f"{type(self).__name__}._prepare_trajectories(trajectories, metrics)")
+
+    def prepare(self, items: list[TrainItem]) -> tuple[list[TrainItem], dict[str, float]]:
+        metrics: dict[str, float] = {}
+        log_rollout_metrics(items, metrics)
+        items = self._prepare_trajectories(list(items), metrics)
+        if not items:
+            raise ValueError("_prepare_trajectories left no trajectories to train on")
+        return items, {key: float(value) for key, value in metrics.items()}
+
+
+class RemoteApiGrpoTrainer(RemoteApiTrainer):
+    name = "remote_api_grpo"
+
+    def _prepare_trajectories(self, trajectories, metrics):
+        trajectories = compute_grpo_advantage_for_trajectories(trajectories, use_run_ids=True,
+                                                               estimator=self.algorithm.get("type") or "grpo")
+        log_grpo_metrics(trajectories, metrics)
+        return trajectories
+
+
+class RemoteApiCrossEntropyTrainer(RemoteApiTrainer):
+    name = "remote_api_cross_entropy"
+    loss_fn = "cross_entropy"
+
+    def _prepare_trajectories(self, trajectories, metrics):
+        return trajectories
+
+
+for _cls in (RemoteApiGrpoTrainer, RemoteApiCrossEntropyTrainer):
+    register_trainer(_cls.name)(_cls)
+
+
+def aggregation_scales(masks: list[np.ndarray], mode: str) -> list[float]:
+    """Per datum, what its summed loss is multiplied by so that the sum over datums is the
+    recipe's aggregation (token-mean: / all trained tokens; seq-mean-token-sum: / sequences;
+    seq-mean-token-mean: / (sequences x the sequence's tokens))."""
+    tokens = [max(float(mask.sum()), 1.0) for mask in masks]
+    if mode == "token-mean":
+        return [1.0 / sum(tokens)] * len(masks)
+    if mode == "seq-mean-token-sum":
+        return [1.0 / len(masks)] * len(masks)
+    if mode == "seq-mean-token-mean":
+        return [1.0 / (len(masks) * n) for n in tokens]
+    raise ValueError(f"algorithm.loss_agg_mode: {mode!r} has no remote form")
+
+
+def datum_arrays(item: TrainItem, loss_fn: str, scale: float) -> dict[str, np.ndarray]:
+    """One sample as the API's arrays (input, targets and loss inputs, all length T - 1)."""
+    mask = item.mask[1:].astype(np.float32)
+    arrays = {"model_input": item.tokens[:-1].astype(np.int64), "target_tokens": item.tokens[1:].astype(np.int64)}
+    if loss_fn == "cross_entropy":
+        arrays["weights"] = mask * scale
+        return arrays
+    advantages = item.token_advantages[1:] if item.token_advantages is not None else np.full(len(mask), item.advantage)
+    arrays["logprobs"] = item.behaviour_logprobs[1:].astype(np.float32)
+    arrays["advantages"] = (advantages * mask * scale).astype(np.float32)
+    return arrays
