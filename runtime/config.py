@@ -23,19 +23,11 @@ import enum
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
 
-def path_field(default=None, **kwargs):
-    """A field naming a file or folder that must exist (relative to the recipe's folder)."""
-    return field(default=default, metadata={"path": True}, **kwargs)
-
-
-def only(default, why: str):
-    """A guide key that StreamRL implements for one value: `default`; another is refused."""
-    factory = (lambda: type(default)(default)) if isinstance(default, (list, dict)) else None
-    metadata = {"only": why}
-    return field(default_factory=factory, metadata=metadata) if factory else field(default=default, metadata=metadata)
+from runtime.config_fields import only, path_field  # noqa: F401  (recipe plugins import them from here)
+from runtime.service_config import Service
 
 
 @dataclass
@@ -193,60 +185,6 @@ class Validate:
     temperature: float = 0.0  # 0 = greedy
     data: Data = field(default_factory=Data)
     eval: ValidateEval = field(default_factory=ValidateEval)
-
-
-@dataclass
-class InferenceService:
-    """Where rollouts are sampled (`runtime/recipe.py` checks which keys each backend reads)."""
-    backend: str = "embedded"  # a registered inference backend: embedded | sglang | openai
-    url: Optional[Union[str, list[str]]] = None  # external server(s); sglang without one: managed servers
-    num_servers: int = 1  # managed sglang servers per rollout worker
-    server_args: dict[str, Any] = field(default_factory=dict)  # managed sglang: launch flags (mem-fraction-static: 0.8)
-    partial_rollout: Optional[Literal["resume", "redo"]] = None  # fully-async: requests a weight update interrupts
-    startup_timeout_s: float = 300.0
-    request_timeout_s: float = 600.0
-    weight_sync_timeout_s: float = 300.0
-    model_tag: str = "policy"  # openai: the served model's name ("policy": the server's first model)
-    api_key: Optional[str] = None
-    max_retries: int = 3  # an unreachable server: tries with exponential backoff; managed: restarts
-    freeze_for_weight_sync: bool = only(True, "requests wait (or are aborted) while weights load")
-    max_batch_size: int = 64  # embedded: completions per batch; a server: requests in flight
-    allow_text_round_trip: bool = False  # openai: train on ids re-tokenized from text (no token ids returned)
-    allow_unsynced_weights: bool = False  # openai: train although the server never loads the learner's weights
-
-
-@dataclass
-class TrainServiceConfig:
-    """The optimizer and loss of a remote training service (the guide's train_service.config;
-    its learning_rate is trainer.lr, so schedules apply)."""
-    loss_fn: Optional[str] = None  # importance_sampling | ppo | cispo | cross_entropy; default by trainer.type
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-
-
-@dataclass
-class TrainService:
-    """Where a remote_api_* trainer trains: a Tinker-compatible API (`streamrl serve-training`,
-    or Tinker itself). The self-hosted learner has no train_service."""
-    backend: Literal["none", "tinker"] = "none"
-    url: Optional[str] = None
-    base_model: Optional[str] = None  # the service's name for the model; default rollout_worker.model_path
-    request_timeout_s: float = 600.0  # a step's requests; the client retries a lost connection within it
-    config: TrainServiceConfig = field(default_factory=TrainServiceConfig)
-
-
-@dataclass
-class TinkerService:
-    lora_rank: int = 32  # 0: full fine-tuning (served by `streamrl serve-training`)
-    api_key: Optional[str] = None  # default: $TINKER_API_KEY
-
-
-@dataclass
-class Service:
-    inference_service: InferenceService = field(default_factory=InferenceService)
-    train_service: TrainService = field(default_factory=TrainService)
-    tinker_service: TinkerService = field(default_factory=TinkerService)
 
 
 @dataclass
