@@ -38,13 +38,16 @@ from runtime.outage import ServiceLost
 log = logging.getLogger("streamrl.remote")
 
 
-def service_lost(url: str, what: str, error: BaseException) -> ServiceLost:
+RESUME = "then `streamrl run --resume RUN`"
+
+
+def service_lost(url: str, what: str, error: BaseException, then: str = RESUME) -> ServiceLost:
     detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return ServiceLost(f"the training service at {url} {what} ({detail}): start it again "
-                       "(`streamrl serve-training`), then `streamrl run --resume RUN`.")
+    return ServiceLost(f"the training service at {url} {what} ({detail}): start it (`streamrl serve-training`), "
+                       f"{then}.")
 
 
-def wait_until_healthy(url: str, api_key: str | None, tries: int = 5) -> None:
+def wait_until_healthy(url: str, api_key: str | None, tries: int = 5, then: str = RESUME) -> None:
     """The service answers /healthz and accepts the key, or one sentence says which not."""
     delay = 0.5
     for attempt in range(tries):
@@ -59,7 +62,7 @@ def wait_until_healthy(url: str, api_key: str | None, tries: int = 5) -> None:
             return
         except httpx.HTTPError as error:
             if attempt == tries - 1:
-                raise service_lost(url, f"did not answer after {tries} tries", error) from None
+                raise service_lost(url, f"did not answer after {tries} tries", error, then) from None
             time.sleep(delay)
             delay *= 2
 

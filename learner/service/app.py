@@ -24,7 +24,7 @@ from tinker import types
 
 from learner.service.executor import Executor
 from learner.service.store import ServiceStore
-from learner.service.wire import PROTO_CONTENT_TYPE, WireError, decode_forward_backward
+from learner.service.wire import PROTO_CONTENT_TYPE, WireError, decode_forward_backward, plain_body
 
 LONG_POLL_S = 10.0
 KEY_RECHECK_S = 5.0
@@ -161,10 +161,9 @@ def build_app(store: ServiceStore, executor: Executor) -> FastAPI:
     # --- training -------------------------------------------------------------------------------------
     @app.post("/api/v1/forward_backward")
     async def forward_backward(request: Request, key_id: str = Depends(caller)):
-        body = await request.body()
-        decoded = decode_forward_backward(body, request.headers.get("content-encoding"))
+        plain = plain_body(await request.body(), request.headers.get("content-encoding"))
+        decoded = decode_forward_backward(plain)
         own_model(decoded.model_id, key_id)
-        plain = body if request.headers.get("content-encoding") != "zstd" else _decompress(body)
         request_id = f"{decoded.model_id}:{decoded.seq_id}"
         store.accept(request_id, "forward_backward", plain, decoded.model_id, decoded.seq_id)
         return future(request_id, decoded.model_id)
@@ -226,6 +225,13 @@ def build_app(store: ServiceStore, executor: Executor) -> FastAPI:
     @app.post("/api/v1/asample")
     async def asample(request: Request, key_id: str = Depends(caller)):
         body = parse(types.SampleRequest, await request.body())
+        unserved = [name for name in ("topk_prompt_logprobs", "topk_sample_logprobs", "target_prompt_logprobs",
+                                      "prompt_alt_tokens_k", "prompt_logprobs_last_n", "record_stability_info")
+                    if getattr(body, name) not in (None, 0, False)]
+        if unserved:
+            raise HTTPException(400, f"SampleRequest.{unserved[0]}: not served by streamrl serve-training")
+        if any(getattr(chunk, "type", None) != "encoded_text" for chunk in body.prompt.chunks):
+            raise HTTPException(400, "SampleRequest.prompt: only text (token) chunks are served")
         if body.sampling_session_id:
             folder = json.loads(sampling_session(body.sampling_session_id)["payload"])["folder"]
         else:
@@ -242,6 +248,8 @@ def build_app(store: ServiceStore, executor: Executor) -> FastAPI:
         row = store.request(body.request_id)
         if row is None:
             raise HTTPException(404, f"request_id: no request {body.request_id!r} on this service")
+        if row["model_id"]:
+            own_model(row["model_id"], key_id)
         if row["status"] == "pending":
             import anyio
             await anyio.to_thread.run_sync(executor.wait, body.request_id, LONG_POLL_S)
@@ -270,7 +278,3 @@ def build_app(store: ServiceStore, executor: Executor) -> FastAPI:
 
     return app
 
-
-def _decompress(body: bytes) -> bytes:
-    import zstandard
-    return zstandard.ZstdDecompressor().decompress(body, max_output_size=1 << 31)

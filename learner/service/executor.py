@@ -148,7 +148,7 @@ class Executor:
         return json.dumps({"path": payload["path"], "model_id": model_id, "type": "load_weights"}).encode(), "json", None
 
     def do_forward_backward(self, row: dict):
-        request = decode_forward_backward(row["payload"], None)
+        request = decode_forward_backward(row["payload"])
         outputs, metrics = self._model(row["model_id"]).forward_backward(request)
         return encode_forward_backward_output(outputs, metrics), "proto", None
 

@@ -52,9 +52,14 @@ def _tensor(msg: pb.Tensor, where: str) -> np.ndarray:
     return array
 
 
-def decode_forward_backward(body: bytes, content_encoding: str | None) -> ForwardBackward:
+def plain_body(body: bytes, content_encoding: str | None) -> bytes:
+    """The request body, decompressed when the client compressed it (zstd)."""
     if content_encoding == "zstd":
-        body = zstandard.ZstdDecompressor().decompress(body, max_output_size=1 << 31)
+        return zstandard.ZstdDecompressor().decompress(body, max_output_size=1 << 31)
+    return body
+
+
+def decode_forward_backward(body: bytes) -> ForwardBackward:
     msg = pb.ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)
@@ -68,6 +73,8 @@ def decode_forward_backward(body: bytes, content_encoding: str | None) -> Forwar
         raise WireError("data: a forward_backward needs at least one datum")
     data = []
     for i, datum in enumerate(msg.data):
+        if len(datum.model_input_spans) or len(datum.loss_fn_input_spans):
+            raise WireError(f"data[{i}]: provenance spans (stable_reinforce) are not served")
         parts = []
         for chunk in datum.model_input:
             if chunk.WhichOneof("chunk") != "encoded_text":

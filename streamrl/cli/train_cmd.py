@@ -89,6 +89,7 @@ def run_recipe(
     recipe = with_url(prepared_recipe(file, overrides), inference_url) if file else None
     if recipe is not None:
         check_mode(mode, recipe)
+        check_training_service(recipe)
     if resume and inference_url:
         raise UsageError("--inference-url: a resumed run keeps its recorded servers; give it to "
                          "`streamrl worker RUN --inference-url` instead")
@@ -128,6 +129,18 @@ def check_mode(mode: str | None, recipe) -> None:
     if remote != (mode == "training-service"):
         raise UsageError(f"--mode {mode}: trainer.type is {recipe.trainer.type}; training-service needs "
                          f"{' or '.join(REMOTE_TRAINER_TYPES)} (with service.train_service), self-hosted any other")
+
+
+def check_training_service(recipe) -> None:
+    """A remote trainer's service answers and takes the key before any process starts
+    (otherwise one sentence says which not)."""
+    import os
+
+    service = recipe.service.train_service
+    if service.backend == "tinker" and service.url:
+        from learner.remote_policy import wait_until_healthy
+        wait_until_healthy(service.url.rstrip("/"), recipe.service.tinker_service.api_key or
+                           os.environ.get("TINKER_API_KEY"), then="then run this command again")
 
 
 def publish(
