@@ -170,10 +170,17 @@ def test_requests_without_a_valid_key_or_with_a_bad_datum_are_refused_and_change
                          json={"session_id": "nope", "model_seq_id": 0, "base_model": "tiny"})
     assert unknown.status_code == 404 and "session_id" in unknown.text
     assert scalar(ledger, "select count(*) from service_requests where model_id = %s", trainer.model_id) == requests
-    # the client refuses further requests after a failed one; a new client on the same
-    # model's state sees the weights unchanged
-    state = client.create_lora_training_client(base_model="tiny", rank=4).result()
-    assert state.forward([good], "cross_entropy").result().metrics["loss:sum"] == pytest.approx(loss, rel=1e-6)
+    # a run whose training service is down stops before it starts, with one sentence
+    result = run_cli("run", RECIPE, "--mode", "training-service", "trainer.type=remote_api_grpo",
+                     "service.train_service.backend=tinker", "service.train_service.url=http://127.0.0.1:9",
+                     f"service.tinker_service.api_key={api_key}")
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "the training service at http://127.0.0.1:9 did not answer after 3 tries" in said
+    # (the official client refuses further requests once one failed:) a new training client
+    # on the same base model and seed computes the same loss as before the bad request
+    fresh = client.create_lora_training_client(base_model="tiny", rank=4).result()
+    assert fresh.forward([good], "cross_entropy").result().metrics["loss:sum"] == pytest.approx(loss, rel=1e-6)
 
 
 STEPS = 16

@@ -140,7 +140,7 @@ def check_training_service(recipe) -> None:
     if service.backend == "tinker" and service.url:
         from learner.remote_policy import wait_until_healthy
         wait_until_healthy(service.url.rstrip("/"), recipe.service.tinker_service.api_key or
-                           os.environ.get("TINKER_API_KEY"), then="then run this command again")
+                           os.environ.get("TINKER_API_KEY"), tries=3, then="then run this command again")
 
 
 def publish(
