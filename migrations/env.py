@@ -1,9 +1,13 @@
-"""Alembic environment: the ledger's tables are `schema.ledger.metadata`."""
+"""Alembic environment: the ledger's tables are `schema.ledger.metadata`, the training
+service's `schema.service.service_metadata`."""
 
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from schema.ledger import metadata
+from schema.ledger import metadata as ledger_metadata
+from schema.service import service_metadata
+
+metadata = [ledger_metadata, service_metadata]
 
 config = context.config
 
