@@ -62,6 +62,7 @@ bench: $(BENCH_STAMP)
 	$(MAKE) --no-print-directory sglang-env
 	$(PY) bench/inference_bench.py
 	$(PY) bench/step_cpu.py
+	$(PY) bench/remote_step.py
 	$(PY) bench/time_to_accuracy.py
 	STREAMRL_HOME=bench/out/home $(VENV)/bin/streamrl down
 
