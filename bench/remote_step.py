@@ -30,7 +30,7 @@ import torch
 from common import OUT, bench_settings
 
 from learner.batching import TrainItem
-from learner.remote_trainers import aggregation_scales, datum_arrays
+from learner.remote_trainers import service_datums
 from learner.trainers import GRPOTrainer
 from runtime.config import Recipe
 from runtime.tiny_lm import build_tiny_model
@@ -82,16 +82,10 @@ def service_steps(model_dir: Path, items: list[TrainItem], rounds: int, device: 
                 time.sleep(0.2)
         client = tinker.ServiceClient(base_url=url, api_key=key)
         trainer = client.create_lora_training_client(base_model="bench", rank=0).result()
-        scales = aggregation_scales([i.mask[1:] for i in items], "token-mean")
         times = []
         for _ in range(rounds + 1):
             started = time.perf_counter()
-            data = []
-            for item, scale in zip(items, scales):
-                arrays = datum_arrays(item, "ppo", scale)
-                model_input = types.ModelInput.from_ints(arrays.pop("model_input").tolist())
-                data.append(types.Datum(model_input=model_input, loss_fn_inputs={
-                    k: types.TensorData.from_numpy(v) for k, v in arrays.items()}))
+            data = service_datums(items, "ppo", "token-mean")
             backward = trainer.forward_backward(data, "ppo", {"clip_low_threshold": 0.8, "clip_high_threshold": 1.28})
             step = trainer.optim_step(types.AdamParams(learning_rate=1e-4, grad_clip_norm=1.0))
             backward.result()

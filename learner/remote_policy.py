@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import tarfile
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ from omegaconf import OmegaConf
 from learner.batching import TrainItem
 from learner.checkpoint import latest_checkpoint, load_state, save_checkpoint, write_folder
 from learner.parallel import Placement
-from learner.remote_trainers import RemoteApiTrainer, aggregation_scales, datum_arrays
+from learner.remote_trainers import RemoteApiTrainer, service_datums
 from learner.trainers import StepResult
 from runtime.config import Recipe
 from runtime.outage import ServiceLost
@@ -74,14 +75,14 @@ class RemotePolicy:
         self.recipe, self.checkpoints = recipe, checkpoints
         service = recipe.service.train_service
         self.url, self.timeout = service.url.rstrip("/"), service.request_timeout_s
-        self.api_key = recipe.service.tinker_service.api_key
+        self.api_key = recipe.service.tinker_service.api_key or os.environ.get("TINKER_API_KEY")
         self.placement = Placement(torch.device("cpu"))
         self.ref_model = None
         self.trainer = trainer_class(OmegaConf.create(recipe.to_dict()))
         self.loss_fn = service.config.loss_fn or trainer_class.loss_fn
         self.checkpoint = latest_checkpoint(checkpoints)
         self.val_saves = 0
-        wait_until_healthy(self.url, self.api_key or _env_key())
+        wait_until_healthy(self.url, self.api_key)
         self.service = tinker.ServiceClient(base_url=self.url, api_key=self.api_key,
                                             user_metadata={"streamrl_run": run_id})
         if self.checkpoint is not None:  # resume: the service's state of the newest checkpoint
@@ -161,16 +162,7 @@ class RemotePolicy:
         return losses
 
     def _datums(self, items: list[TrainItem], loss_fn: str) -> list:
-        from tinker import types
-
-        scales = aggregation_scales([item.mask[1:] for item in items], self.recipe.algorithm.loss_agg_mode)
-        data = []
-        for item, scale in zip(items, scales):
-            arrays = datum_arrays(item, loss_fn, scale)
-            model_input = types.ModelInput.from_ints(arrays.pop("model_input").tolist())
-            data.append(types.Datum(model_input=model_input,
-                                    loss_fn_inputs={k: types.TensorData.from_numpy(v) for k, v in arrays.items()}))
-        return data
+        return service_datums(items, loss_fn, self.recipe.algorithm.loss_agg_mode)
 
     def _adam(self, lr: float):
         from tinker import types
@@ -240,7 +232,7 @@ class RemotePolicy:
         while True:
             try:
                 response = httpx.get(f"{self.url}/streamrl/v1/sampler_weights", params={"path": path},
-                                     headers={"X-API-Key": self.api_key or _env_key() or ""}, timeout=self.timeout)
+                                     headers={"X-API-Key": self.api_key or ""}, timeout=self.timeout)
                 if response.status_code < 500:
                     response.raise_for_status()
                     return response
@@ -268,7 +260,3 @@ class RemotePolicy:
         except Exception as error:  # the run's outcome does not depend on it
             log.warning("closing the training-service session: %s", error)
 
-
-def _env_key() -> str | None:
-    import os
-    return os.environ.get("TINKER_API_KEY")

@@ -90,3 +90,17 @@ def datum_arrays(item: TrainItem, loss_fn: str, scale: float) -> dict[str, np.nd
     arrays["logprobs"] = item.behaviour_logprobs[1:].astype(np.float32)
     arrays["advantages"] = (advantages * mask * scale).astype(np.float32)
     return arrays
+
+
+def service_datums(items: list[TrainItem], loss_fn: str, loss_agg_mode: str) -> list:
+    """The step's samples as the Tinker API's `Datum`s (the client's own types)."""
+    from tinker import types  # imported here: two seconds that only a remote trainer pays
+
+    scales = aggregation_scales([item.mask[1:] for item in items], loss_agg_mode)
+    data = []
+    for item, scale in zip(items, scales):
+        arrays = datum_arrays(item, loss_fn, scale)
+        model_input = types.ModelInput.from_ints(arrays.pop("model_input").tolist())
+        data.append(types.Datum(model_input=model_input,
+                                loss_fn_inputs={k: types.TensorData.from_numpy(v) for k, v in arrays.items()}))
+    return data

@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from runtime.config import Recipe, check_against, coerce_strings, missing_files
+from runtime.service_config import TinkerService
 from runtime.guide_forms import apply_guide_forms
 
 
@@ -352,8 +353,11 @@ def remote_training_problems(recipe: Recipe) -> list[str]:
     trainer, service = recipe.trainer, recipe.service.train_service
     remote = trainer.type in REMOTE_TRAINER_TYPES
     if not remote:
-        return [f"service.train_service.backend: {service.backend} is for trainer.type remote_api_grpo or "
-                f"remote_api_cross_entropy (the trainer is {trainer.type})"] if service.backend != "none" else []
+        problems = [f"service.train_service.backend: {service.backend} is for trainer.type remote_api_grpo or "
+                    f"remote_api_cross_entropy (the trainer is {trainer.type})"] if service.backend != "none" else []
+        if recipe.service.tinker_service != TinkerService():
+            problems.append(f"service.tinker_service: read only by a remote_api_* trainer (the trainer is {trainer.type})")
+        return problems
     problems = []
     if service.backend != "tinker" or not service.url:
         problems.append(f"trainer.type: {trainer.type} trains through a remote training service: set "

@@ -55,11 +55,22 @@ def build_app(store: ServiceStore, executor: Executor) -> FastAPI:
             fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:5])
             raise HTTPException(400, f"{model.__name__}: {fields}") from None
 
+    owners: dict[str, str | None] = {}  # session -> its key id (never changes): one query per session
+
+    def owner(session_id: str) -> str | None:
+        if session_id not in owners:
+            owners[session_id] = store.session_key(session_id)
+        return owners[session_id]
+
+    def own_session(session_id: str, key_id: str) -> None:
+        if owner(session_id) != key_id:
+            raise HTTPException(404, f"session_id: no session {session_id!r} for this API key")
+
     def own_model(model_id: str, key_id: str) -> dict:
         row = store.model(model_id)
         if row is None:
             raise HTTPException(404, f"model_id: no model {model_id!r} on this service")
-        if store.session_key(row["session_id"]) != key_id:
+        if owner(row["session_id"]) != key_id:
             raise HTTPException(403, f"model {model_id} belongs to another API key")
         return row
 
@@ -106,16 +117,16 @@ def build_app(store: ServiceStore, executor: Executor) -> FastAPI:
 
     @app.post("/api/v1/sessions/{session_id}/finish")
     def finish_session(session_id: str, key_id: str = Depends(caller)):
-        if store.session_key(session_id) == key_id:
+        if owner(session_id) == key_id:
             store.finish_session(session_id)
+            executor.release(session_id)  # its models leave memory (a restart would not load them either)
         return Response(status_code=200)
 
     # --- models ------------------------------------------------------------------------------------
     @app.post("/api/v1/create_model")
     async def create_model(request: Request, key_id: str = Depends(caller)):
         body = parse(types.CreateModelRequest, await request.body())
-        if store.session_key(body.session_id) != key_id:
-            raise HTTPException(404, f"session_id: no session {body.session_id!r} for this API key")
+        own_session(body.session_id, key_id)
         if body.base_model not in executor.base_models:
             raise HTTPException(400, f"base_model: {body.base_model!r} is not served here; served: "
                                      f"{', '.join(executor.base_models)}")
@@ -145,8 +156,7 @@ def build_app(store: ServiceStore, executor: Executor) -> FastAPI:
             raise HTTPException(400, f"path: {body.path!r} is not a state saved on this service")
         source = own_model(checkpoint["model_id"], key_id)
         if body.model_id is None:  # a new training client from the state
-            if store.session_key(body.session_id) != key_id:
-                raise HTTPException(404, f"session_id: no session {body.session_id!r} for this API key")
+            own_session(body.session_id, key_id)
             model_id, seq = f"{body.session_id}:train:{body.model_seq_id}", 0
             store.add_model(model_id=model_id, session_id=body.session_id, base_model=source["base_model"],
                             lora=source["lora"], lora_rank=source["lora_rank"], seed=source["seed"],
@@ -213,13 +223,10 @@ def build_app(store: ServiceStore, executor: Executor) -> FastAPI:
     @app.post("/api/v1/create_sampling_session")
     async def create_sampling_session(request: Request, key_id: str = Depends(caller)):
         body = parse(types.CreateSamplingSessionRequest, await request.body())
-        if store.session_key(body.session_id) != key_id:
-            raise HTTPException(404, f"session_id: no session {body.session_id!r} for this API key")
+        own_session(body.session_id, key_id)
         session = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
         folder, base_model = sampler_folder(body.model_path, body.base_model)
-        store.accept(session, "sampling_session", json.dumps({"folder": folder, "base_model": base_model,
-                                                              "model_path": body.model_path}).encode())
-        store.finish(session, None, None)
+        store.add_sampling_session(session, folder, base_model, body.model_path)
         return {"type": "create_sampling_session", "sampling_session_id": session}
 
     @app.post("/api/v1/asample")

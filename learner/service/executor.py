@@ -71,6 +71,12 @@ class Executor:
         self.next_seq.setdefault(model_id, 0)
         self.notify()
 
+    def release(self, session_id: str) -> None:
+        """A finished session's models: no longer polled for requests, nor held in memory."""
+        for model_id in [m for m in self.next_seq if m.startswith(session_id + ":")]:
+            self.next_seq.pop(model_id, None)
+            self.models.pop(model_id, None)
+
     def notify(self) -> None:
         """A request was accepted: both loops look for work now rather than at their next tick."""
         self.wake.set()
@@ -93,10 +99,12 @@ class Executor:
         while not self.stop.is_set():
             self.wake.wait(0.05)
             self.wake.clear()
-            for model_id in list(self.next_seq):
-                while (row := self.store.request_at(model_id, self.next_seq[model_id])) is not None:
+            for model_id in list(self.next_seq):  # a session may finish (release) meanwhile
+                while (seq := self.next_seq.get(model_id)) is not None and \
+                        (row := self.store.request_at(model_id, seq)) is not None:
                     self.run(row)
-                    self.next_seq[model_id] += 1
+                    if model_id in self.next_seq:
+                        self.next_seq[model_id] = seq + 1
 
     def sampling_loop(self) -> None:
         while not self.stop.is_set():
@@ -187,9 +195,8 @@ class Executor:
         if payload.get("sampling_session_seq_id") is not None:  # save_weights_and_get_sampling_client
             session_id = row["model_id"].split(":")[0]
             sampling_session = f"{session_id}:sample:{payload['sampling_session_seq_id']}"
-            session = {"folder": str(folder), "base_model": self.store.model(row["model_id"])["base_model"], "model_path": path}
-            self.store.accept(sampling_session, "sampling_session", json.dumps(session).encode())
-            self.store.finish(sampling_session, None, None)
+            self.store.add_sampling_session(sampling_session, str(folder),
+                                            self.store.model(row["model_id"])["base_model"], path)
             answer["sampling_session_id"] = sampling_session
         return json.dumps(answer).encode(), "json", None
 

@@ -5,6 +5,7 @@ and checkpoints. All of it survives a restart of the service."""
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 
 from sqlalchemy import and_, func, insert, select, update
@@ -92,6 +93,12 @@ class ServiceStore:
             conn.execute(pg_insert(service_requests).values(
                 request_id=request_id, kind=kind, payload=payload, model_id=model_id, seq_id=seq_id)
                 .on_conflict_do_nothing())
+
+    def add_sampling_session(self, session_id: str, folder: str, base_model: str, model_path: str | None) -> None:
+        """A sampling session is a completed request row holding what it samples from."""
+        self.accept(session_id, "sampling_session", json.dumps({"folder": folder, "base_model": base_model,
+                                                                "model_path": model_path}).encode())
+        self.finish(session_id, None, None)
 
     def request(self, request_id: str) -> dict | None:
         with self.engine.connect() as conn:
