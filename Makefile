@@ -63,6 +63,8 @@ bench: $(BENCH_STAMP)
 	$(PY) bench/inference_bench.py
 	$(PY) bench/step_cpu.py
 	$(PY) bench/remote_step.py
+	$(PY) bench/processor_cpu.py
+	$(PY) bench/group_membership.py
 	$(PY) bench/time_to_accuracy.py
 	STREAMRL_HOME=bench/out/home $(VENV)/bin/streamrl down
 

@@ -34,13 +34,11 @@ from learner.batching import TrainItem
 from learner.checkpoint import directory_sha256, load_state, prune_weight_versions
 from learner.policy import Policy
 from learner.remote_policy import RemotePolicy
-from learner.remote_trainers import RemoteApiTrainer
 import learner.batch_trainers  # noqa: F401  (registers self_hosted_grpo)
-from learner.trainers import CUSTOM_TRAINER_TYPES, TRAINERS, Trainer
+from learner.remote_trainers import RemoteApiTrainer, trainer_class
 from runtime.bus import EventPublisher, RunReader
 from runtime.config import Recipe
 from runtime.dataset import total_train_steps
-from runtime.plugins import LoadError, load_class
 from runtime.settings import Settings
 from schema.events import (
     GroupFiltered, RunEvent, Sample, TrainStep, WeightVersion, unpack_float32, unpack_int32, unpack_mask,
@@ -84,20 +82,6 @@ def staleness_split(items: list[TrainItem], learner_version: int, threshold: int
     kept = [i for i in items if learner_version - i.weight_version <= threshold]
     dropped = [i for i in items if learner_version - i.weight_version > threshold]
     return kept, dropped
-
-
-def trainer_class(recipe: Recipe) -> type[Trainer]:
-    cfg = recipe.trainer
-    if cfg.type in CUSTOM_TRAINER_TYPES or cfg.custom_trainer_module_path:
-        spec = cfg.custom_trainer_module_path or ""
-        if cfg.custom_trainer_class_name:  # the guide's form: the file and the class apart
-            spec = f"{spec}:{cfg.custom_trainer_class_name}"
-        cls = load_class(spec, ".")
-        if not issubclass(cls, (Trainer, RemoteApiTrainer)):
-            raise LoadError(f"{spec!r}: {cls.__name__} is not a subclass of Trainer (a self-hosted trainer) or "
-                            "RemoteApiTrainer (trained through service.train_service)")
-        return cls
-    return TRAINERS.get(cfg.type)
 
 
 @dataclass

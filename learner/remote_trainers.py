@@ -18,7 +18,9 @@ import numpy as np
 
 from learner.batch_trainers import log_grpo_metrics, log_rollout_metrics
 from learner.batching import TrainItem
-from learner.trainers import compute_grpo_advantage_for_trajectories, register_trainer
+from learner.trainers import CUSTOM_TRAINER_TYPES, TRAINERS, Trainer, compute_grpo_advantage_for_trajectories, register_trainer
+from runtime.config import Recipe
+from runtime.plugins import LoadError, load_class
 
 
 class RemoteApiTrainer:
@@ -104,3 +106,20 @@ def service_datums(items: list[TrainItem], loss_fn: str, loss_agg_mode: str) -> 
         data.append(types.Datum(model_input=model_input,
                                 loss_fn_inputs={k: types.TensorData.from_numpy(v) for k, v in arrays.items()}))
     return data
+
+
+def trainer_class(recipe: Recipe) -> type:
+    """The trainer class a recipe names: registered, or its own (self-hosted or remote).
+    Here, the one module that knows both kinds, and light enough for recipe validation
+    (no model code)."""
+    cfg = recipe.trainer
+    if cfg.type in CUSTOM_TRAINER_TYPES or cfg.custom_trainer_module_path:
+        spec = cfg.custom_trainer_module_path or ""
+        if cfg.custom_trainer_class_name:  # the guide's form: the file and the class apart
+            spec = f"{spec}:{cfg.custom_trainer_class_name}"
+        cls = load_class(spec, ".")
+        if not issubclass(cls, (Trainer, RemoteApiTrainer)):
+            raise LoadError(f"{spec!r}: {cls.__name__} is not a subclass of Trainer (a self-hosted trainer) or "
+                            "RemoteApiTrainer (trained through service.train_service)")
+        return cls
+    return TRAINERS.get(cfg.type)

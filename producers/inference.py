@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from runtime.device import resolve_device
 from runtime.registry import Registry
@@ -105,6 +104,10 @@ def read_safetensors_weights(folder: Path, model: torch.nn.Module) -> dict[str, 
 
 class EmbeddedEngine:
     def __init__(self, model_path: str | Path, weight_version: int = 0, seed: int = 0, device: str = "cpu"):
+        # transformers here, not at the top: recipe validation imports this module for its
+        # registry, and transformers' import is most of a CLI command's start-up
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         self.device = resolve_device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.model = AutoModelForCausalLM.from_pretrained(model_path).to(self.device).eval()

@@ -18,8 +18,6 @@ import logging
 import threading
 from pathlib import Path
 
-import openai
-from transformers import AutoTokenizer
 
 from producers.inference import Completion, InferenceUnavailable, SamplingParams, register_inference_backend
 from runtime.recipe import server_urls
@@ -39,6 +37,8 @@ class OpenAIEngine:
     def __init__(self, urls: list[str], tokenizer, model_tag: str = "policy", api_key: str | None = None,
                  allow_text_round_trip: bool = False, allow_unsynced_weights: bool = False,
                  request_timeout_s: float = 600.0, max_retries: int = 3):
+        import openai  # here, not at the top: a CLI command that only validates a recipe never needs it
+
         self.urls = urls
         self.tokenizer = tokenizer
         self.allow_text_round_trip = allow_text_round_trip
@@ -55,6 +55,8 @@ class OpenAIEngine:
         self._warned_round_trip = False
 
     def complete(self, prompt: list[int], params: SamplingParams) -> Completion:
+        import openai
+
         with self._lock:
             url, client = self.urls[self._next % len(self.urls)], self.clients[self._next % len(self.clients)]
             self._next += 1
@@ -108,6 +110,8 @@ class OpenAIEngine:
 
 @register_inference_backend("openai")
 def openai_backend(recipe, seed: int, settings=None, logs: Path | None = None) -> OpenAIEngine:
+    from transformers import AutoTokenizer  # here: validating a recipe imports this module
+
     service = recipe.service.inference_service
     return OpenAIEngine(server_urls(service.url), AutoTokenizer.from_pretrained(recipe.rollout_worker.model_path),
                         service.model_tag, service.api_key, service.allow_text_round_trip,

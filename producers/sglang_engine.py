@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from transformers import AutoTokenizer
 
 from producers.inference import Completion, SamplingParams, register_inference_backend
 from producers.sglang_server import InferenceServerError, ManagedServer
@@ -322,6 +321,8 @@ class SGLangEngine:
 def sglang_backend(recipe, seed: int, settings, logs: Path) -> SGLangEngine:
     """SGLang servers: the recipe's `url`s, or `num_servers` managed ones launched from
     the recipe's model (stopped with the worker)."""
+    from transformers import AutoTokenizer  # here: validating a recipe imports this module
+
     service = recipe.service.inference_service
     tokenizer = AutoTokenizer.from_pretrained(recipe.rollout_worker.model_path)
     slots = service.max_batch_size

@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -81,16 +82,24 @@ class WeightWatcher:
 
 
 def run_worker(settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int, int] = (0, 1),
-               stop: threading.Event | None = None, idle_exit_s: float | None = None) -> int:
-    """Serve tasks until stopped; returns the number of tasks completed."""
+               stop: threading.Event | None = None, idle_exit_s: float | None = None, name: str | None = None) -> int:
+    """Serve tasks until stopped; returns the number of tasks completed.
+
+    With `STREAMRL_PARTITION_ASSIGNMENT=group` (the default) the worker joins the run's
+    worker group as `name` and serves the tasks partitions the group gives it; with
+    `shard` it serves the partitions of `shard`."""
     stop = stop or threading.Event()
     cfg = recipe.rollout_worker
     mode = recipe.weight.sync_mode
-    worker_id = f"{os.uname().nodename}-{os.getpid()}-{shard[0]}"
+    in_group = settings.partition_assignment == "group"
+    name = name or (os.uname().nodename if in_group else str(shard[0]))
+    worker_id = f"{os.uname().nodename}-{os.getpid()}-{name}"
+    # each worker samples with its own seed: the shard index, or a number from its name
+    seed_offset = zlib.crc32(name.encode()) % 1000 if in_group else shard[0]
     service = recipe.service.inference_service
     backend = INFERENCE_BACKENDS.get(service.backend)
     logs = settings.home / "runs" / run_id / "logs"
-    engine = backend(recipe, recipe.trainer.seed + shard[0], settings, logs)
+    engine = backend(recipe, recipe.trainer.seed + seed_offset, settings, logs)
     client = InferenceClient(
         engine,
         SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature, top_p=cfg.top_p),
@@ -99,7 +108,8 @@ def run_worker(settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int
     publisher = EventPublisher(settings)
     worker = make_worker(worker_class(recipe), cfg.worker_config(), client, make_evaluator(recipe), publisher.publish,
                          worker_id)
-    tasks = RunReader(settings, run_id, ["tasks"], group_id=f"{WORKER_GROUP}.{run_id}", shard=shard, stage="worker")
+    tasks = RunReader(settings, run_id, ["tasks"], group_id=f"{WORKER_GROUP}.{run_id}", shard=shard, stage="worker",
+                      member=name if in_group else None)
     watcher = WeightWatcher(settings, run_id)
     loaded = {"version": -1}
     load_lock = threading.Lock()

@@ -9,20 +9,24 @@ Tuned for the embedded broker and for small latency-sensitive hops:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Protocol
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import TopicAlreadyExistsError
+from kafka.errors import (CommitFailedError, FencedInstanceIdError, IllegalGenerationError, RebalanceInProgressError,
+                          TopicAlreadyExistsError, UnknownMemberIdError)
 
 from schema import codec
 from schema.events import DeadLetter, Event
 from runtime.blobs import PostgresBlobStore
 from runtime.outage import BrokerWatch
 from schema.topics import event_key, run_topics, topic_name
-from runtime.settings import Settings
+from runtime.settings import Settings, SettingsError
+
+log = logging.getLogger("streamrl.bus")
 
 # Room for the record batch and headers around one value.
 FRAME_OVERHEAD_BYTES = 4096
@@ -169,30 +173,47 @@ def dead_letter(record, run_id: str, error: str, stage: str) -> DeadLetter:
 
 
 class RunReader:
-    """Reads some of one run's topics by explicit partition assignment.
+    """Reads some of one run's topics: the partitions of a shard, or those a consumer
+    group gives this member.
 
-    No consumer-group membership: the embedded broker wedges a group whose member was
-    killed mid-rebalance (docs/decisions.md), and a join costs seconds per hop. Instead
-    each process takes the partitions it owns (`shard` = (index, count)) and starts at
-    the offsets committed under `group_id` (or at `start_offsets`, or at the beginning).
-    Offsets are committed by the caller, after its effects are durable.
+    By shard (`shard` = (index, count)): the process takes the partitions it owns and
+    starts at the offsets committed under `group_id` (or at `start_offsets`, or at the
+    beginning). No group membership: nothing to rebalance, and nothing for a broker's
+    group coordinator to get wrong (docs/decisions.md).
 
-    `poll` returns decoded events with their coordinates; what cannot be decoded comes
-    back as a DeadLetter for the caller to publish (nothing is dropped silently).
+    As a group member (`member` names it): the reader subscribes under `group_id`, and the
+    topics' partitions are shared among the members alive, following them as they join,
+    leave or die; with `STREAMRL_GROUP_MEMBERSHIP=static` the member's name is its
+    group.instance.id, so a restart under the same name gets its partitions back.
+
+    Offsets are committed by the caller, after its effects are durable. `poll` returns
+    decoded events with their coordinates; what cannot be decoded comes back as a
+    DeadLetter for the caller to publish (nothing is dropped silently).
     """
 
     def __init__(self, settings: Settings, run_id: str, kinds: list[str], group_id: str | None,
                  shard: tuple[int, int] = (0, 1), start_offsets: dict[TopicPartition, int] | None = None,
-                 from_beginning: bool = False, stage: str = "", wait_s: float = 30.0, **consumer_overrides):
+                 from_beginning: bool = False, stage: str = "", wait_s: float = 30.0, member: str | None = None,
+                 **consumer_overrides):
         self.settings = settings
         self.run_id = run_id
         self.stage = stage or (group_id or "reader")
+        self.member = member
+        if member is not None:
+            if group_id is None:
+                raise ValueError("a group member needs a group id")
+            if settings.group_membership == "static":
+                consumer_overrides["group_instance_id"] = f"{group_id}.{member}"
         self.consumer = make_consumer(settings, group_id, **consumer_overrides)
         topics = [topic_name(run_id, k) for k in kinds]
-        self.partitions = self._wait_for_partitions(topics, shard, wait_s)
+        self._partitions = self._wait_for_partitions(topics, shard if member is None else (0, 1), wait_s)
         self.broker_watch = BrokerWatch(settings, self.consumer, run_id, topics)
-        self.consumer.assign(self.partitions)
-        for tp in self.partitions:
+        self._blobs = None
+        if member is not None:  # the group decides, and starts each partition at its committed offset
+            self.consumer.subscribe(topics)
+            return
+        self.consumer.assign(self._partitions)
+        for tp in self._partitions:
             if start_offsets is not None:
                 offset = start_offsets.get(tp, 0)
             elif from_beginning or group_id is None:
@@ -201,7 +222,11 @@ class RunReader:
                 committed = self.consumer.committed(tp)
                 offset = committed if committed is not None else 0
             self.consumer.seek(tp, offset)
-        self._blobs = None
+
+    @property
+    def partitions(self) -> list[TopicPartition]:
+        """The partitions this reader holds now (a group member's change with the group)."""
+        return sorted(self.consumer.assignment()) if self.member is not None else self._partitions
 
     def _wait_for_partitions(self, topics: list[str], shard: tuple[int, int], wait_s: float) -> list[TopicPartition]:
         index, count = shard
@@ -224,7 +249,11 @@ class RunReader:
 
     def poll(self, timeout_ms: int = 100, max_records: int = 500) -> tuple[list[tuple[Event, TopicPartition, int]], list]:
         self.broker_watch.check()
-        batch = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        try:
+            batch = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        except FencedInstanceIdError:
+            raise SettingsError(f"another member of {self.consumer.config['group_id']} took the name "
+                                f"{self.member!r} (STREAMRL_GROUP_MEMBERSHIP=static): give each one its own --name") from None
         events, dead = [], []
         for tp, records in batch.items():
             for record in records:
@@ -240,7 +269,8 @@ class RunReader:
         step not yet trained), else the read position. Committing these never skips work."""
         offsets = self.positions()
         for tp, offset in pending:
-            offsets[tp] = min(offsets[tp], offset)
+            if tp in offsets:  # a group member may have lost the partition meanwhile
+                offsets[tp] = min(offsets[tp], offset)
         return offsets
 
     def _blob_store_if_needed(self, value: bytes | None):
@@ -248,9 +278,23 @@ class RunReader:
             self._blobs = PostgresBlobStore.open(self.settings.database_url)
         return self._blobs
 
-    def commit(self, offsets: dict[TopicPartition, int]) -> None:
-        if offsets:
+    def commit(self, offsets: dict[TopicPartition, int]) -> bool:
+        """Commit `offsets`; False when a group member's commit was refused because the
+        group rebalanced meanwhile: the partitions' new owners re-read from the last
+        commit, and the events they re-make keep their ids (the first copy wins)."""
+        if self.member is not None:
+            offsets = {tp: o for tp, o in offsets.items() if tp in self.consumer.assignment()}
+        if not offsets:
+            return True
+        try:
             self.consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()})
+        except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError) as exc:
+            if self.member is None:
+                raise
+            log.warning("%s: commit refused after a rebalance (%s); the new owners re-read those events",
+                        self.stage, type(exc).__name__)
+            return False
+        return True
 
     def close(self) -> None:
         self.consumer.close()

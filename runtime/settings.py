@@ -24,6 +24,11 @@ ENV_VARS = {
     "STREAMRL_TOPIC_PARTITIONS": "partitions per run topic (default 4)",
     "STREAMRL_KAFKA_MAX_MESSAGE_BYTES": "largest message the broker accepts (default 1048576)",
     "STREAMRL_KAFKA_SESSION_TIMEOUT_MS": "consumer group session timeout (default 6000)",
+    "STREAMRL_PARTITION_ASSIGNMENT": "group (default): rollout workers and processors share a run's partitions "
+                                     "through Kafka consumer groups; shard: each takes a fixed --shard I/N "
+                                     "(for a broker whose group coordinator cannot be trusted)",
+    "STREAMRL_GROUP_MEMBERSHIP": "dynamic (default) or static: static members (KIP-345, named after the "
+                                 "worker) get their partitions back on restart without a rebalance",
     "STREAMRL_KAFKA_PORT": "port of the embedded broker (default 9092, the next free one if taken)",
     "STREAMRL_SERVICE_WAIT_S": "seconds a process waits for a lost broker or PostgreSQL before it gives up "
                                "(default 120)",
@@ -71,6 +76,14 @@ def _int_env(name: str, default: int) -> int:
     return value
 
 
+def _choice_env(name: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` (the first when unset)."""
+    raw = (os.environ.get(name) or choices[0]).strip().lower()
+    if raw not in choices:
+        raise SettingsError(f"{name}={raw!r}: expected {' or '.join(choices)}")
+    return raw
+
+
 @dataclass(frozen=True)
 class Settings:
     home: Path
@@ -84,6 +97,8 @@ class Settings:
     topic_partitions: int = 4
     max_message_bytes: int = 1_048_576
     session_timeout_ms: int = 6000
+    partition_assignment: str = "group"
+    group_membership: str = "dynamic"
     kafka_port: int = DEFAULT_KAFKA_PORT
     sglang_python_env: str | None = None
     readonly_database_url_env: str | None = None
@@ -109,6 +124,8 @@ class Settings:
             topic_partitions=_int_env("STREAMRL_TOPIC_PARTITIONS", 4),
             max_message_bytes=_int_env("STREAMRL_KAFKA_MAX_MESSAGE_BYTES", 1_048_576),
             session_timeout_ms=_int_env("STREAMRL_KAFKA_SESSION_TIMEOUT_MS", 6000),
+            partition_assignment=_choice_env("STREAMRL_PARTITION_ASSIGNMENT", ("group", "shard")),
+            group_membership=_choice_env("STREAMRL_GROUP_MEMBERSHIP", ("dynamic", "static")),
             kafka_port=_int_env("STREAMRL_KAFKA_PORT", DEFAULT_KAFKA_PORT),
             sglang_python_env=os.environ.get("STREAMRL_SGLANG_PYTHON") or None,
             readonly_database_url_env=os.environ.get("STREAMRL_READONLY_DATABASE_URL") or None,
@@ -161,6 +178,11 @@ class Settings:
         raise SettingsError(
             "no Kafka broker: set STREAMRL_KAFKA_BOOTSTRAP or run `streamrl up` to start the embedded one"
         )
+
+    @property
+    def embedded_kafka(self) -> bool:
+        """True when the broker in use is the embedded one `streamrl up` started."""
+        return self.kafka_bootstrap == (self.read_state().get("kafka") or {}).get("bootstrap")
 
     @property
     def database_url(self) -> str:

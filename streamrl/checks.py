@@ -27,7 +27,7 @@ def recipe_code_problems(recipe: Recipe) -> list[str]:
     """Load the recipe's own code now, then check its registry keys, so a typo fails the
     run before it starts, not in a worker's log minutes later."""
     from consumers.processor import load_custom_advantages
-    from learner.loop import trainer_class
+    from learner.remote_trainers import trainer_class
     from producers.agent_worker import AgentRolloutWorker, load_agent_setup
     from producers.worker_loop import make_evaluator, worker_class
 

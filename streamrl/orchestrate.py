@@ -155,8 +155,9 @@ def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, ru
     role = "remote-trainer" if recipe.service.train_service.backend != "none" else "learner"
     learner = local.spawn(role, ["learner", run_id] + (["--reset-offsets"] if reset_offsets else []),
                           may_finish=True)
-    for i in range(workers):
-        local.spawn(f"worker-{i}", ["worker", run_id, "--shard", f"{i}/{workers}"])
+    for i in range(workers):  # group members by name, or fixed shards (STREAMRL_PARTITION_ASSIGNMENT)
+        placement = ["--name", f"worker-{i}"] if settings.partition_assignment == "group" else ["--shard", f"{i}/{workers}"]
+        local.spawn(f"worker-{i}", ["worker", run_id, *placement])
     final_val_version = total if recipe.validate.data.data_files else None
     val_wait_started = None
 

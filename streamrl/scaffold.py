@@ -103,7 +103,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "agent_workspace"))
 
 from text_utils import reverse_text  # noqa: E402
-from runtime.tiny_lm import build_tiny_model  # noqa: E402
 
 
 def row(rng):
@@ -120,6 +119,8 @@ def main():
     out = HERE / "generated"
     if (out / "model").exists():
         return
+    from runtime.tiny_lm import build_tiny_model  # torch only when there is a model to build
+
     out.mkdir(exist_ok=True)
     rng = random.Random(0)
     for name, count in (("train", 1000), ("val", 50)):

@@ -63,12 +63,12 @@ def steps_done(settings: Settings, run_id: str) -> int | None:
 
 
 def process_of(run_id: str, role: str) -> int | None:
-    """The pid of the run's process with this role (`worker-0` is the worker of shard 0/N)."""
+    """The pid of the run's process with this role (`worker-0`: the worker named so, or of shard 0/N)."""
     command, _, shard = role.partition("-")
     command = {"publisher": "publish"}.get(command, command)
     for pid, args in command_lines().items():
         if "streamrl.cli" in args and run_id in " ".join(args) and command in args and "run" not in args[3:4]:
-            if not shard or f"{shard}/" in " ".join(args):
+            if not shard or f"{shard}/" in " ".join(args) or role in args:  # --shard I/N, or --name worker-I
                 return pid
     return None
 

@@ -22,7 +22,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # run as a script from the recipe's folder
 
 from recipes.arith.data import split_rows, write_jsonl  # noqa: E402
-from runtime.tiny_lm import build_tiny_model  # noqa: E402
 
 
 def main() -> None:
@@ -37,6 +36,9 @@ def main() -> None:
     stamp = out / "settings.json"
     if stamp.exists() and json.loads(stamp.read_text()) == settings:
         return
+    # torch and transformers only when there is a model to build: a run starts with this script
+    from runtime.tiny_lm import build_tiny_model
+
     train, val = split_rows(settings["train_rows"], settings["val_rows"], settings["seed"],
                             settings["variant"], settings["max_operand"])
     write_jsonl(train, out / "train.jsonl")

@@ -19,7 +19,6 @@ sys.path.insert(0, str(HERE.parent.parent))
 sys.path.insert(0, str(HERE / "agent_workspace"))
 
 from kv_data import make_row  # noqa: E402
-from runtime.tiny_lm import build_tiny_model  # noqa: E402
 
 
 def main() -> None:
@@ -29,6 +28,9 @@ def main() -> None:
     stamp = out / "settings.json"
     if stamp.exists() and json.loads(stamp.read_text()) == settings:
         return
+    # torch and transformers only when there is a model to build: a run starts with this script
+    from runtime.tiny_lm import build_tiny_model
+
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(settings["seed"])
     for name, count in (("train", settings["train_rows"]), ("val", settings["val_rows"])):

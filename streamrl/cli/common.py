@@ -197,6 +197,14 @@ def parse_shard(shard: str) -> tuple[int, int]:
     return int(index), int(count)
 
 
+def sharding(current, shard: str) -> tuple[int, int]:
+    """The --shard of a worker or processor, refused unless partitions are assigned by shard."""
+    if current.partition_assignment != "shard" and shard != "0/1":
+        raise UsageError(f"--shard {shard}: partitions are shared by consumer groups "
+                         "(STREAMRL_PARTITION_ASSIGNMENT=group); set STREAMRL_PARTITION_ASSIGNMENT=shard to shard them")
+    return parse_shard(shard)
+
+
 def checked_run_id(run_id: str, option: str) -> str:
     from schema.topics import TopicNameError, validate_run_id
 

@@ -11,7 +11,7 @@ import typer
 
 from runtime.config import ReplaySource
 from streamrl.cli.common import (
-    CommandFailed, UsageError, checked_run_id, cli_command, console, database_url, new_run_id, parse_shard,
+    CommandFailed, UsageError, checked_run_id, cli_command, console, database_url, new_run_id, sharding,
     prepared_recipe, settings,
 )
 
@@ -178,7 +178,10 @@ def publish(
 
 def worker(
     run: Annotated[str, typer.Argument(help="Run id.")],
-    shard: Annotated[str, typer.Option(help="I/N: serve the tasks partitions p with p % N == I.")] = "0/1",
+    name: Annotated[Optional[str], typer.Option(help="This worker's name in the run's worker group (default: the "
+                                                "host name); a restart under the same name is the same member.")] = None,
+    shard: Annotated[str, typer.Option(help="I/N: serve the tasks partitions p with p % N == I "
+                                       "(STREAMRL_PARTITION_ASSIGNMENT=shard only).")] = "0/1",
     idle_exit: Annotated[Optional[float], typer.Option(help="Exit after this many seconds without tasks.")] = None,
     inference_url: InferenceUrl = None,
 ) -> None:
@@ -193,26 +196,45 @@ def worker(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("streamrl").setLevel(logging.INFO)
     current = settings()
-    index_count = parse_shard(shard)
+    index_count = sharding(current, shard)
     recipe = with_url(run_config(current, run), inference_url)
     torch.set_num_threads(1)
-    done = run_worker(current, run, recipe, index_count, stop_on_signals(), idle_exit_s=idle_exit)
+    done = run_worker(current, run, recipe, index_count, stop_on_signals(), idle_exit_s=idle_exit, name=name)
     console.print(f"worker stopped after {done} tasks", highlight=False)
 
 
 def processor(
     run: Annotated[str, typer.Argument(help="Run id.")],
-    shard: Annotated[str, typer.Option(help="I/N: process the partitions p with p % N == I.")] = "0/1",
-    idle_exit: Annotated[Optional[float], typer.Option(help="Exit after this many idle seconds with no open group.")] = None,
+    name: Annotated[Optional[str], typer.Option(help="This processor's name in the run's processor group "
+                                                "(default: the host name).")] = None,
+    shard: Annotated[str, typer.Option(help="I/N: process the partitions p with p % N == I "
+                                       "(STREAMRL_PARTITION_ASSIGNMENT=shard only).")] = "0/1",
+    idle_exit: Annotated[Optional[float], typer.Option(help="Exit after this many idle seconds with no open group "
+                                                       "(STREAMRL_PARTITION_ASSIGNMENT=shard only).")] = None,
 ) -> None:
     """Join RUN's trajectories with their evaluations, complete groups, compute advantages
-    and emit samples (or a GroupFiltered record for a group that gives none)."""
-    from consumers.processor import StreamProcessor
+    and emit samples (or a GroupFiltered record for a group that gives none). By default
+    a faust app in the run's processor group: start as many as you like."""
+    import os
+
     from runtime.runs import stop_on_signals
 
     current = settings()
-    index_count = parse_shard(shard)
+    index_count = sharding(current, shard)
     recipe = run_config(current, run)
+    if current.partition_assignment == "group":
+        from consumers.faust_processor import FaustProcessor
+
+        if idle_exit is not None:
+            raise UsageError("--idle-exit: a processor in a consumer group runs until stopped "
+                             "(STREAMRL_PARTITION_ASSIGNMENT=shard for the plain loop that can idle out)")
+        from streamrl.cli.common import debugging
+
+        FaustProcessor(current, run, recipe, name or os.uname().nodename).run(tracebacks=debugging())
+        console.print("processor stopped", highlight=False)
+        return
+    from consumers.processor import StreamProcessor
+
     stop = stop_on_signals()
     stream = StreamProcessor(current, run, recipe, index_count)
     try:

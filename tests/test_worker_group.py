@@ -1,0 +1,53 @@
+"""Rollout workers in the run's consumer group: `streamrl run --workers 1`, a second
+worker started by hand mid-run (`streamrl worker RUN --name extra`), then the first one
+SIGKILLed. The group hands the partitions around; the run finishes with an exact ledger,
+and the ledger shows tasks rolled out by both workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from tests.conftest import REPO, command_lines, wait_for
+from tests.test_rl_loop import RECIPE, assert_ledger_consistent, scalar, small_run_env
+
+STEPS = 24  # sync mode: long enough for a worker started mid-run (~30 s to its first rollout here) to take part
+
+
+def pid_of(run_id: str, *needles: str) -> int | None:
+    for pid, args in command_lines().items():
+        line = " ".join(args)
+        if "streamrl.cli" in args and run_id in line and all(n in line for n in needles):
+            return pid
+    return None
+
+
+def test_a_worker_joins_mid_run_and_the_first_one_dies(stack, ledger, run_id, tmp_path):
+    env = {**os.environ, **small_run_env(ARITH_STEPS=str(STEPS), ARITH_SYNC_MODE="sync", ARITH_VALIDATE_EVERY="12")}
+    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--workers", "1",
+                            "--out", str(tmp_path)], cwd=REPO, env=env, stdout=open(tmp_path / "run.log", "wb"),
+                           stderr=subprocess.STDOUT)
+    extra = None
+    try:
+        steps = lambda: scalar(ledger, "select count(*) from train_steps where run_id = %s", run_id)  # noqa: E731
+        wait_for(lambda: steps() >= 1, 300, what="step 1")
+        extra = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "worker", run_id, "--name", "extra"],
+                                 cwd=REPO, env=env, stdout=open(tmp_path / "extra.log", "wb"),
+                                 stderr=subprocess.STDOUT)
+        wait_for(lambda: scalar(ledger, "select count(*) from trajectories where run_id = %s "
+                                        "and worker_id like '%%-extra'", run_id), 120,
+                 what="a task rolled out by the worker started by hand")
+        os.kill(pid_of(run_id, "worker", "--name worker-0"), signal.SIGKILL)  # streamrl run restarts it
+        assert run.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        for process in (run, extra):
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=60)
+    assert_ledger_consistent(ledger, run_id, steps=STEPS, staleness_threshold=0)
+    by_worker = dict(ledger.execute("select split_part(worker_id, '-', -1), count(*) from trajectories "
+                                    "where run_id = %s and not is_val group by 1", (run_id,)).fetchall())
+    assert by_worker.keys() == {"0", "extra"} and min(by_worker.values()) > 0, by_worker
+    assert "worker-0 exited with signal 9; restarting it" in (tmp_path / "logs" / "supervisor.log").read_text()
