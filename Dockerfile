@@ -4,5 +4,5 @@ FROM python:3.11-slim
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cu126
 WORKDIR /app
 COPY . .
-RUN pip install --no-cache-dir --extra-index-url ${TORCH_INDEX} -e .
+RUN pip install --no-cache-dir --extra-index-url ${TORCH_INDEX} -e ".[trackers]"
 ENTRYPOINT []

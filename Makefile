@@ -29,12 +29,12 @@ sglang-env: $(SGLANG_STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,trackers]'
 	touch $(STAMP)
 
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pip install --quiet -e '.[test,trackers,bench]'
 	touch $(BENCH_STAMP)
 
 install: $(STAMP)

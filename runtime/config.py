@@ -27,6 +27,7 @@ from typing import Any, Literal, Optional
 
 
 from runtime.config_fields import only, path_field  # noqa: F401  (recipe plugins import them from here)
+from runtime.logger_config import Logger
 from runtime.service_config import Service
 
 
@@ -185,12 +186,6 @@ class Validate:
     temperature: float = 0.0  # 0 = greedy
     data: Data = field(default_factory=Data)
     eval: ValidateEval = field(default_factory=ValidateEval)
-
-
-@dataclass
-class Logger:
-    backend: Literal["console"] = "console"
-    options: dict[str, Any] = only({}, "the console logger has no options")
 
 
 class ReplaySource(str, enum.Enum):

@@ -52,4 +52,17 @@ def recipe_code_problems(recipe: Recipe) -> list[str]:
         except (ValueError, KeyError) as exc:  # LoadError is a ValueError
             problems.append(f"{key}: {exc.args[0] if exc.args else exc}")
     # Registry keys last: a custom estimator registers only once its module has loaded.
-    return problems + registry_problems(recipe.to_dict())
+    return problems + tracker_problems(recipe) + registry_problems(recipe.to_dict())
+
+
+TRACKER_PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow"}
+
+
+def tracker_problems(recipe: Recipe) -> list[str]:
+    """A tracker whose package is not installed fails the recipe now, not the tracker
+    process later."""
+    import importlib.util
+
+    return [f"logger.backends: {name} needs the {package} package (pip install 'streamrl[trackers]')"
+            for name in recipe.logger.trackers()
+            for package in [TRACKER_PACKAGES[name]] if importlib.util.find_spec(package) is None]

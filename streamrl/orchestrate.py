@@ -155,6 +155,8 @@ def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, ru
     role = "remote-trainer" if recipe.service.train_service.backend != "none" else "learner"
     learner = local.spawn(role, ["learner", run_id] + (["--reset-offsets"] if reset_offsets else []),
                           may_finish=True)
+    if recipe.logger.trackers():  # W&B / TensorBoard / MLflow, fed from the topics
+        local.spawn("tracker", ["tracker", run_id])
     for i in range(workers):  # group members by name, or fixed shards (STREAMRL_PARTITION_ASSIGNMENT)
         placement = ["--name", f"worker-{i}"] if settings.partition_assignment == "group" else ["--shard", f"{i}/{workers}"]
         local.spawn(f"worker-{i}", ["worker", run_id, *placement])
@@ -180,7 +182,7 @@ def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, ru
 
 
 def replay_locally(settings: Settings, run_id: str, steps: int, publish, out: Path | None,
-                   console: Console, policy: RestartPolicy = RestartPolicy()) -> RunSummary:
+                   console: Console, policy: RestartPolicy = RestartPolicy(), trackers: bool = False) -> RunSummary:
     """The trainers of a replayed run (sink, processor, learner) as processes, fed by
     `publish(on_progress)` here; over when the learner has trained its last step."""
     local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy)
@@ -188,6 +190,8 @@ def replay_locally(settings: Settings, run_id: str, steps: int, publish, out: Pa
     local.spawn("sink", ["sink", "--run", run_id])
     local.spawn("processor", ["processor", run_id])
     learner = local.spawn("learner", ["learner", run_id], may_finish=True)
+    if trackers:
+        local.spawn("tracker", ["tracker", run_id])
 
     def publish_all(progress: Progress) -> None:
         sent = progress.add_task("replayed rollouts", total=None, status="")

@@ -85,4 +85,5 @@ def replay_run(settings: Settings, options: ReplayOptions, console: Console) -> 
         return rp.publish_replay(settings, options.into, plan, trajectories, evaluations, rescorer, options.rate,
                                  on_progress)
 
-    replay_locally(settings, options.into, plan.steps, publish, options.out, console, options.policy)
+    replay_locally(settings, options.into, plan.steps, publish, options.out, console, options.policy,
+                   trackers=bool(config.logger.trackers()))

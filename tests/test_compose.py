@@ -71,7 +71,7 @@ def test_compose_validates_and_runs_every_role():
     services = spec["services"]
     started = {check_cli_accepts(streamrl_commands(s["command"])) for s in services.values()
                if streamrl_commands(s.get("command", []))}
-    assert commands_streamrl_run_starts() == {"publish", "sink", "processor", "learner", "worker"}
+    assert commands_streamrl_run_starts() == {"publish", "sink", "processor", "learner", "worker", "tracker"}
     assert commands_streamrl_run_starts() | {"db"} == started
     # GPUs where the model runs, restart policies and health checks where a service waits on one
     for name in ("sglang", "learner"):

@@ -301,7 +301,7 @@ def test_the_guides_full_configuration_example_names_every_key_it_cannot_honour(
     named = {problem.split(":")[0] for problem in info.value.problems}
     assert named == {
         "hydra", "resource", "runtime_monitor", "algorithm.inference_service", "data.num_workers",
-        "rollout_worker.tokenizer", "trajectory_pool.key_list", "logger.backend", "logger.wandb",
+        "rollout_worker.tokenizer", "trajectory_pool.key_list",  # logger.backend: wandb and logger.wandb are taken
         "service.train_service.url", "service.train_service.model_tag",  # a self-hosted learner has no url
         "environment.setup_script", "data.data_files[0]", "validate.data.data_files[0]",
         "rollout_worker.custom_rollout_worker_module_path", "rollout_worker.agent_config_path",

@@ -8,6 +8,7 @@ codes in one place (`common.cli_command`).
     train_cmd     run, publish, worker, processor, learner, replay
     model_cmd     model init
     service_cmd   serve-training, training-key
+    observe_cmd   tracker, export
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ quiet_library_progress()
 
 import typer  # noqa: E402
 
-from streamrl.cli import ledger_cmd, model_cmd, recipe_cmd, service_cmd, services_cmd, train_cmd  # noqa: E402
+from streamrl.cli import ledger_cmd, model_cmd, observe_cmd, recipe_cmd, service_cmd, services_cmd, train_cmd  # noqa: E402
 
 # rich_markup_mode=None: help texts are plain text, so "A:B:" never becomes an emoji and
 # "[...]" is never taken for markup.
@@ -35,7 +36,7 @@ def main(debug: bool = typer.Option(False, "--debug", help="On an error, print i
         os.environ["STREAMRL_DEBUG"] = "1"
 
 
-for group in (services_cmd, recipe_cmd, ledger_cmd, train_cmd, model_cmd, service_cmd):
+for group in (services_cmd, recipe_cmd, ledger_cmd, train_cmd, model_cmd, service_cmd, observe_cmd):
     group.register(app)
 
 __all__ = ["app"]

@@ -1,0 +1,77 @@
+"""Commands that show a run: tracker (feeds W&B / TensorBoard / MLflow from the run's
+topics) and export (the same from the ledger, for a run that had no tracker)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from streamrl.cli.common import CommandFailed, UsageError, checked_run_id, cli_command, console, database_url, settings
+from streamrl.cli.train_cmd import run_config
+
+
+def register(app: typer.Typer) -> None:
+    for command in (tracker, export):
+        app.command()(cli_command(command))
+
+
+def tracker(run: Annotated[str, typer.Argument(help="Run id.")]) -> None:
+    """Send RUN's train steps and validation results to the trackers its recipe names
+    (logger.backends), as they arrive; a late or restarted tracker catches up. SIGTERM
+    logs what the topics already hold, then closes the trackers."""
+    from consumers.tracker import TrackerFeed
+    from runtime.runs import stop_on_signals
+
+    stop = stop_on_signals()
+    current = settings()
+    recipe = run_config(current, checked_run_id(run, "RUN"))
+    if not recipe.logger.trackers():
+        raise UsageError(f"run {run}'s recipe names no tracker (logger.backends: [wandb, tensorboard, mlflow])")
+    feed = TrackerFeed(current, run, recipe)
+    try:
+        feed.run(stop)
+    finally:
+        feed.close()
+    console.print(f"tracker stopped: {feed.logged_steps} steps, {feed.logged_validations} validations logged",
+                  highlight=False)
+
+
+def export(
+    run: Annotated[str, typer.Argument(help="Run id.")],
+    to: Annotated[list[str], typer.Option("--to", help="wandb, tensorboard or mlflow (repeat for several); "
+                                                      "options from the recipe's logger section.")],
+    out: Annotated[Optional[Path], typer.Option(help="Write the local trackers here instead: W&B files in OUT/wandb, "
+                                                     "TensorBoard in OUT/tensorboard, MLflow in OUT/mlflow.db.")] = None,
+) -> None:
+    """Send RUN's train steps and validations from the ledger to trackers: a back-fill
+    for a run that had none, or lost one (the same W&B / MLflow run is continued)."""
+    from consumers.tracker import export_from_ledger
+    from consumers.tracker_backends import open_trackers
+    from runtime.logger_config import TRACKERS
+
+    unknown = [name for name in to if name not in TRACKERS]
+    if unknown:
+        raise UsageError(f"--to {unknown[0]}: expected one of {', '.join(TRACKERS)}")
+    from runtime.config import Recipe
+    from streamrl.report import run_config as ledger_run_config
+
+    current = settings()
+    config, _ = ledger_run_config(database_url(current), checked_run_id(run, "RUN"))
+    if not config:
+        raise CommandFailed(f"run {run} is not in the ledger (streamrl runs lists those that are)")
+    recipe = Recipe.from_dict(config)  # the run's own logger options (project, tags, folders)
+    recipe.logger.backend, recipe.logger.backends = "console", list(to)
+    if out is not None:
+        out = out.resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        recipe.logger.wandb.dir, recipe.logger.tensorboard.log_dir = str(out), str(out / "tensorboard")
+        recipe.logger.mlflow.tracking_uri = f"sqlite:///{out / 'mlflow.db'}"
+    trackers = open_trackers(current, run, recipe.to_dict(), recipe.logger)
+    try:
+        steps, validations = export_from_ledger(database_url(current), run, trackers)
+    finally:
+        for one in trackers:
+            one.close()
+    console.print(f"exported {steps} steps and {validations} validations of {run} to {', '.join(to)}", highlight=False)
