@@ -8,7 +8,7 @@ codes in one place (`common.cli_command`).
     train_cmd     run, publish, worker, processor, learner, replay
     model_cmd     model init
     service_cmd   serve-training, training-key
-    observe_cmd   tracker, export
+    observe_cmd   tracker, export, ui
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Commands that show a run: tracker (feeds W&B / TensorBoard / MLflow from the run's
-topics) and export (the same from the ledger, for a run that had no tracker)."""
+topics), export (the same from the ledger, for a run that had no tracker) and ui (the
+run browser)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from streamrl.cli.common import CommandFailed, UsageError, checked_run_id, cli_command, console, database_url, settings
+from streamrl.cli.common import (
+    CommandFailed, UsageError, checked_run_id, cli_command, console, database_url, readonly_url, settings,
+)
 from streamrl.cli.train_cmd import run_config
 
 
 def register(app: typer.Typer) -> None:
-    for command in (tracker, export):
+    for command in (tracker, export, ui):
         app.command()(cli_command(command))
 
 
@@ -75,3 +78,19 @@ def export(
         for one in trackers:
             one.close()
     console.print(f"exported {steps} steps and {validations} validations of {run} to {', '.join(to)}", highlight=False)
+
+
+def ui(
+    host: Annotated[str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+) -> None:
+    """The run browser: runs and their lineage, curves (two runs overlaid), every rollout
+    with its tokens, mask, logprobs and advantages, and a read-only SQL box. It reads
+    the ledger as the read-only role."""
+    import uvicorn
+
+    from streamrl.ui.app import make_app
+
+    url = readonly_url()
+    console.print(f"StreamRL run browser on http://{host}:{port} (Ctrl-C stops it)", highlight=False)
+    uvicorn.run(make_app(url), host=host, port=port, log_level="warning")
