@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench install clean sglang-env
+.PHONY: run test bench install clean sglang-env browser
 
 # SGLang serves rollouts from its own virtual environment (it pins its own torch and CUDA
 # packages); StreamRL only talks HTTP to it. Built once per machine, outside the checkout,
@@ -24,6 +24,13 @@ $(SGLANG_STAMP):
 	touch $(SGLANG_STAMP)
 
 sglang-env: $(SGLANG_STAMP)
+
+# The run browser's tests drive the machine's chromium through Playwright: Debian's
+# package (Playwright's own browser download comes from a host outside the registries).
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
+	  echo "could not install chromium (apt-get, as root): the browser tests will be skipped"
 
 
 $(STAMP): pyproject.toml
@@ -46,7 +53,7 @@ run: $(STAMP)
 # The SGLang tests need the SGLang environment: built here when missing (unless
 # STREAMRL_SGLANG_PYTHON names one); if it cannot be built they say so and are skipped
 # (under CI they fail).
-test: $(STAMP)
+test: $(STAMP) browser
 ifeq ($(STREAMRL_SGLANG_PYTHON),)
 	@$(MAKE) --no-print-directory sglang-env || echo "could not build the SGLang environment (the error is above): the SGLang tests will be skipped"
 endif
@@ -65,6 +72,7 @@ bench: $(BENCH_STAMP)
 	$(PY) bench/remote_step.py
 	$(PY) bench/processor_cpu.py
 	$(PY) bench/group_membership.py
+	$(PY) bench/ui_pages.py
 	$(PY) bench/time_to_accuracy.py
 	STREAMRL_HOME=bench/out/home $(VENV)/bin/streamrl down
 

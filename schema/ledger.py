@@ -112,6 +112,7 @@ trajectories = Table(
     Index("ix_trajectories_run_group", "run_id", "group_id"),
     Index("ix_trajectories_run_version", "run_id", "weight_version"),
     Index("ix_trajectories_traj", "run_id", "trajectory_id"),
+    Index("ix_trajectories_run_id_id", "run_id", "id"),  # keyset pages of one run (migration 0011)
 )
 
 evaluations = Table(
