@@ -69,6 +69,37 @@ def test_the_guides_logger_form_and_a_list_of_backends(tmp_path):
     assert any("logger.tensorbord: unknown key (did you mean logger.tensorboard?)" in p for p in info.value.problems)
 
 
+def test_an_agent_episodes_tokens_split_by_turn_with_their_advantages():
+    import numpy as np
+
+    from streamrl.ui.tokens import advantage_colour, token_views, turn_views
+
+    call = {"tool_calls": [{"name": "get", "arguments": {"key": "a"}}]}
+    trajectory = {"tokens": np.arange(9, dtype="<i4").tobytes(),
+                  "loss_mask": np.array([0, 0, 0, 1, 1, 0, 0, 1, 1], dtype=np.uint8).tobytes(),
+                  "logprobs": np.array([0, 0, 0, -0.5, -1, 0, 0, -0.25, -2], dtype="<f4").tobytes(),
+                  "prompt_length": 3,
+                  "turns": [{"role": "prompt", "start": 0, "end": 3}, {"role": "assistant", "start": 3, "end": 5,
+                                                                      "trained": True, "meta": call},
+                            {"role": "tool", "start": 5, "end": 7}, {"role": "assistant", "start": 7, "end": 9,
+                                                                    "trained": True}]}
+    per_token = np.array([0, 0, 0, 1.0, 1.0, 0, 0, -0.25, -0.25], dtype="<f4").tobytes()
+    tokens = token_views(trajectory, {"advantage": 0.25, "token_advantages": per_token}, None)
+    turns = turn_views(trajectory, tokens)
+    assert [(t.role, len(t.tokens), t.trained) for t in turns] == [
+        ("prompt", 3, False), ("assistant", 2, True), ("tool", 2, False), ("assistant", 2, True)]
+    assert turns[1].meta == call and turns[1].tokens[0].text == "⟨3⟩"  # no tokenizer here: the ids
+    assert [t.advantage for t in tokens] == [None, None, None, 1.0, 1.0, None, None, -0.25, -0.25]
+    assert [t.logprob for t in tokens[7:]] == [-0.25, -2.0]
+    # colour strength 0.1 + 0.65 * |advantage| / max |advantage|; grey where not trained
+    assert (tokens[3].colour, tokens[7].colour, tokens[5].colour) == (
+        "rgba(0,160,60,0.75)", "rgba(220,40,40,0.26)", "rgba(128,128,128,0.18)")
+    # a sequence-level estimator: its one advantage on every trained token
+    scalar = token_views(trajectory, {"advantage": 0.25, "token_advantages": None}, None)
+    assert [t.advantage for t in scalar if t.trained] == [0.25] * 4
+    assert advantage_colour(None, True, 1.0) == "rgba(80,120,255,0.25)"  # trained, not (yet) a sample
+
+
 def ledger_steps(ledger, run_id: str) -> dict[str, dict[int, float]]:
     """The ledger's loss and mean reward, each as {step: value}."""
     rows = ledger.execute("select step, loss, (metrics->>'reward_mean')::float from train_steps where run_id = %s",
