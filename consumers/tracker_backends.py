@@ -56,6 +56,8 @@ class WandbTracker:
             raise RuntimeError("logger.wandb.mode is online but neither WANDB_API_KEY nor WANDB_KEY is set")
         if key:
             os.environ.setdefault("WANDB_API_KEY", key)
+        if os.environ.get("WANDB_HOST"):  # the guide's name for a self-hosted W&B server
+            os.environ.setdefault("WANDB_BASE_URL", os.environ["WANDB_HOST"])
         folder = Path(options.dir) if options.dir else tracker_dir(settings, run_id)
         folder.mkdir(parents=True, exist_ok=True)
         # The run id is the W&B run id: a restarted tracker, or `streamrl export`, continues

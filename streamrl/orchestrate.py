@@ -155,8 +155,8 @@ def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, ru
     role = "remote-trainer" if recipe.service.train_service.backend != "none" else "learner"
     learner = local.spawn(role, ["learner", run_id] + (["--reset-offsets"] if reset_offsets else []),
                           may_finish=True)
-    if recipe.logger.trackers():  # W&B / TensorBoard / MLflow, fed from the topics
-        local.spawn("tracker", ["tracker", run_id])
+    if recipe.logger.trackers():  # W&B / TensorBoard / MLflow, fed from the topics; training never waits for it
+        local.spawn("tracker", ["tracker", run_id], optional=f"`streamrl export {run_id} --to ...` back-fills the trackers")
     for i in range(workers):  # group members by name, or fixed shards (STREAMRL_PARTITION_ASSIGNMENT)
         placement = ["--name", f"worker-{i}"] if settings.partition_assignment == "group" else ["--shard", f"{i}/{workers}"]
         local.spawn(f"worker-{i}", ["worker", run_id, *placement])
@@ -191,7 +191,7 @@ def replay_locally(settings: Settings, run_id: str, steps: int, publish, out: Pa
     local.spawn("processor", ["processor", run_id])
     learner = local.spawn("learner", ["learner", run_id], may_finish=True)
     if trackers:
-        local.spawn("tracker", ["tracker", run_id])
+        local.spawn("tracker", ["tracker", run_id], optional=f"`streamrl export {run_id} --to ...` back-fills the trackers")
 
     def publish_all(progress: Progress) -> None:
         sent = progress.add_task("replayed rollouts", total=None, status="")

@@ -13,7 +13,9 @@ Two kinds of exit are not retried, since a restart cannot fix them: bad usage or
 (exit 2: the recipe or the run's config) and a lost service (exit 3: the process has
 already waited for the broker or PostgreSQL as long as it was told to). More than
 `max_restarts` crashes of one process within `window_s` also ends the run, with the
-child's last log lines: something is wrong that restarting will not cure.
+child's last log lines: something is wrong that restarting will not cure. Except for an
+optional child (the experiment trackers' feed): training does not need it, so where it
+would end the run it is left stopped, with one sentence saying how to make up for it.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class Child:
     restarts: int = 0
     crashes: deque = field(default_factory=deque)  # monotonic times of recent crashes
     restart_at: float | None = None
+    optional: str | None = None  # not needed by the run: what to do if it is given up (said once)
+    given_up: bool = False
 
     def tail(self, lines: int = 25) -> str:
         try:
@@ -78,8 +82,9 @@ class Supervisor:
         self.children: list[Child] = []
 
     def spawn(self, name: str, args: list[str], may_finish: bool = False,
-              restart_args: list[str] | None = None) -> Child:
-        child = Child(name, args, self.logs / f"{name}.log", may_finish=may_finish, restart_args=restart_args)
+              restart_args: list[str] | None = None, optional: str | None = None) -> Child:
+        child = Child(name, args, self.logs / f"{name}.log", may_finish=may_finish, restart_args=restart_args,
+                      optional=optional)
         self._start(child, args)
         self.children.append(child)
         return child
@@ -93,6 +98,8 @@ class Supervisor:
         """Notice exits, schedule and perform restarts; RunFailed when one must not go on."""
         now = time.monotonic()
         for child in self.children:
+            if child.given_up:
+                continue
             if child.restart_at is not None:
                 if now >= child.restart_at:
                     child.restart_at = None
@@ -105,17 +112,26 @@ class Supervisor:
             if code is None or (code == 0 and child.may_finish):
                 continue
             if code in NOT_RETRIED or self.policy.max_restarts <= 0:
-                raise RunFailed(child.failure(code))
+                self._fail(child, child.failure(code))
+                continue
             self._crashed(child, code, now)
+
+    def _fail(self, child: Child, why: str) -> None:
+        """End the run, or, for an optional child, go on without it."""
+        if child.optional is None:
+            raise RunFailed(why)
+        child.given_up, child.restart_at = True, None
+        self.say(f"{child.name} is stopped and the run goes on without it: {child.optional}; "
+                 f"{why.splitlines()[0]}")
 
     def _crashed(self, child: Child, code: int, now: float) -> None:
         child.crashes.append(now)
         while child.crashes and now - child.crashes[0] > self.policy.window_s:
             child.crashes.popleft()
         if len(child.crashes) > self.policy.max_restarts:
-            raise RunFailed(f"{child.name} crashed {len(child.crashes)} times within "
-                            f"{self.policy.window_s:.0f} s (at most {self.policy.max_restarts} restarts "
-                            f"allowed): giving up. " + child.failure(code))
+            return self._fail(child, f"{child.name} crashed {len(child.crashes)} times within "
+                                     f"{self.policy.window_s:.0f} s (at most {self.policy.max_restarts} restarts "
+                                     f"allowed): giving up. " + child.failure(code))
         delay = self.policy.delay_s(len(child.crashes))
         child.restart_at = now + delay
         how = f"signal {-code}" if code < 0 else f"code {code}"

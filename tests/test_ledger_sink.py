@@ -212,6 +212,22 @@ def test_events_over_the_broker_limit_are_compressed_or_sent_by_reference(stack,
     assert ledger.execute("select count(*) from blobs where size > %s", (stack.max_message_bytes,)).fetchone()[0] >= 1
 
 
+def test_a_rollout_spanning_two_weight_versions_keeps_each_tokens_version(stack, ledger, run_id):
+    """A partial rollout resumed under new weights (`partial_rollout: resume`): its oldest
+    version is its weight_version (what the staleness bound counts), its newest and each
+    token's version are kept beside it."""
+    create_run_topics(stack, run_id)
+    spanning = Trajectory(run_id=run_id, trajectory_id="t-span", task_id="t-span", group_id="g-span", weight_version=4,
+                          tokens=pack_int32([1, 2, 7, 8, 9]), loss_mask=pack_mask([0, 0, 1, 1, 1]),
+                          logprobs=pack_float32([0, 0, -0.1, -0.2, -0.3]), token_versions=pack_int32([0, 0, 4, 5, 5]))
+    publish(stack, [spanning])
+    with SinkThread(stack, run_id):
+        wait_for(lambda: count_rows(ledger, "trajectories", run_id) == 1, 60, what="the spanning trajectory")
+    row = ledger.execute("select weight_version, newest_weight_version, streamrl_int32s(token_versions) "
+                         "from trajectories where run_id = %s", (run_id,)).fetchone()
+    assert row == (4, 5, [0, 0, 4, 5, 5])
+
+
 def test_sigterm_commits_and_exits_zero(stack, ledger, run_id):
     create_run_topics(stack, run_id)
     produced = publish(stack, synthetic_events(run_id, 500, types=["Task"]))

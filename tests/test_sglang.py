@@ -240,8 +240,8 @@ def test_the_agent_recipe_runs_its_episodes_on_sglang(stack, ledger, run_id, tmp
 def test_the_sglang_recipe_learns_and_survives_its_server_being_killed(stack, ledger, run_id, tmp_path, sglang_python):
     """14 fully-async steps on a managed server, SIGKILLed (its whole process group) after
     step 4: the worker restarts it, re-syncs the current version, and the run finishes
-    with exact ledger counts; held-out accuracy does not collapse, partial rollouts spanning two versions are recorded
-    and trained, and every step records the logprob gap."""
+    with exact ledger counts; held-out accuracy does not collapse, partial rollouts spanning two versions (when an
+    update catches one) are trained or dropped as stale like any other, and every step records the logprob gap."""
     env = {"ARITH_STEPS": "14", "ARITH_WARMUP_STEPS": "350", "ARITH_VALIDATE_EVERY": "14"}
     log = tmp_path / "logs" / "worker-0.log"
     run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--out", str(tmp_path)],
@@ -265,11 +265,16 @@ def test_the_sglang_recipe_learns_and_survives_its_server_being_killed(stack, le
     accuracy = dict(ledger.execute("select step, avg(reward) from evaluations where run_id = %s and is_val "
                                    "group by step", (run_id,)).fetchall())
     assert accuracy[14] >= accuracy[0] - 0.1, accuracy
-    spanning_trained = scalar(ledger, """
-        select count(*) from trajectories t
-        join train_steps ts on ts.run_id = t.run_id and t.trajectory_id = any(ts.sample_ids)
-        where t.run_id = %s and t.newest_weight_version > t.weight_version""", run_id)
-    assert spanning_trained > 0
+    # Whether an update lands while a request has sampled part of its 2-3 answer tokens is
+    # a race on this recipe (the engine test above forces it; tests/test_ledger_sink.py
+    # records such a rollout): those that did are trained like any other, or dropped as
+    # too stale, never lost.
+    spanning = {r[0] for r in ledger.execute("""
+        select t.trajectory_id from trajectories t join samples s using (run_id, trajectory_id)
+        where t.run_id = %s and t.newest_weight_version > t.weight_version""", (run_id,))}
+    used = {t for trained, dropped in ledger.execute("select sample_ids, dropped_ids from train_steps where run_id = %s",
+                                                     (run_id,)) for t in (trained or []) + (dropped or [])}
+    assert spanning <= used, spanning - used
     gaps = ledger.execute("select gap_mean, gap_max, gap_mean_lag0 from logprob_gaps where run_id = %s", (run_id,)).fetchall()
     assert len(gaps) == 14 and all(mean is not None and 0 <= mean <= gap_max for mean, gap_max, _ in gaps)
     # tokens sampled by the weights being trained differ from the learner's scoring by round-off only

@@ -58,6 +58,27 @@ def test_bad_usage_is_not_retried(stack, tmp_path):
     assert message.startswith("crasher exited with code 2") and said == [] and child.restarts == 0
 
 
+def test_an_optional_process_that_keeps_crashing_is_left_stopped_and_the_run_goes_on(stack, tmp_path):
+    """The trackers' feed: where a needed process would end the run, it is given up alone."""
+    said = []
+    supervisor = Supervisor(tmp_path, child_env(stack), RestartPolicy(max_restarts=1, window_s=60, backoff_s=0.1),
+                            said.append)
+    tracker = supervisor.spawn("tracker", ["sql", "select 1/0"], optional="export back-fills it")
+    needed = supervisor.spawn("needed", ["sql", "select pg_sleep(30)"])
+    try:
+        deadline = time.monotonic() + 60
+        while not tracker.given_up and time.monotonic() < deadline:
+            supervisor.check()  # never raises RunFailed for the optional child
+            time.sleep(0.05)
+        assert tracker.given_up and tracker.restarts == 1
+        assert said[-1].startswith("tracker is stopped and the run goes on without it: export back-fills it; "
+                                   "tracker crashed 2 times within 60 s")
+        supervisor.check()
+        assert needed.process.poll() is None and len(said) == 2  # said once; the needed child untouched
+    finally:
+        supervisor.stop()
+
+
 @pytest.fixture
 def own_broker(monkeypatch):
     """A broker of this test's own, which it stops."""
