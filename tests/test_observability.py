@@ -178,7 +178,8 @@ def observed(stack, ui_server, browser, tmp_path_factory):
         wait_for(registered, timeout=180, what="the run in the ledger")
         page.goto(f"{UI}/runs/{run_id}?refresh=1")
         page.wait_for_selector("#chart-reward .scatterlayer .trace")
-        live = {"steps_when_opened": steps(), "points_when_opened": chart_points(page, "reward")}
+        points = chart_points(page, "reward")  # the steps in the ledger when the page was drawn
+        live = {"points_when_opened": points, "steps_after_opening": steps()}
         assert run.wait(420) == 0, (out / "run.log").read_text()[-3000:]
         wait_for(lambda: chart_points(page, "reward") == 6, timeout=30, what="the open page to draw all 6 steps")
         live["points_at_end"] = chart_points(page, "reward")
@@ -226,8 +227,9 @@ def test_a_run_feeds_wandb_tensorboard_and_mlflow_and_export_resends_the_ledger(
 
 def test_the_run_page_draws_the_steps_as_they_land(observed):
     live = observed["live"]
-    # opened before the last step; the same page, never reloaded, ends with all six
-    assert live["points_when_opened"] == live["steps_when_opened"] < 6, live
+    # opened before the last step (the ledger may have gained a step since it was drawn);
+    # the same page, never reloaded, ends with all six
+    assert live["points_when_opened"] <= live["steps_after_opening"] and live["points_when_opened"] < 6, live
     assert live["points_at_end"] == 6
 
 
