@@ -60,9 +60,11 @@ def make_app(readonly_url: str) -> FastAPI:
     def runs(request: Request, offset: int = 0):
         return page(request, "runs.html", runs=ledger.runs(100, offset), offset=offset)
 
-    def run_figures(run_id: str, compare: Optional[str], axis: str) -> dict[str, str]:
+    def run_figures(run_id: str, compare: Optional[str], axis: str) -> tuple[dict[str, str], int]:
+        """The figures, and the run's own step count (read once, with its curves)."""
         shown = [run_id] + ([compare] if compare and compare != run_id else [])
-        return figures([(r, ledger.curves(r), ledger.validation(r)) for r in shown], axis)
+        data = [(r, ledger.curves(r), ledger.validation(r)) for r in shown]
+        return figures(data, axis), len(data[0][1].rows)
 
     @app.get("/runs/{run_id}", response_class=HTMLResponse)
     def run(request: Request, run_id: str, compare: Optional[str] = None, x: str = Query("step", pattern="^(step|version)$"),
@@ -72,16 +74,17 @@ def make_app(readonly_url: str) -> FastAPI:
             return not_found(request, f"run {run_id} is not in the ledger")
         if compare and ledger.run(compare) is None:
             return not_found(request, f"run {compare} (compare) is not in the ledger")
+        shown, steps = run_figures(run_id, compare, x)
         return page(request, "run.html", run=found, highlights=config_highlights(found["config"] or {}, found["parent_run_id"]),
-                    figures=run_figures(run_id, compare, x), compare=compare or "", axis=x, refresh_ms=int(refresh * 1000),
-                    steps=len(ledger.curves(run_id).rows), others=[r["run_id"] for r in ledger.runs(200) if r["run_id"] != run_id])
+                    figures=shown, compare=compare or "", axis=x, refresh_ms=int(refresh * 1000),
+                    steps=steps, others=[r["run_id"] for r in ledger.runs(200) if r["run_id"] != run_id])
 
     @app.get("/api/runs/{run_id}/figures")
     def run_figures_json(run_id: str, compare: Optional[str] = None, x: str = Query("step", pattern="^(step|version)$")):
         found = ledger.run(run_id)
         if found is None:
             return JSONResponse({"error": f"run {run_id} is not in the ledger"}, status_code=404)
-        return {"status": found["status"], "figures": {k: json.loads(v) for k, v in run_figures(run_id, compare, x).items()}}
+        return {"status": found["status"], "figures": {k: json.loads(v) for k, v in run_figures(run_id, compare, x)[0].items()}}
 
     @app.get("/runs/{run_id}/rollouts", response_class=HTMLResponse)
     def rollouts(request: Request, run_id: str, step: Optional[str] = None, group: Optional[str] = None,
