@@ -3,31 +3,35 @@
 The same job as `consumers/processor.py` (whose pure `group_outcome` it calls), shaped
 for a cluster: the processors of a run form one consumer group, so any number of them
 share the partitions of the two co-partitioned input topics (both are keyed by group
-id, so a GRPO group's events share a partition number), and open groups live in a faust
-Table whose changelog topic is the state's durable copy. A processor that is restarted,
-or that takes over a partition in a rebalance, recovers the partition's open groups
-from the changelog and goes on from the committed offsets.
+id, so a GRPO group's events share a partition number).
 
-Guarantees, at least once end to end and exactly once in the ledger: faust flushes what
-was produced (table changes and samples) before it commits the input offsets, so a
-crash re-reads events whose effects may already be out; re-added events are ignored
-(the first copy of a trajectory wins), and a group emitted again carries the same
-event ids, which the ledger keeps once.
+Guarantees, at least once end to end and exactly once in the ledger. Open groups live
+in memory, and an input event is acked only when its group is closed (or when it is
+one the processor has no use for), so faust commits each input partition only up to
+the first event of a group still open: a restarted processor, or one that takes over a
+partition in a rebalance, reads that group's events again and rebuilds it. faust
+flushes what was produced (samples and table changes) before it commits, so a crash can
+re-send a group's outcome, which carries the same event ids (the ledger keeps it once).
 
-A finished group stays in the table as a small marker (its trajectory ids), so that a
-trajectory arriving after its group timed out is recorded as `late` and an event read
-twice is not mistaken for a new group.
+The Table holds one small marker per closed group (the trajectory ids it accounted for;
+its changelog topic is the durable copy), written once when the group closes: a
+trajectory arriving after its group timed out is recorded as `late`, and an event read
+again after a restart is recognised as one of a closed group. Keeping open groups in the
+table instead cost a changelog write of the whole group per event (bench/step_cpu.py:
+the processor and the broker then took 0.8 s of CPU a 256-rollout step;
+docs/decisions.md).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 import threading
 import time
+from dataclasses import dataclass, field
 
 import msgspec
-from kafka.partitioner.default import murmur2
 
 from consumers.processor import group_outcome, load_custom_advantages
 from algos.advantages import get_advantage_estimator
@@ -43,20 +47,27 @@ log = logging.getLogger("streamrl.processor")
 PROCESSOR_GROUP = "streamrl-processor"
 
 
-class GroupState(msgspec.Struct):
-    """One GRPO group in the table: the framed events read so far, or (closed) the ids
-    of the trajectories it accounted for."""
+class ClosedGroup(msgspec.Struct):
+    """A closed GRPO group's marker in the table: the trajectories it accounted for."""
     step: int = 0
     group_size: int = 0
-    first_seen: float = 0.0  # wall clock: the timeout must survive a move to another process
-    trajectories: dict[str, bytes] = {}
-    evaluations: dict[str, bytes] = {}
-    closed: bool = False
     accounted: list[str] = []
 
 
-_encode_state = msgspec.msgpack.Encoder().encode
-_decode_state = msgspec.msgpack.Decoder(GroupState).decode
+_encode_marker = msgspec.msgpack.Encoder().encode
+_decode_marker = msgspec.msgpack.Decoder(ClosedGroup).decode
+
+
+@dataclass
+class OpenGroup:
+    """A group still collecting events, with the stream events to ack once it closes."""
+    step: int
+    partition: int
+    group_size: int = 0
+    first_seen: float = field(default_factory=time.monotonic)
+    trajectories: dict[str, Trajectory] = field(default_factory=dict)
+    evaluations: dict[str, Evaluation] = field(default_factory=dict)
+    unacked: list = field(default_factory=list)
 
 
 def faust_broker_options(settings: Settings) -> dict:
@@ -72,6 +83,15 @@ def faust_broker_options(settings: Settings) -> dict:
             mechanism=settings.sasl_mechanism or "PLAIN", ssl_context=context)
     elif protocol == "SSL":
         options["broker_credentials"] = faust.SSLCredentials(context)
+    return options
+
+
+def aiokafka_options(settings: Settings) -> dict:
+    """The broker address and credentials of `settings`, as aiokafka takes them."""
+    options = settings.kafka_client_options()
+    cafile = options.pop("ssl_cafile", None)
+    if options["security_protocol"].endswith("SSL"):
+        options["ssl_context"] = ssl.create_default_context(cafile=cafile)
     return options
 
 
@@ -117,6 +137,9 @@ class FaustProcessor:
             # overwrote newer state (seen: a group's evaluations lost). Recovery on
             # assignment reads the partition's changelog instead.
             table_standby_replicas=0,
+            # Events of open groups stay unacked until their group closes: a rebalance or a
+            # stop must not wait for them (faust's default), only commit what is acked.
+            stream_wait_empty=False,
             broker_heartbeat_interval=max(0.1, min(1.0, settings.session_timeout_ms / 3000)),
             consumer_group_instance_id=f"{PROCESSOR_GROUP}.{run_id}.{name}" if static else None,
             producer_acks=-1, producer_max_request_size=settings.max_message_bytes,
@@ -128,25 +151,33 @@ class FaustProcessor:
         raw = dict(key_serializer="raw", value_serializer="raw")
         self.inputs = [topic_name(run_id, kind) for kind in ("trajectories", "evaluations")]
         source = self.app.topic(*self.inputs, **raw)
-        self.outputs = {kind: self.app.topic(topic_name(run_id, kind), **raw) for kind in ("samples", "dead_letters")}
         # keyed by group id with the producer's partitioner: the same partition as the
         # group's input events, so a partition's groups move with it
-        self.groups = self.app.Table("groups", partitions=settings.topic_partitions, use_partitioner=True,
+        self.closed = self.app.Table("closed_groups", partitions=settings.topic_partitions, use_partitioner=True,
                                      key_type=bytes, value_type=bytes)  # bytes: stored raw
         self.app.agent(source, name="join")(self._join)
         self.app.timer(interval=1.0)(self._expire)
+        self.open: dict[str, OpenGroup] = {}
+        # Samples and dead letters go out through a producer of their own that batches
+        # (linger 5 ms): faust's producer sends one record per batch on the embedded
+        # broker (above), so a group's samples took one produce request each and woke
+        # every consumer of the samples topic once per sample (bench/step_cpu.py: 0.4 s of
+        # broker CPU a 256-rollout step). A group's input events are acked once its
+        # outputs are delivered, so a commit never passes an undelivered group.
+        self.output_producer = None
         self.lost: list[BaseException] = []
         self.generation: int | None = None  # the consumer generation `expected` belongs to
         self.expected: dict = {}  # input partition -> the next offset this process must read
         self.rewinding: set = set()  # input partitions sought back, waiting for their expected offset
         # before the first assignment starts faust's fetch loop, which binds the read offsets
         self.app.on_partitions_assigned.connect(self._unfilter_inputs)
+        self.app.on_before_shutdown.connect(self._stop_output_producer)
 
     # --- the loop around the group maths ---------------------------------------------
 
     async def _join(self, stream):
-        # Acked by hand: a record the offset guard sends back for re-reading must not be
-        # acked (faust commits the acked offsets), or a crash before its re-read loses it.
+        # Acked by hand: an event is acked when its group closes (faust commits only acked
+        # offsets), and a record the offset guard sends back for re-reading never is.
         async for message in stream.noack().events():
             record = message.message
             if not await self._in_order(record):
@@ -154,10 +185,11 @@ class FaustProcessor:
             try:
                 event = unframe(record.value, self._blob_store_if_needed(record.value))
             except (codec.CodecError, LookupError, ValueError) as exc:
-                await self._send(dead_letter(record, self.run_id, str(exc), "processor"))
+                await (await self._send(dead_letter(record, self.run_id, str(exc), "processor")))
             else:
                 if isinstance(event, (Trajectory, Evaluation)) and not event.is_val:
-                    await self._add(event, record.value)
+                    await self._add(event, message, record.partition)
+                    continue  # acked with its group
             message.ack()
 
     async def _unfilter_inputs(self, *args, **kwargs) -> None:
@@ -181,6 +213,7 @@ class FaustProcessor:
         generation = self.app.consumer_generation_id
         if generation != self.generation:  # a rebalance: each partition starts at its committed offset
             self.generation, self.expected, self.rewinding = generation, {}, set()
+            self._drop_unowned_groups()
         tp, offset = record.tp, record.offset
         # faust keeps the committed offsets it seeked to (None for 0 or none: accept what comes)
         expected = self.expected.get(tp, self.app.consumer._committed_offset.get(tp))
@@ -195,66 +228,92 @@ class FaustProcessor:
             await self.app.consumer.seek(tp, expected)
         return False  # not acked: it comes again, in order
 
-    async def _add(self, event: Trajectory | Evaluation, raw: bytes) -> None:
-        key = event.group_id.encode()
-        stored = self.groups.get(key)
-        state = _decode_state(stored) if stored else GroupState(step=event.step, first_seen=time.time())
-        if state.closed:
-            if isinstance(event, Trajectory) and event.trajectory_id not in state.accounted:
-                state.accounted.append(event.trajectory_id)  # it came after the group timed out
-                self.groups[key] = _encode_state(state)
-                await self._send_late(event.group_id, event.step, event.group_size, [event.trajectory_id])
-            return  # else a second copy, or the evaluation of one accounted for
+    def _drop_unowned_groups(self) -> None:
+        """Forget the open groups of partitions this process no longer owns: their events
+        are unacked, so the new owner reads them from the committed offset."""
+        owned = {tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.inputs[0]}
+        self.open = {gid: group for gid, group in self.open.items() if group.partition in owned}
+
+    async def _add(self, event: Trajectory | Evaluation, message, partition: int) -> None:
+        group_id = event.group_id
+        marker = self.closed.get(group_id.encode())
+        if marker is not None:
+            closed = _decode_marker(marker)
+            if isinstance(event, Trajectory) and event.trajectory_id not in closed.accounted:
+                closed.accounted.append(event.trajectory_id)  # it came after the group timed out
+                self.closed[group_id.encode()] = _encode_marker(closed)
+                await (await self._send_late(group_id, event.step, event.group_size, [event.trajectory_id]))
+            message.ack()  # else a second copy, or the evaluation of one accounted for
+            return
+        group = self.open.get(group_id)
+        if group is None:
+            group = self.open[group_id] = OpenGroup(step=event.step, partition=partition)
+        group.unacked.append(message)
         if isinstance(event, Trajectory):
-            state.group_size = event.group_size
-            state.trajectories.setdefault(event.trajectory_id, raw)  # the first copy wins, as in the ledger
+            group.group_size = event.group_size
+            group.trajectories.setdefault(event.trajectory_id, event)  # the first copy wins, as in the ledger
         else:
-            state.evaluations.setdefault(event.trajectory_id, raw)
-        joined = [tid for tid in state.trajectories if tid in state.evaluations]
-        if state.group_size and len(joined) >= state.group_size:
-            await self._emit(event.group_id, state)
-        else:
-            self.groups[key] = _encode_state(state)
+            group.evaluations.setdefault(event.trajectory_id, event)
+        joined = [tid for tid in group.trajectories if tid in group.evaluations]
+        if group.group_size and len(joined) >= group.group_size:
+            await self._emit(group_id, group)
 
     async def _expire(self) -> None:
         """Groups that never completed: emitted as timed out, by the process that owns them."""
-        assigned = {(tp.topic, tp.partition) for tp in self.app.consumer.assignment()}
-        now = time.time()
-        for key, stored in list(self.groups.items()):
-            state = _decode_state(stored)
-            if state.closed or now - state.first_seen <= self.timeout_s:
-                continue
-            if (self.inputs[0], self._partition_of(key)) in assigned:
-                await self._emit(key.decode(), state, timed_out=True)
+        assigned = {tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.inputs[0]}
+        now = time.monotonic()
+        for group_id, group in list(self.open.items()):
+            if now - group.first_seen > self.timeout_s and group.partition in assigned:
+                await self._emit(group_id, group, timed_out=True)
 
-    def _partition_of(self, key: bytes) -> int:
-        """The partition a group's events and its table entry are on (the producers' murmur2)."""
-        return (murmur2(key) & 0x7FFFFFFF) % self.settings.topic_partitions
-
-    async def _emit(self, group_id: str, state: GroupState, timed_out: bool = False) -> None:
-        decode = lambda raw: unframe(raw, self._blob_store_if_needed(raw))  # noqa: E731
-        trajectories = {tid: decode(raw) for tid, raw in sorted(state.trajectories.items())}
-        joined = [(t, decode(state.evaluations[tid])) for tid, t in trajectories.items() if tid in state.evaluations]
+    async def _emit(self, group_id: str, group: OpenGroup, timed_out: bool = False) -> None:
+        trajectories = dict(sorted(group.trajectories.items()))
+        joined = [(t, group.evaluations[tid]) for tid, t in trajectories.items() if tid in group.evaluations]
         algorithm = self.recipe.algorithm
-        outcome = group_outcome(self.run_id, group_id, state.step, state.group_size, joined, algorithm.type,
+        outcome = group_outcome(self.run_id, group_id, group.step, group.group_size, joined, algorithm.type,
                                 algorithm.filter_zero_variance, timed_out, self.train_partial)
-        self.groups[group_id.encode()] = _encode_state(GroupState(step=state.step, group_size=state.group_size,
-                                                                  closed=True, accounted=sorted(trajectories)))
+        self.closed[group_id.encode()] = _encode_marker(ClosedGroup(step=group.step, group_size=group.group_size,
+                                                                    accounted=list(trajectories)))
         unjoined = sorted(set(trajectories) - {t.trajectory_id for t, _ in joined})
+        sent = []
         if unjoined:  # their evaluations had not arrived
-            await self._send_late(group_id, state.step, state.group_size, unjoined)
+            sent.append(await self._send_late(group_id, group.step, group.group_size, unjoined))
         for event in [outcome] if isinstance(outcome, GroupFiltered) else outcome:
-            await self._send(event)
+            sent.append(await self._send(event))
+        del self.open[group_id]
+        asyncio.ensure_future(self._ack_when_delivered(sent, group.unacked))
 
-    async def _send_late(self, group_id: str, step: int, group_size: int, trajectory_ids: list[str]) -> None:
+    async def _ack_when_delivered(self, sent: list, messages: list) -> None:
+        """Ack a group's input events once its outputs are on the broker (faust commits
+        acked offsets only). A send that fails leaves them unacked: read again later."""
+        try:
+            await asyncio.gather(*sent)
+        except Exception as exc:  # noqa: BLE001 - the producer's retries ran out
+            log.warning("could not send a group's outcome (%s): its events will be read again", exc)
+            return
+        for message in messages:
+            message.ack()
+
+    async def _send_late(self, group_id: str, step: int, group_size: int, trajectory_ids: list[str]):
         log.warning("group %s closed before trajectories %s were complete: recorded as late", group_id, trajectory_ids)
-        await self._send(GroupFiltered(run_id=self.run_id, group_id=group_id, reason="late", step=step,
+        return await self._send(GroupFiltered(run_id=self.run_id, group_id=group_id, reason="late", step=step,
                                        group_size=group_size, received=len(trajectory_ids),
                                        trajectory_ids=trajectory_ids))
 
-    async def _send(self, event: Event) -> None:
-        await self.outputs[event.KIND].send(key=event_key(event), value=frame(event, self.settings.max_message_bytes,
-                                                                              None))
+    async def _send(self, event: Event) -> asyncio.Future:
+        """Queue `event` on the output producer; the future resolves when it is delivered."""
+        if self.output_producer is None:
+            from aiokafka import AIOKafkaProducer
+
+            self.output_producer = AIOKafkaProducer(**aiokafka_options(self.settings), acks="all", linger_ms=5,
+                                                    max_request_size=self.settings.max_message_bytes)
+            await self.output_producer.start()
+        return await self.output_producer.send(topic_name(self.run_id, event.KIND), key=event_key(event),
+                                               value=frame(event, self.settings.max_message_bytes, None))
+
+    async def _stop_output_producer(self, *args, **kwargs) -> None:
+        if self.output_producer is not None:
+            await self.output_producer.stop()  # delivers what is queued first
 
     def _blob_store_if_needed(self, value: bytes | None):
         if value and codec.parse_reference(value) is not None and self.blobs is None:

@@ -31,7 +31,7 @@ import psycopg
 from kafka import OffsetAndMetadata, TopicPartition
 from kafka.errors import KafkaError
 from psycopg.types.json import Jsonb
-from sqlalchemy import Table
+from sqlalchemy import ARRAY, Table
 from sqlalchemy.dialects.postgresql import JSONB
 
 from schema.codec import CodecError
@@ -56,23 +56,42 @@ def _json_dumps(value) -> bytes:
     return msgspec.json.encode(value)
 
 
+# PostgreSQL's name for each column type, for binary COPY (psycopg dumps by these).
+_PG_TYPES = {"Text": "text", "Integer": "int4", "BigInteger": "int8", "Float": "float8", "Boolean": "bool",
+             "LargeBinary": "bytea", "JSONB": "jsonb", "DateTime": "timestamptz"}
+
+
+def pg_type_name(column) -> str:
+    if isinstance(column.type, ARRAY):
+        return _PG_TYPES[type(column.type.item_type).__name__] + "[]"
+    return _PG_TYPES[type(column.type).__name__]
+
+
 class TableWriter:
-    """Idempotent bulk insert into one ledger table: the batch's rows are COPYed into a
-    session-private staging table, then moved with `INSERT ... SELECT ... ON CONFLICT
-    (event_id) DO NOTHING`. COPY costs PostgreSQL (and the sink) far less per row than
-    one prepared INSERT per row, and the conflict rule still drops events read twice."""
+    """Idempotent bulk insert into one ledger table.
+
+    The fast path COPYs the batch (binary: token arrays go as they are, not as hex text)
+    straight into the table inside a savepoint. Only when a row repeats an event_id the
+    table already has (an event published twice, a batch read again after a crash) is
+    the savepoint rolled back and the batch COPYed into a session-private staging table
+    and moved with `INSERT ... SELECT ... ON CONFLICT (event_id) DO NOTHING`, which keeps
+    the first copy. Repeats are rare, so most batches cost one COPY; the staged path
+    cost a second write of every row and a truncate (docs/decisions.md)."""
 
     def __init__(self, table: Table):
         self.table = table
-        self.columns = [c.name for c in table.columns if c.name not in ("id", "ingested_at")]
+        columns = [c for c in table.columns if c.name not in ("id", "ingested_at")]
+        self.columns = [c.name for c in columns]
+        self.types = [pg_type_name(c) for c in columns]
         json_columns = {c.name for c in table.columns if isinstance(c.type, JSONB)}
         self._layout = [(c, c in json_columns) for c in self.columns]
-        columns = ", ".join(self.columns)
+        names = ", ".join(self.columns)
         self.stage = f"stage_{table.name}"
         # Without constraints or defaults: a staged row is checked when it is moved.
-        self.create_stage_sql = f"create temp table if not exists {self.stage} as select {columns} from {table.name} with no data"
-        self.copy_sql = f"copy {self.stage} ({columns}) from stdin"
-        self.move_sql = (f"insert into {table.name} ({columns}) select {columns} from {self.stage} "
+        self.create_stage_sql = f"create temp table if not exists {self.stage} as select {names} from {table.name} with no data"
+        self.direct_copy_sql = f"copy {table.name} ({names}) from stdin (format binary)"
+        self.stage_copy_sql = f"copy {self.stage} ({names}) from stdin (format binary)"
+        self.move_sql = (f"insert into {table.name} ({names}) select {names} from {self.stage} "
                          f"on conflict (event_id) do nothing")
         self.clear_sql = f"truncate {self.stage}"
 
@@ -82,10 +101,20 @@ class TableWriter:
             for value, is_json in ((row[c], j) for c, j in self._layout)
         ])
 
-    def write(self, cur: psycopg.Cursor, rows: list[tuple]) -> None:
-        with cur.copy(self.copy_sql) as copy:
+    def _copy(self, cur: psycopg.Cursor, sql: str, rows: list[tuple]) -> None:
+        with cur.copy(sql) as copy:
+            copy.set_types(self.types)
             for row in rows:
                 copy.write_row(row)
+
+    def write(self, cur: psycopg.Cursor, rows: list[tuple]) -> None:
+        try:
+            with cur.connection.transaction():  # a savepoint inside the batch's transaction
+                self._copy(cur, self.direct_copy_sql, rows)
+            return
+        except psycopg.errors.UniqueViolation:
+            pass  # an event the ledger already holds: keep its first copy
+        self._copy(cur, self.stage_copy_sql, rows)
         cur.execute(self.move_sql)
         cur.execute(self.clear_sql)
 

@@ -96,6 +96,8 @@ def train_service_problems(values: dict) -> list[str]:
     if not found or not isinstance(service, dict) or not service:
         return []
     backend = service.get("backend")
+    if backend == "none":  # StreamRL's own spelling of "no remote service" (what Recipe.to_dict writes)
+        return []
     if backend == "tinker":  # a Tinker-compatible API: its learning_rate is trainer.lr (schedules apply)
         problems: list[str] = []
         config = service.get("config")

@@ -197,6 +197,12 @@ def test_the_typed_recipe_round_trips_through_its_recorded_form(recipe_tree):
     recipe = load_recipe(write(recipe_tree / "rt.yaml", "defaults: [common/base]\ndata: {data_files: [train.jsonl]}\n"))
     assert isinstance(recipe, Recipe) and recipe.algorithm.type == "rloo" and recipe.trainer.lr == 1.0e-4
     assert Recipe.from_dict(recipe.to_dict()) == recipe
+    # the recorded form is itself a valid recipe file (benchmarks and replays write it)
+    import yaml
+
+    saved = recipe_tree / "saved.yaml"
+    saved.write_text(yaml.safe_dump(recipe.to_dict()))
+    assert load_recipe(saved) == recipe
 
 
 def test_a_recorded_config_this_version_cannot_hold_names_its_keys():
