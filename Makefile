@@ -69,6 +69,7 @@ bench: $(BENCH_STAMP)
 	$(MAKE) --no-print-directory sglang-env
 	$(PY) bench/inference_bench.py
 	$(PY) bench/step_cpu.py
+	$(PY) bench/worker_cpu.py
 	$(PY) bench/remote_step.py
 	$(PY) bench/processor_cpu.py
 	$(PY) bench/group_membership.py

@@ -30,6 +30,8 @@ from runtime.recipe import prepare_recipe  # noqa: E402
 from time_to_accuracy import RECIPE, bench_recipe, warmed_model  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# The processes that move events (not the ones that generate or train)
+EVENT_PATH = ("publish", "broker", "processor", "sink", "postgresql")
 
 
 def process_role(args: list[str], run_id: str) -> str | None:
@@ -104,6 +106,10 @@ def main() -> None:
     table.add_row("all", f"{total * 1000:.0f}", "100%")
     table.add_row("wall-clock per step", f"{wall * 1000:.0f}", f"{total / wall:.2f} cores busy")
     Console().print(table)
+    rollouts = recipe.trajectory_pool.batch_size * recipe.rollout_worker.rollout_repeat_n
+    event_path = sum(deltas.get(role, 0.0) for role in EVENT_PATH)
+    print(f"event path ({' + '.join(EVENT_PATH)}): {event_path * 1000:.0f} ms a step of {rollouts} rollouts, "
+          f"{event_path / rollouts * 1e6:.0f} us of CPU per rollout (target <= 300)")
 
 
 if __name__ == "__main__":

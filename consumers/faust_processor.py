@@ -351,6 +351,11 @@ class FaustProcessor:
         class Worker(faust.Worker):
             def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
                 super().on_setup_root_logger(logger, level)
+                # The Kafka clients log a debug record per request, and a record is built
+                # whenever a logger's level lets it through; at the worker's level they cost
+                # nothing (seen in a profile: a tenth of the processor's CPU)
+                for name in ("aiokafka", "kafka", "faust", "mode"):
+                    logging.getLogger(name).setLevel(level)
                 if not tracebacks:
                     for handler in logger.handlers:
                         handler.addFilter(drop_traceback)
