@@ -35,7 +35,7 @@ import msgspec
 
 from consumers.processor import group_outcome, load_custom_advantages
 from algos.advantages import get_advantage_estimator
-from runtime.bus import RunReader, frame, unframe, dead_letter
+from runtime.bus import FRAME_OVERHEAD_BYTES, RunReader, frame, unframe_record
 from runtime.blobs import PostgresBlobStore
 from runtime.config import Recipe
 from runtime.settings import Settings
@@ -58,6 +58,22 @@ _encode_marker = msgspec.msgpack.Encoder().encode
 _decode_marker = msgspec.msgpack.Decoder(ClosedGroup).decode
 
 
+class AckWhenReleased:
+    """A consumed record, acked when everything holding it lets go: the record itself
+    while its events are added, and each open group one of its events went into."""
+
+    def __init__(self, message):
+        self.message, self.holders = message, 1
+
+    def hold(self) -> None:
+        self.holders += 1
+
+    def release(self) -> None:
+        self.holders -= 1
+        if self.holders == 0:
+            self.message.ack()
+
+
 @dataclass
 class OpenGroup:
     """A group still collecting events, with the stream events to ack once it closes."""
@@ -67,7 +83,7 @@ class OpenGroup:
     first_seen: float = field(default_factory=time.monotonic)
     trajectories: dict[str, Trajectory] = field(default_factory=dict)
     evaluations: dict[str, Evaluation] = field(default_factory=dict)
-    unacked: list = field(default_factory=list)
+    holds: list["AckWhenReleased"] = field(default_factory=list)  # of the records its events came in
 
 
 def faust_broker_options(settings: Settings) -> dict:
@@ -182,15 +198,14 @@ class FaustProcessor:
             record = message.message
             if not await self._in_order(record):
                 continue
-            try:
-                event = unframe(record.value, self._blob_store_if_needed(record.value))
-            except (codec.CodecError, LookupError, ValueError) as exc:
-                await (await self._send(dead_letter(record, self.run_id, str(exc), "processor")))
-            else:
+            events, dead = unframe_record(record, self.run_id, "processor", self._blob_store_if_needed)
+            for letter in dead:
+                await asyncio.gather(*await self._send([letter]))
+            hold = AckWhenReleased(message)  # a bundle's events may wait on their group
+            for event in events:
                 if isinstance(event, (Trajectory, Evaluation)) and not event.is_val:
-                    await self._add(event, message, record.partition)
-                    continue  # acked with its group
-            message.ack()
+                    await self._add(event, hold, record.partition)
+            hold.release()
 
     async def _unfilter_inputs(self, *args, **kwargs) -> None:
         consumer = self.app.consumer
@@ -234,7 +249,7 @@ class FaustProcessor:
         owned = {tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.inputs[0]}
         self.open = {gid: group for gid, group in self.open.items() if group.partition in owned}
 
-    async def _add(self, event: Trajectory | Evaluation, message, partition: int) -> None:
+    async def _add(self, event: Trajectory | Evaluation, hold: "AckWhenReleased", partition: int) -> None:
         group_id = event.group_id
         marker = self.closed.get(group_id.encode())
         if marker is not None:
@@ -242,13 +257,14 @@ class FaustProcessor:
             if isinstance(event, Trajectory) and event.trajectory_id not in closed.accounted:
                 closed.accounted.append(event.trajectory_id)  # it came after the group timed out
                 self.closed[group_id.encode()] = _encode_marker(closed)
-                await (await self._send_late(group_id, event.step, event.group_size, [event.trajectory_id]))
-            message.ack()  # else a second copy, or the evaluation of one accounted for
-            return
+                await asyncio.gather(*await self._send_late(group_id, event.step, event.group_size,
+                                                            [event.trajectory_id]))
+            return  # else a second copy, or the evaluation of one accounted for
         group = self.open.get(group_id)
         if group is None:
             group = self.open[group_id] = OpenGroup(step=event.step, partition=partition)
-        group.unacked.append(message)
+        hold.hold()
+        group.holds.append(hold)
         if isinstance(event, Trajectory):
             group.group_size = event.group_size
             group.trajectories.setdefault(event.trajectory_id, event)  # the first copy wins, as in the ledger
@@ -277,39 +293,43 @@ class FaustProcessor:
         unjoined = sorted(set(trajectories) - {t.trajectory_id for t, _ in joined})
         sent = []
         if unjoined:  # their evaluations had not arrived
-            sent.append(await self._send_late(group_id, group.step, group.group_size, unjoined))
-        for event in [outcome] if isinstance(outcome, GroupFiltered) else outcome:
-            sent.append(await self._send(event))
+            sent += await self._send_late(group_id, group.step, group.group_size, unjoined)
+        sent += await self._send([outcome] if isinstance(outcome, GroupFiltered) else outcome)
         del self.open[group_id]
-        asyncio.ensure_future(self._ack_when_delivered(sent, group.unacked))
+        asyncio.ensure_future(self._release_when_delivered(sent, group.holds))
 
-    async def _ack_when_delivered(self, sent: list, messages: list) -> None:
-        """Ack a group's input events once its outputs are on the broker (faust commits
-        acked offsets only). A send that fails leaves them unacked: read again later."""
+    async def _release_when_delivered(self, sent: list, holds: list["AckWhenReleased"]) -> None:
+        """Release a group's input records once its outputs are on the broker (faust
+        commits acked offsets only). A send that fails leaves them unacked: read again."""
         try:
             await asyncio.gather(*sent)
         except Exception as exc:  # noqa: BLE001 - the producer's retries ran out
             log.warning("could not send a group's outcome (%s): its events will be read again", exc)
             return
-        for message in messages:
-            message.ack()
+        for hold in holds:
+            hold.release()
 
     async def _send_late(self, group_id: str, step: int, group_size: int, trajectory_ids: list[str]):
         log.warning("group %s closed before trajectories %s were complete: recorded as late", group_id, trajectory_ids)
-        return await self._send(GroupFiltered(run_id=self.run_id, group_id=group_id, reason="late", step=step,
-                                       group_size=group_size, received=len(trajectory_ids),
-                                       trajectory_ids=trajectory_ids))
+        return await self._send([GroupFiltered(run_id=self.run_id, group_id=group_id, reason="late", step=step,
+                                               group_size=group_size, received=len(trajectory_ids),
+                                               trajectory_ids=trajectory_ids)])
 
-    async def _send(self, event: Event) -> asyncio.Future:
-        """Queue `event` on the output producer; the future resolves when it is delivered."""
+    async def _send(self, events: list[Event]) -> list[asyncio.Future]:
+        """Queue `events` (of one topic and key: a group's outcome) on the output producer,
+        bundled into as few records as fit; the futures resolve when they are delivered."""
         if self.output_producer is None:
             from aiokafka import AIOKafkaProducer
 
             self.output_producer = AIOKafkaProducer(**aiokafka_options(self.settings), acks="all", linger_ms=5,
                                                     max_request_size=self.settings.max_message_bytes)
             await self.output_producer.start()
-        return await self.output_producer.send(topic_name(self.run_id, event.KIND), key=event_key(event),
-                                               value=frame(event, self.settings.max_message_bytes, None))
+        if not events:
+            return []
+        limit = self.settings.max_message_bytes
+        topic, key = topic_name(self.run_id, events[0].KIND), event_key(events[0])
+        values = codec.bundle([frame(event, limit, None) for event in events], limit - FRAME_OVERHEAD_BYTES)
+        return [await self.output_producer.send(topic, key=key, value=value) for value in values]
 
     async def _stop_output_producer(self, *args, **kwargs) -> None:
         if self.output_producer is not None:

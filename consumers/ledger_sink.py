@@ -34,7 +34,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import ARRAY, Table
 from sqlalchemy.dialects.postgresql import JSONB
 
-from schema.codec import CodecError
+from schema.codec import CodecError, split_bundle
 from schema.events import DeadLetter, Event, RunEvent
 from schema.ledger import TABLE_BY_EVENT, event_row
 from schema.topics import all_runs_pattern, parse_topic, run_pattern, topic_name
@@ -148,17 +148,28 @@ class SinkStats:
     by_type: dict[str, int] = field(default_factory=dict)
 
 
-def decode_record(record, blobs) -> Event:
-    """The event in a consumer record; CodecError if it is not one, or not this topic's."""
-    event = unframe(record.value, blobs)
+def decode_record(record, blobs) -> tuple[list[Event], list[DeadLetter]]:
+    """The events in a consumer record (one, or a bundle's) and, if some frame is not an
+    event of this topic's, one dead letter keeping the whole record with the reasons."""
     parsed = parse_topic(record.topic)
-    if parsed is not None:
-        run_id, kind = parsed
-        if event.KIND != kind:
-            raise CodecError(f"{type(event).__name__} event on a {kind} topic (expected kind {event.KIND})")
-        if event.run_id != run_id:
-            raise CodecError(f"event of run {event.run_id!r} on a topic of run {run_id!r}")
-    return event
+    try:
+        frames = split_bundle(record.value)
+    except CodecError as exc:
+        return [], [undecodable(record, str(exc))]
+    events, errors = [], []
+    for index, value in enumerate(frames):
+        try:
+            event = unframe(value, blobs)
+            if parsed is not None:
+                run_id, kind = parsed
+                if event.KIND != kind:
+                    raise CodecError(f"{type(event).__name__} event on a {kind} topic (expected kind {event.KIND})")
+                if event.run_id != run_id:
+                    raise CodecError(f"event of run {event.run_id!r} on a topic of run {run_id!r}")
+            events.append(event)
+        except (CodecError, BlobMissing) as exc:
+            errors.append(str(exc) if len(frames) == 1 else f"bundle frame {index}: {exc}")
+    return events, [undecodable(record, "; ".join(errors))] if errors else []
 
 
 def undecodable(record, error: str) -> DeadLetter:
@@ -319,11 +330,9 @@ class LedgerSink:
         placed, dead, next_offsets = [], [], {}
         for tp, records in batch.items():
             for record in records:
-                try:
-                    placed.append(Placed(decode_record(record, self.blobs), record.topic,
-                                         record.partition, record.offset))
-                except (CodecError, BlobMissing) as exc:
-                    dead.append(undecodable(record, str(exc)))
+                events, bad = decode_record(record, self.blobs)
+                placed += [Placed(event, record.topic, record.partition, record.offset) for event in events]
+                dead += bad
             next_offsets[tp] = records[-1].offset + 1
         dead = write_batch(self.conn, placed, dead, self.group_id, next_offsets)
         self.positions.update(next_offsets)

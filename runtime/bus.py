@@ -115,6 +115,24 @@ def frame(event: Event, max_message_bytes: int, blobs: BlobWriter | None) -> byt
     return reference
 
 
+def unframe_record(record, run_id: str, stage: str, blobs) -> tuple[list[Event], list[DeadLetter]]:
+    """The events of a consumer record (one, or a bundle's) and, if some frame cannot be
+    decoded, one dead letter keeping the whole record with each bad frame's reason: the
+    good events of a bundle go on without it. `blobs` is a BlobReader or a callable that
+    opens one on first use."""
+    try:
+        frames = codec.split_bundle(record.value)
+    except codec.CodecError as exc:
+        return [], [dead_letter(record, run_id, str(exc), stage)]
+    events, errors = [], []
+    for index, value in enumerate(frames):
+        try:
+            events.append(unframe(value, blobs(value) if callable(blobs) else blobs))
+        except (codec.CodecError, LookupError, ValueError) as exc:  # kept as a dead letter; processing goes on
+            errors.append(str(exc) if len(frames) == 1 else f"bundle frame {index}: {exc}")
+    return events, [dead_letter(record, run_id, "; ".join(errors), stage)] if errors else []
+
+
 def unframe(value: bytes | None, blobs: BlobReader | None) -> Event:
     """Decode a message value, fetching the payload first if it is a blob reference."""
     ref = codec.parse_reference(value) if value else None
@@ -126,28 +144,52 @@ def unframe(value: bytes | None, blobs: BlobReader | None) -> Event:
 
 
 class EventPublisher:
-    """Sends events to their run's topic, keyed so that a group shares a partition."""
+    """Sends events to their run's topic, keyed so that a group shares a partition.
 
-    def __init__(self, settings: Settings, blobs: BlobWriter | None = None, **producer_overrides):
+    With `bundle`, events are held until `flush` and sent as one record per topic and
+    key (a bundle frame, split where it would pass the broker's limit): a worker's
+    trajectories of one group, a group's samples. For producers that flush after each
+    batch of work anyway (they commit their input offsets after the flush)."""
+
+    def __init__(self, settings: Settings, blobs: BlobWriter | None = None, bundle: bool = False,
+                 **producer_overrides):
         self._settings = settings
         self._blobs = blobs
         self.producer = make_producer(settings, **producer_overrides)
         self._in_flight: list = []  # futures since the last flush (workers publish from several threads)
         self._in_flight_lock = threading.Lock()
+        self._bundle = bundle
+        self._held: dict[tuple[str, bytes], list[bytes]] = {}  # (topic, key) -> frames, under the lock
 
     def publish(self, event: Event):
-        topic = topic_name(event.run_id, event.KIND)
+        """Send `event` (with `bundle`: hold it until the next flush; returns None)."""
+        topic, key = topic_name(event.run_id, event.KIND), event_key(event)
         value = frame(event, self._settings.max_message_bytes, self._blobs)
-        future = self.producer.send(topic, key=event_key(event), value=value)
+        if self._bundle:
+            with self._in_flight_lock:
+                self._held.setdefault((topic, key), []).append(value)
+            return None
+        return self._send(topic, key, value)
+
+    def _send(self, topic: str, key: bytes, value: bytes):
+        future = self.producer.send(topic, key=key, value=value)
         with self._in_flight_lock:
             self._in_flight.append(future)
         return future
+
+    def _send_held(self) -> None:
+        with self._in_flight_lock:
+            held, self._held = self._held, {}
+        for (topic, key), frames in held.items():
+            for value in codec.bundle(frames, self._settings.max_message_bytes - FRAME_OVERHEAD_BYTES):
+                self._send(topic, key, value)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait for every event published since the last flush, and raise the first send
         that failed: callers commit their input offsets after a flush, so a send the
         broker never took (it was lost, say, and the client's retries ran out) must stop
         them rather than be skipped."""
+        self._send_held()
         self.producer.flush(timeout)
         with self._in_flight_lock:
             in_flight, self._in_flight = self._in_flight, []
@@ -156,6 +198,7 @@ class EventPublisher:
                 raise future.exception
 
     def close(self) -> None:
+        self._send_held()
         self.producer.close()
 
     def __enter__(self):
@@ -257,10 +300,9 @@ class RunReader:
         events, dead = [], []
         for tp, records in batch.items():
             for record in records:
-                try:
-                    events.append((unframe(record.value, self._blob_store_if_needed(record.value)), tp, record.offset))
-                except (codec.CodecError, LookupError, ValueError) as exc:  # kept as a dead letter; processing goes on
-                    dead.append(dead_letter(record, self.run_id, str(exc), self.stage))
+                decoded, bad = unframe_record(record, self.run_id, self.stage, self._blob_store_if_needed)
+                events += [(event, tp, record.offset) for event in decoded]  # a bundle's events share its offset
+                dead += bad
         return events, dead
 
     def first_needed_offsets(self, pending) -> dict[TopicPartition, int]:

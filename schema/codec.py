@@ -8,6 +8,10 @@ Frame layout (first byte):
           (by `runtime.blobs`), used when even the compressed frame is larger
           than the broker accepts. The codec only builds and parses the
           reference; fetching the payload is the bus's job.
+    0x04  bundle: msgpack list of frames of the types above, several events of one
+          partition key in one Kafka record. Each event keeps its own id and is its
+          own ledger row; what a record costs the broker and the consumers' record
+          parsing is then shared by the bundle (docs/decisions.md).
 
 Anything else is not a StreamRL event and `decode` raises `CodecError` saying why.
 """
@@ -26,6 +30,7 @@ from schema.events import ALL_EVENT_TYPES, Event
 FRAME_PLAIN = 0x01
 FRAME_ZSTD = 0x02
 FRAME_REFERENCE = 0x03
+FRAME_BUNDLE = 0x04
 
 DEFAULT_COMPRESS_OVER = 256 * 1024
 # Largest event a zstd frame may expand to: a frame that claims more (a decompression
@@ -48,6 +53,38 @@ class BlobReference(msgspec.Struct, frozen=True):
 
 
 _reference_decoder = msgspec.msgpack.Decoder(BlobReference)
+_bundle_decoder = msgspec.msgpack.Decoder(list[bytes])
+# msgpack's list and bin headers around the frames of a bundle, at most
+BUNDLE_OVERHEAD_BYTES = 5
+FRAME_HEADER_BYTES = 5
+
+
+def bundle(frames: list[bytes], max_bytes: int) -> list[bytes]:
+    """Message values carrying `frames` in order: bundles of at most `max_bytes`, a
+    frame alone (not wrapped) where it is by itself."""
+    values, current, size = [], [], BUNDLE_OVERHEAD_BYTES
+    for frame in frames:
+        if current and size + len(frame) + FRAME_HEADER_BYTES > max_bytes:
+            values.append(current)
+            current, size = [], BUNDLE_OVERHEAD_BYTES
+        current.append(frame)
+        size += len(frame) + FRAME_HEADER_BYTES
+    if current:
+        values.append(current)
+    return [group[0] if len(group) == 1 else bytes([FRAME_BUNDLE]) + _encoder.encode(group) for group in values]
+
+
+def split_bundle(data: bytes | None) -> list[bytes]:
+    """The frames of a message value: those of a bundle, else the value itself."""
+    if not data or data[0] != FRAME_BUNDLE:
+        return [data]
+    try:
+        frames = _bundle_decoder.decode(memoryview(data)[1:])
+    except msgspec.DecodeError as exc:
+        raise CodecError(f"malformed bundle frame: {exc}") from None
+    if not frames:
+        raise CodecError("empty bundle frame")
+    return frames
 
 
 def encode(event: Event, compress_over: int = DEFAULT_COMPRESS_OVER) -> bytes:
@@ -89,10 +126,12 @@ def decode(data: bytes | None) -> Event:
             raise CodecError(f"zstd frame does not decompress: {exc}") from None
     elif frame == FRAME_REFERENCE:
         raise CodecError("blob reference frame: resolve it through the blob store before decoding")
+    elif frame == FRAME_BUNDLE:
+        raise CodecError("bundle frame: split it (split_bundle) before decoding, and bundles do not nest")
     elif frame != FRAME_PLAIN:
         raise CodecError(
             f"not a StreamRL event: first byte 0x{frame:02x}, expected a frame type "
-            f"0x01 (msgpack), 0x02 (zstd) or 0x03 (reference)"
+            f"0x01 (msgpack), 0x02 (zstd), 0x03 (reference) or 0x04 (bundle)"
         )
     try:
         event = _decoder.decode(body)

@@ -121,3 +121,28 @@ def test_newer_schema_version_is_refused():
 def test_run_event_kind_is_checked():
     with pytest.raises(ValueError, match="RunEvent.kind must be one of"):
         RunEvent(run_id="r", kind="exploded")
+
+
+def test_bundles_keep_frames_in_order_within_the_limit():
+    frames = [bytes([codec.FRAME_PLAIN]) + bytes([i]) * 10 for i in range(5)]  # 11 bytes each
+    # each frame costs its length + 5 (msgpack bin header, at most), a bundle 5 more:
+    # 5 + 3 * 16 = 53 fits in 60, a fourth frame (69) does not
+    values = codec.bundle(frames, 60)
+    assert len(values) == 2 and values[0][0] == codec.FRAME_BUNDLE and values[1][0] == codec.FRAME_BUNDLE
+    assert [f for v in values for f in codec.split_bundle(v)] == frames
+    assert all(len(v) <= 60 for v in values)
+    assert codec.bundle(frames[:1], 60) == frames[:1]  # a frame alone is sent as it is
+    assert codec.split_bundle(frames[0]) == [frames[0]]
+    assert codec.bundle([], 60) == []
+
+
+def test_a_bundle_carries_events_and_malformed_bundles_are_refused():
+    events = [Task(run_id="r", task_id=f"t{i}", group_id="g", sample_index=i, group_size=3) for i in range(3)]
+    (value,) = codec.bundle([codec.encode(e) for e in events], 1 << 20)
+    assert [codec.decode(f) for f in codec.split_bundle(value)] == events
+    with pytest.raises(CodecError, match="malformed bundle"):
+        codec.split_bundle(bytes([codec.FRAME_BUNDLE]) + b"\xc1")
+    with pytest.raises(CodecError, match="empty bundle"):
+        codec.split_bundle(bytes([codec.FRAME_BUNDLE]) + msgspec.msgpack.encode([]))
+    with pytest.raises(CodecError, match="bundles do not nest"):
+        codec.decode(value)

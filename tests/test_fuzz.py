@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 
+from types import SimpleNamespace
+
 import msgspec
 import yaml
 import zstandard
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-from runtime.bus import unframe
+from runtime.bus import unframe, unframe_record
 from runtime.recipe import RecipeError, load_recipe
 from schema import codec
 from schema.codec import CodecError
@@ -69,6 +71,20 @@ def test_what_a_consumer_reads_is_an_event_or_a_dead_letter_reason(data):
         unframe(data, None)
     except (CodecError, LookupError, ValueError):
         pass
+
+
+@given(st.lists(st.binary(max_size=256), max_size=6) | st.binary(max_size=512))
+@FAST
+def test_a_bundle_of_anything_gives_events_or_one_dead_letter_with_the_reasons(frames):
+    """What `unframe_record` makes of a record: every frame an event or a reason."""
+    value = bytes([codec.FRAME_BUNDLE]) + (msgspec.msgpack.encode(frames) if isinstance(frames, list) else frames)
+    record = SimpleNamespace(topic="streamrl.r.tasks", partition=0, offset=7, key=b"k", value=value)
+    events, dead = unframe_record(record, "r", "fuzz", None)
+    assert all(isinstance(e, Event) for e in events) and len(dead) <= 1
+    if dead:
+        assert dead[0].error and dead[0].raw == value and dead[0].source_offset == 7
+    else:
+        assert len(events) == len(codec.split_bundle(value))
 
 
 def test_a_zstd_frame_that_claims_a_huge_size_is_refused_without_allocating_it():

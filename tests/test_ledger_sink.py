@@ -171,6 +171,30 @@ def test_garbage_on_every_topic_becomes_a_dead_letter_and_the_sink_goes_on(stack
         {(topic_name(run_id, "tasks"), *wrong_topic_at)}
 
 
+def test_a_bundle_is_one_row_per_event_and_a_bad_frame_in_it_one_dead_letter(stack, ledger, run_id):
+    create_run_topics(stack, run_id)
+    tasks = [SYNTHETIC["Task"](run_id, index) for index in range(6)]
+    with EventPublisher(stack, bundle=True) as publisher:  # held per key, sent at the flush
+        for task in tasks[:4]:
+            publisher.publish(task)
+    frames = [codec.encode(t) for t in tasks[4:]]
+    (mixed,) = codec.bundle([frames[0], b"\x00not an event", frames[1]], 1 << 20)
+    with EventPublisher(stack) as publisher:
+        meta = publisher.producer.send(topic_name(run_id, "tasks"), key=b"g0", value=mixed).get(10)
+    with SinkThread(stack, run_id):
+        wait_for(lambda: count_rows(ledger, "tasks", run_id) == 6, 60, what="the six tasks")
+        wait_for(lambda: count_rows(ledger, "dead_letters", run_id) == 1, 60, what="the dead letter")
+    ids = ledger.execute("select task_id from tasks where run_id = %s order by task_id", (run_id,)).fetchall()
+    assert [i for (i,) in ids] == sorted(t.task_id for t in tasks)
+    offsets = ledger.execute("select kafka_offset from tasks where run_id = %s and task_id = any(%s)",
+                             (run_id, [t.task_id for t in tasks[4:]])).fetchall()
+    assert {o for (o,) in offsets} == {meta.offset}  # a bundle's events share its record's offset
+    (error, raw, offset), = ledger.execute("select error, raw, source_offset from dead_letters where run_id = %s",
+                                           (run_id,)).fetchall()
+    assert "bundle frame 1" in error and "first byte 0x00" in error
+    assert bytes(raw) == mixed and offset == meta.offset  # the whole record is kept
+
+
 def test_a_row_the_database_rejects_is_dead_lettered_not_blocking(stack, ledger, run_id):
     create_run_topics(stack, run_id)
     bad = SYNTHETIC["Task"](run_id, 0)
