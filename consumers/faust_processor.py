@@ -35,7 +35,7 @@ import msgspec
 
 from consumers.processor import group_outcome, load_custom_advantages
 from algos.advantages import get_advantage_estimator
-from runtime.bus import FRAME_OVERHEAD_BYTES, RunReader, frame, unframe_record
+from runtime.bus import FRAME_OVERHEAD_BYTES, IDLE_FETCH_WAIT_MS, RunReader, frame, unframe_record
 from runtime.blobs import PostgresBlobStore
 from runtime.config import Recipe
 from runtime.settings import Settings
@@ -347,7 +347,8 @@ class FaustProcessor:
         STREAMRL_SERVICE_WAIT_S (runtime/outage.py). A plain reader of the run's small
         `runs` topic notices the lost broker and stops the worker."""
         try:
-            reader = RunReader(self.settings, self.run_id, ["runs"], group_id=None, stage="processor")
+            reader = RunReader(self.settings, self.run_id, ["runs"], group_id=None, stage="processor",
+                               fetch_max_wait_ms=IDLE_FETCH_WAIT_MS)
         except Exception as exc:  # noqa: BLE001 - the broker went before the watch started
             self.lost.append(exc)
             worker.loop.call_soon_threadsafe(lambda: worker.loop.create_task(worker.stop()))

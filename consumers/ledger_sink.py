@@ -39,7 +39,7 @@ from schema.events import DeadLetter, Event, RunEvent
 from schema.ledger import TABLE_BY_EVENT, event_row
 from schema.topics import all_runs_pattern, parse_topic, run_pattern, topic_name
 from runtime.blobs import BlobMissing, PostgresBlobStore
-from runtime.bus import EventPublisher, create_topics, dead_letter, make_consumer, unframe
+from runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, create_topics, dead_letter, make_consumer, unframe
 from runtime.db import connect
 from runtime.outage import BrokerWatch, PostgresOutage
 from runtime.settings import Settings
@@ -267,7 +267,7 @@ class LedgerSink:
         self.topic_pattern = re.compile(run_pattern(run_id) if run_id else all_runs_pattern())
         self.conn = None
         self._connect()
-        self.consumer = make_consumer(settings, group_id)
+        self.consumer = make_consumer(settings, group_id, fetch_max_wait_ms=IDLE_FETCH_WAIT_MS)  # the ledger can wait
         self.publisher = EventPublisher(settings)
         self.stop_requested = stop or threading.Event()
         self.outage = PostgresOutage(settings, run_id, self.stop_requested)

@@ -28,6 +28,8 @@ from runtime.settings import Settings, SettingsError
 
 log = logging.getLogger("streamrl.bus")
 
+# The fetch wait of readers whose latency does not matter (see make_consumer).
+IDLE_FETCH_WAIT_MS = 500
 # Room for the record batch and headers around one value.
 FRAME_OVERHEAD_BYTES = 4096
 
@@ -91,6 +93,11 @@ def make_consumer(settings: Settings, group_id: str | None, **overrides) -> Kafk
         heartbeat_interval_ms=max(100, min(1000, session // 3)),
         max_poll_interval_ms=300_000,
         metadata_max_age_ms=3000,
+        # How long a fetch waits on the broker when there is nothing to read. Each empty
+        # answer costs the embedded broker about half a millisecond of CPU; readers off
+        # the training loop's critical path (the sink, watches) wait longer
+        # (`IDLE_FETCH_WAIT_MS`). 500 for every reader cut a step's CPU by a third but
+        # lengthened it by a fifth (bench/step_cpu.py).
         fetch_max_wait_ms=100,
         max_partition_fetch_bytes=max(1_048_576, settings.max_message_bytes + FRAME_OVERHEAD_BYTES),
         allow_auto_create_topics=False,
