@@ -62,6 +62,7 @@ endif
 bench: $(BENCH_STAMP)
 	$(PY) bench/codec_bench.py
 	$(PY) bench/bus_bench.py
+	$(PY) bench/broker_requests.py
 	$(PY) bench/sink_bench.py
 	$(PY) bench/learner_bench.py
 	$(PY) bench/learner_ranks.py

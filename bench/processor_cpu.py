@@ -1,4 +1,4 @@
-"""The stream processor's CPU per rollout: the faust app (consumer group, changelog
+"""The stream processor's CPU per rollout: the faust app (consumer group, closed-group
 table) beside the plain loop over assigned partitions (STREAMRL_PARTITION_ASSIGNMENT=
 shard, the baseline), each as the `streamrl processor` process on the same stream.
 
@@ -83,7 +83,7 @@ def main() -> None:
     faust = measure(settings, "group", args.groups)
     print(f"processor CPU per rollout, {args.groups} groups of {SIZE} (trajectory + evaluation each)")
     print(f"  plain loop, assigned partitions (baseline)  {loop * 1000:8.3f} ms")
-    print(f"  faust app, consumer group + changelog table {faust * 1000:8.3f} ms   ({faust / loop:.2f}x)")
+    print(f"  faust app, consumer group, closed-group table{faust * 1000:8.3f} ms   ({faust / loop:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -279,10 +279,12 @@ class FaustProcessor:
         assigned = {tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.inputs[0]}
         now = time.monotonic()
         for group_id, group in list(self.open.items()):
-            if now - group.first_seen > self.timeout_s and group.partition in assigned:
+            if now - group.first_seen > self.timeout_s and group.partition in assigned and group_id in self.open:
                 await self._emit(group_id, group, timed_out=True)
 
     async def _emit(self, group_id: str, group: OpenGroup, timed_out: bool = False) -> None:
+        # closed before the first await: the timer and the agent interleave at each one
+        del self.open[group_id]
         trajectories = dict(sorted(group.trajectories.items()))
         joined = [(t, group.evaluations[tid]) for tid, t in trajectories.items() if tid in group.evaluations]
         algorithm = self.recipe.algorithm
@@ -295,7 +297,6 @@ class FaustProcessor:
         if unjoined:  # their evaluations had not arrived
             sent += await self._send_late(group_id, group.step, group.group_size, unjoined)
         sent += await self._send([outcome] if isinstance(outcome, GroupFiltered) else outcome)
-        del self.open[group_id]
         asyncio.ensure_future(self._release_when_delivered(sent, group.holds))
 
     async def _release_when_delivered(self, sent: list, holds: list["AckWhenReleased"]) -> None:

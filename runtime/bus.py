@@ -4,7 +4,9 @@ Tuned for the embedded broker and for small latency-sensitive hops:
 - the group session timeout is short (Tansu answers a JoinGroup after about half of
   it; kafka-python's 45 s default meant a 23 s wait for the first message);
 - consumers refresh metadata every few seconds so pattern subscriptions see new runs;
-- producers wait for all replicas (`acks=all`) and linger a few ms to batch.
+- producers wait for all replicas (`acks=all`) and linger a few ms to batch; those that
+  flush after each batch of work send a key's events as one bundle record
+  (`EventPublisher(bundle=True)`), which every reader splits (`unframe_record`).
 """
 
 from __future__ import annotations
