@@ -21,7 +21,8 @@ import os
 import threading
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from kafka import TopicPartition
@@ -105,7 +106,7 @@ def run_worker(settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int
         SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature, top_p=cfg.top_p),
         SamplingParams(max_new_tokens=cfg.max_response_length, temperature=recipe.validate.temperature),
         max_prompt_tokens=min(cfg.max_prompt_length, recipe.data.max_prompt_length))
-    # a group's trajectories (and evaluations) leave as one record at the flush after the batch
+    # a group's trajectories (and its evaluations) leave as one record each
     publisher = EventPublisher(settings, bundle=True)
     worker = make_worker(worker_class(recipe), cfg.worker_config(), client, make_evaluator(recipe), publisher.publish,
                          worker_id)
@@ -158,9 +159,15 @@ def run_worker(settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int
                     load(latest)
                 elif mode != "fully-async":  # between batches of tasks: the newest version
                     load(watcher.poll())
-                futures = [pool.submit(worker.run_task, task, cfg.max_retries) for task, _, _ in batch]
-                for future in futures:
+                # a group's events leave as soon as its last task here is done, not with the batch
+                unfinished = Counter(task.group_id for task, _, _ in batch)
+                futures = {pool.submit(worker.run_task, task, cfg.max_retries): task for task, _, _ in batch}
+                for future in as_completed(futures):
                     future.result()
+                    group_id = futures[future].group_id
+                    unfinished[group_id] -= 1
+                    if not unfinished[group_id]:
+                        publisher.send_held(group_id.encode())
                 done += len(batch)
             publisher.flush()
             next_offsets = {}

@@ -186,9 +186,14 @@ class EventPublisher:
             self._in_flight.append(future)
         return future
 
-    def _send_held(self) -> None:
+    def send_held(self, key: bytes | None = None) -> None:
+        """Send the events held for `key` (every key's when None) without waiting; `flush`
+        still waits for them."""
         with self._in_flight_lock:
-            held, self._held = self._held, {}
+            if key is None:
+                held, self._held = self._held, {}
+            else:
+                held = {tk: self._held.pop(tk) for tk in [tk for tk in self._held if tk[1] == key]}
         for (topic, key), frames in held.items():
             for value in codec.bundle(frames, self._settings.max_message_bytes - FRAME_OVERHEAD_BYTES):
                 self._send(topic, key, value)
@@ -198,7 +203,7 @@ class EventPublisher:
         that failed: callers commit their input offsets after a flush, so a send the
         broker never took (it was lost, say, and the client's retries ran out) must stop
         them rather than be skipped."""
-        self._send_held()
+        self.send_held()
         self.producer.flush(timeout)
         with self._in_flight_lock:
             in_flight, self._in_flight = self._in_flight, []
@@ -207,7 +212,7 @@ class EventPublisher:
                 raise future.exception
 
     def close(self) -> None:
-        self._send_held()
+        self.send_held()
         self.producer.close()
 
     def __enter__(self):
