@@ -10,7 +10,7 @@ baseline tokenizes the same prompts and calls the same engine's `generate` in ba
 of the recipe's `max_batch_size` in this process (one torch thread), with the same
 sampling settings; its CPU is this process's.
 
-    python bench/worker_cpu.py [--groups 32]
+    python bench/worker_cpu.py [--groups 64]
 """
 
 from __future__ import annotations
@@ -62,12 +62,13 @@ def worker_cpu(settings, recipe, rows: list[dict], groups: int) -> tuple[float, 
     reader = RunReader(settings, run_id, ["trajectories", "evaluations"], group_id=None)
     seen: dict = {}
     try:
-        with EventPublisher(settings) as publisher:
+        # bundled as `run_publisher` sends them: a group's tasks a record
+        with EventPublisher(settings, bundle=True) as publisher:
             for task in step_tasks(run_id, 0, rows[:1], size, key, 0):  # warm-up
                 publisher.publish(task)
         wait_for(reader, Evaluation, size, seen)
         before = cpu_seconds(process.pid)
-        with EventPublisher(settings) as publisher:
+        with EventPublisher(settings, bundle=True) as publisher:
             for task in step_tasks(run_id, 1, rows[1:groups + 1], size, key, 0):
                 publisher.publish(task)
         wait_for(reader, Evaluation, size * (groups + 1), seen)
@@ -100,7 +101,7 @@ def batched_generate_cpu(recipe, rows: list[dict], groups: int) -> tuple[float, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--groups", type=int, default=32)
+    parser.add_argument("--groups", type=int, default=64)
     args = parser.parse_args()
     settings = bench_settings()
     base = prepare_recipe(RECIPE)

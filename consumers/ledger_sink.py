@@ -20,6 +20,7 @@ the topic it came on) become DeadLetter rows and events, and the sink goes on.
 from __future__ import annotations
 
 import logging
+import operator
 import re
 import zlib
 import threading
@@ -30,7 +31,7 @@ import msgspec
 import psycopg
 from kafka import OffsetAndMetadata, TopicPartition
 from kafka.errors import KafkaError
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, set_json_dumps
 from sqlalchemy import ARRAY, Table
 from sqlalchemy.dialects.postgresql import JSONB
 
@@ -52,7 +53,7 @@ RUN_STATUS = {"created": "created", "started": "running", "resumed": "running",
               "finished": "finished", "failed": "failed"}
 
 
-def _json_dumps(value) -> bytes:
+def json_dumps(value) -> bytes:
     return msgspec.json.encode(value)
 
 
@@ -84,7 +85,8 @@ class TableWriter:
         self.columns = [c.name for c in columns]
         self.types = [pg_type_name(c) for c in columns]
         json_columns = {c.name for c in table.columns if isinstance(c.type, JSONB)}
-        self._layout = [(c, c in json_columns) for c in self.columns]
+        self.json_columns = json_columns
+        self._values = operator.itemgetter(*self.columns)
         names = ", ".join(self.columns)
         self.stage = f"stage_{table.name}"
         # Without constraints or defaults: a staged row is checked when it is moved.
@@ -96,10 +98,9 @@ class TableWriter:
         self.clear_sql = f"truncate {self.stage}"
 
     def params(self, row: dict) -> tuple:
-        return tuple([
-            Jsonb(value, dumps=_json_dumps) if is_json and value is not None else value
-            for value, is_json in ((row[c], j) for c, j in self._layout)
-        ])
+        """The row's values in column order, for a binary COPY: its dumpers are chosen by
+        column type, so a JSONB value goes as it is (no wrapper object a value)."""
+        return self._values(row)
 
     def _copy(self, cur: psycopg.Cursor, sql: str, rows: list[tuple]) -> None:
         with cur.copy(sql) as copy:
@@ -124,7 +125,9 @@ WRITERS = {event_type: TableWriter(table) for event_type, table in TABLE_BY_EVEN
 
 def create_staging_tables(conn: psycopg.Connection) -> None:
     """The COPY targets of `insert_events`, once per database session, in a transaction
-    of their own: created inside a batch's, a rolled-back batch would take them along."""
+    of their own: created inside a batch's, a rolled-back batch would take them along.
+    The session's JSONB values are dumped by msgspec (the COPYs take them unwrapped)."""
+    set_json_dumps(json_dumps, conn)
     with conn.transaction():
         for writer in WRITERS.values():
             conn.execute(writer.create_stage_sql)
@@ -206,7 +209,7 @@ def apply_run_event(cur: psycopg.Cursor, event: RunEvent) -> None:
              updated_at = now()
            where run_id = %s""",
         (RUN_STATUS.get(event.kind), event.name,
-         Jsonb(event.config, dumps=_json_dumps) if event.kind == "created" and event.config else None,
+         Jsonb(event.config, dumps=json_dumps) if event.kind == "created" and event.config else None,
          event.parent_run_id, event.run_id),
     )
 

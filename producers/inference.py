@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,7 +197,7 @@ class BatchingEngine:
         self.engine = engine
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
-        self.batch_sizes: list[int] = []
+        self.batch_sizes: deque[int] = deque(maxlen=10_000)  # the latest batches' sizes (a long run's stay bounded)
         self._requests: queue.Queue[_Request | None] = queue.Queue()
         self._pending_weights: tuple[Path, int] | None = None
         self._lock = threading.Lock()

@@ -55,7 +55,24 @@ class InferenceClient:
             max_new_tokens=max_tokens if max_tokens is not None else self._defaults.max_new_tokens,
             temperature=temperature if temperature is not None else self._defaults.temperature,
             top_p=top_p if top_p is not None else self._defaults.top_p, stop_token_ids=tuple(stop_token_ids))
-        result: Completion = self._engine.complete(prompt_ids, params)
+        return self.record(self._engine.complete(prompt_ids, params))
+
+    @property
+    def batches(self) -> bool:
+        """Whether the engine takes many requests from one thread (`submit`: the embedded
+        engine's batching front); a server's front is driven one request per thread."""
+        return hasattr(self._engine, "submit")
+
+    def submit_many(self, requests: list[tuple[list[int], bool]]) -> list[Completion | BaseException]:
+        """Sample each (prompt ids, is_val) with the train or validation defaults, all
+        submitted at once so the engine samples them as one batch: a completion, or the
+        exception that request raised. Needs an engine that `batches`."""
+        futures = [self._engine.submit(list(prompt), self._val_defaults if is_val else self._train_defaults)
+                   for prompt, is_val in requests]
+        return [future.exception() or future.result() for future in futures]
+
+    def record(self, result: Completion) -> dict[str, Any]:
+        """Count `result` as a completion of the current rollout; the worker's view of it."""
         if hasattr(self._local, "completions"):
             self._local.completions.append(result)
         return {"prompt_tokens": result.prompt_token_ids, "response_tokens": result.response_token_ids,

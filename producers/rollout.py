@@ -177,33 +177,46 @@ class BaseRolloutWorker:
                                        token_versions)
         return SUCCESS
 
-    # --- driving one task -----------------------------------------------------------------
+    # --- driving tasks ---------------------------------------------------------------------
     def run_task(self, task: Task, max_retries: int = 2) -> tuple[TrajectoryEvent, Evaluation]:
         """Roll `task` out (re-rolling when asked), then publish its trajectory and
         evaluation. A task always ends in a trajectory: a failure is recorded with its
         error and reward 0, so its group can complete."""
-        error = "no trajectory"
         for _ in range(max_retries + 1):
-            self._local.task, self._local.put, self._local.error = task, None, None
-            self._local.logged = {}
-            self._inference_client.begin(is_val=task.is_val)
-            try:
-                status = self.rollout(task_dict(task))
-            except InferenceUnavailable:
-                raise  # not this task's failure: the worker stops and the task is rolled out again
-            except Exception as exc:
-                status, self._local.error = FAIL, f"{type(exc).__name__}: {exc}"
-            if status == SUCCESS and self._local.put is not None:
+            if self._attempt(task, lambda: self.rollout(task_dict(task))):
                 break
-            error = self._local.error or f"rollout returned {status!r}"
         else:
-            self._local.put = failed_events(task, error, self.worker_id)
+            self._local.put = failed_events(task, self._local.error, self.worker_id)
+        return self._publish_put()
+
+    def run_tasks(self, tasks: list[Task], max_retries: int = 2) -> list[tuple[Task, int]]:
+        """Roll out, in this thread, the tasks this worker can sample as one batch; returns
+        the others, each with the retries it has left, for `run_task` (a thread each).
+        The base worker batches nothing: `rollout(task)` waits on its own completions."""
+        return [(task, max_retries) for task in tasks]
+
+    def _attempt(self, task: Task, rollout: Callable[[], str | None]) -> bool:
+        """One try of `task`: True when it put a trajectory, else `_local.error` says why."""
+        self._local.task, self._local.put, self._local.error = task, None, None
+        self._local.logged = {}
+        self._inference_client.begin(is_val=task.is_val)
+        try:
+            status = rollout()
+        except InferenceUnavailable:
+            raise  # not this task's failure: the worker stops and the task is rolled out again
+        except Exception as exc:
+            status, self._local.error = FAIL, f"{type(exc).__name__}: {exc}"
+        if status == SUCCESS and self._local.put is not None:
+            return True
+        self._local.error = self._local.error or f"rollout returned {status!r}"
+        return False
+
+    def _publish_put(self) -> tuple[TrajectoryEvent, Evaluation]:
         trajectory_event, evaluation = self._local.put
         self._keep_trace(trajectory_event, evaluation)
         self._publish(trajectory_event)
         self._publish(evaluation)
         return trajectory_event, evaluation
-
 
     def _keep_trace(self, event: TrajectoryEvent, evaluation: Evaluation) -> None:
         """`save_trace` (default on): the rollout's trace (an agent's steps; otherwise its
@@ -232,12 +245,47 @@ class SingleTurnWorker(BaseRolloutWorker):
     """The default worker: one completion of the formatted prompt, scored by the evaluator."""
 
     def rollout(self, task):
+        query, prompt = self._query_and_prompt(task)
+        return self._score(task, query, self._inference_client.completion(prompt))
+
+    def run_tasks(self, tasks: list[Task], max_retries: int = 2) -> list[tuple[Task, int]]:
+        """One completion a task: all of them are submitted at once (one engine batch, no
+        thread a task), then scored here in turn. A task whose try failed goes back to
+        `run_task` with a retry fewer (or is recorded as failed when it has none left).
+        A subclass with its own `rollout`, or a server engine, takes the ordinary path."""
+        if type(self).rollout is not SingleTurnWorker.rollout or not getattr(self._inference_client, "batches", False):
+            return super().run_tasks(tasks, max_retries)
+        left, ready = [], []
+        for task in tasks:
+            self._local.task, row = task, task_dict(task)  # current_task() works in format_task_query
+            try:
+                ready.append((task, row, *self._query_and_prompt(row)))
+            except Exception:  # the ordinary path records why
+                left.append((task, max_retries))
+        completions = self._inference_client.submit_many([(prompt, task.is_val) for task, _, _, prompt in ready])
+        for (task, row, query, _), completion in zip(ready, completions):
+            def score(row=row, query=query, completion=completion):
+                if isinstance(completion, BaseException):
+                    raise completion
+                return self._score(row, query, self._inference_client.record(completion))
+            if self._attempt(task, score):
+                self._publish_put()
+            elif max_retries > 0:
+                left.append((task, max_retries - 1))
+            else:
+                self._local.put = failed_events(task, self._local.error, self.worker_id)
+                self._publish_put()
+        return left
+
+    def _query_and_prompt(self, task: dict[str, Any]) -> tuple[str, list[int]]:
         query = self.format_task_query(task)
         prompt = self._inference_client.tokenize(query)
         limit = self._inference_client.max_prompt_tokens
         if limit is not None and len(prompt) > limit:
             raise ValueError(f"the prompt has {len(prompt)} tokens, more than max_prompt_length ({limit})")
-        result = self._inference_client.completion(prompt)
+        return query, prompt
+
+    def _score(self, task: dict[str, Any], query: str, result: dict[str, Any]) -> str:
         info = {"prompt_tokens": result["prompt_tokens"], "response_tokens": result["response_tokens"],
                 "prompt_messages": [{"role": "user", "content": query}],
                 "response_message": {"role": "assistant", "content": result["response"]},

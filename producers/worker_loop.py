@@ -141,7 +141,7 @@ def run_worker(settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int
     pool = ThreadPoolExecutor(max_workers=cfg.max_concurrent_tasks, thread_name_prefix="rollout")
     try:
         while not stop.is_set():
-            events, dead = tasks.poll(timeout_ms=100, max_records=cfg.max_concurrent_tasks)
+            events, dead = take_tasks(tasks, cfg.max_concurrent_tasks, cfg.rollout_repeat_n)
             for letter in dead:
                 publisher.publish(letter)
             batch = [(e, tp, off) for e, tp, off in events if isinstance(e, Task)]
@@ -161,13 +161,21 @@ def run_worker(settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int
                     load(watcher.poll())
                 # a group's events leave as soon as its last task here is done, not with the batch
                 unfinished = Counter(task.group_id for task, _, _ in batch)
-                futures = {pool.submit(worker.run_task, task, cfg.max_retries): task for task, _, _ in batch}
+
+                def finished(task: Task) -> None:
+                    unfinished[task.group_id] -= 1
+                    if not unfinished[task.group_id]:
+                        publisher.send_held(task.group_id.encode())
+                # what the worker samples as one batch it rolls out here; the rest a thread each
+                left = worker.run_tasks([task for task, _, _ in batch], cfg.max_retries)
+                left_ids = {id(task) for task, _ in left}
+                for task, _, _ in batch:
+                    if id(task) not in left_ids:
+                        finished(task)
+                futures = {pool.submit(worker.run_task, task, retries): task for task, retries in left}
                 for future in as_completed(futures):
                     future.result()
-                    group_id = futures[future].group_id
-                    unfinished[group_id] -= 1
-                    if not unfinished[group_id]:
-                        publisher.send_held(group_id.encode())
+                    finished(futures[future])
                 done += len(batch)
             publisher.flush()
             next_offsets = {}
@@ -186,6 +194,19 @@ def run_worker(settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int
     if failures:
         raise failures[0]
     return done
+
+
+def take_tasks(tasks: RunReader, limit: int, group_size: int) -> tuple[list, list]:
+    """Up to `limit` tasks from the tasks topic, where a record holds a whole group's
+    tasks (the publisher bundles them) or one (a validation task): records are taken a
+    few at a time while another group's bundle still fits."""
+    events, dead = tasks.poll(timeout_ms=100, max_records=max(1, limit // group_size))
+    while (events or dead) and len(events) + group_size <= limit:
+        more, more_dead = tasks.poll(timeout_ms=0, max_records=max(1, (limit - len(events)) // group_size))
+        if not more and not more_dead:
+            break
+        events, dead = events + more, dead + more_dead
+    return events, dead
 
 
 def _tp(letter) -> TopicPartition:

@@ -13,6 +13,7 @@ Use `pack_*` / `unpack_*` to go between numpy arrays and those bytes.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from typing import Any, ClassVar
@@ -24,10 +25,19 @@ import numpy as np
 EVENT_ID_NAMESPACE = uuid.UUID("6f1c2a4e-8f0d-5b7e-9a3c-2d4e6f8a0b1c")
 
 
+_NAMESPACE_BYTES = EVENT_ID_NAMESPACE.bytes
+
+
 def make_event_id(kind: str, run_id: str, *key_parts: Any) -> str:
-    """Deterministic id of the event of `kind` in `run_id` with this natural key."""
+    """Deterministic id of the event of `kind` in `run_id` with this natural key:
+    str(uuid.uuid5(EVENT_ID_NAMESPACE, key)), spelt out (SHA-1, version and variant bits)
+    because building the UUID object costs more than the hash, twice a rollout."""
     key = "|".join([kind, run_id, *(str(p) for p in key_parts)])
-    return str(uuid.uuid5(EVENT_ID_NAMESPACE, key))
+    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + key.encode()).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
+    h = digest.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def pack_int32(values) -> bytes:

@@ -7,6 +7,7 @@ topic name built from them is legal and the run id can be read back from the nam
 
 from __future__ import annotations
 
+import functools
 import re
 
 from schema.events import EVENT_BY_KIND
@@ -30,6 +31,7 @@ def validate_run_id(run_id: str) -> str:
     return run_id
 
 
+@functools.lru_cache(maxsize=4096)  # every event sent asks; the answer never changes
 def topic_name(run_id: str, kind: str) -> str:
     if kind not in KINDS:
         raise TopicNameError(f"unknown topic kind {kind!r}; expected one of {', '.join(KINDS)}")

@@ -98,6 +98,17 @@ def test_event_ids_are_deterministic_and_distinct():
     assert step.event_id == TrainStep(run_id="r1", step=3, loss=9.0).event_id
 
 
+def test_event_ids_are_uuid5_of_the_natural_key():
+    # the ids recorded by earlier versions (uuid.uuid5 of "kind|run|key...") stay the same
+    import uuid
+
+    namespace = uuid.UUID("6f1c2a4e-8f0d-5b7e-9a3c-2d4e6f8a0b1c")
+    assert make_event_id("tasks", "r1", "t1") == str(uuid.uuid5(namespace, "tasks|r1|t1"))
+    assert make_event_id("samples", "run-7", "g", 3) == str(uuid.uuid5(namespace, "samples|run-7|g|3"))
+    assert make_event_id("tasks", "r", "prompt ✓ é") == str(uuid.uuid5(namespace, "tasks|r|prompt ✓ é"))
+    assert uuid.UUID(make_event_id("tasks", "r1", "t1")).version == 5
+
+
 @pytest.mark.parametrize("garbage, message", [
     (b"", "empty message"),
     (b'{"json": true}', "first byte 0x7b"),

@@ -104,3 +104,35 @@ def test_a_task_newer_than_the_policy_is_re_rolled_then_recorded(server):
     published = []
     trajectory, _ = make_worker(SingleTurnWorker, server, published).run_task(task(min_weight_version=5), max_retries=2)
     assert "re-rollout" in trajectory.error
+
+
+def test_the_default_worker_samples_a_batch_of_tasks_as_one_engine_batch(server):
+    tasks = [Task(run_id="r", task_id=f"b{i}", group_id=f"g{i // 4}", sample_index=i % 4, group_size=4,
+                  prompt=f"{i}+1=", data={"answer": str(i + 1)}) for i in range(12)]
+    too_long = Task(run_id="r", task_id="long", group_id="g9", prompt="1+1=" * 50, data={"answer": "2"})
+    newer = Task(run_id="r", task_id="newer", group_id="g8", prompt="2+2=", data={"answer": "4"}, min_weight_version=5)
+    published, sizes_before = [], len(server.batch_sizes)
+    worker = make_worker(SingleTurnWorker, server, published)
+    worker._inference_client.max_prompt_tokens = 64
+    left = worker.run_tasks(tasks + [too_long, newer], max_retries=2)
+    # 13 prompts sampled together (the long one never reached the engine), no thread a task
+    assert list(server.batch_sizes)[sizes_before:] == [13]
+    # each finished task published its trajectory then its evaluation, with the usual ids
+    assert [e.trajectory_id for e in published] == [t.task_id for t in tasks for _ in range(2)]
+    for task_, (trajectory, evaluation) in zip(tasks, zip(published[::2], published[1::2])):
+        assert isinstance(trajectory, TrajectoryEvent) and isinstance(evaluation, Evaluation)
+        assert trajectory.group_id == task_.group_id and unpack_float32(trajectory.logprobs)[-1] < 0
+        assert evaluation.reward in (0.0, 1.0)
+    # the failed ones go back to run_task: the long prompt untried, the stale one with a retry fewer
+    assert left == [(too_long, 2), (newer, 1)]
+    trajectory, _ = worker.run_task(too_long, 2)
+    assert "more than max_prompt_length (64)" in trajectory.error
+    # with no retries left a failed try is recorded at once
+    published.clear()
+    assert worker.run_tasks([newer], max_retries=0) == []
+    assert "re-rollout" in published[0].error and published[1].reward == 0.0
+
+
+def test_a_worker_with_its_own_rollout_takes_a_thread_a_task(server):
+    tasks = [task()]
+    assert make_worker(TwoCallWorker, server, []).run_tasks(tasks, max_retries=3) == [(tasks[0], 3)]
