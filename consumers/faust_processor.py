@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from consumers.faust_recovery import RecoveryStalled, RecoveryWatch
 from consumers.processor import group_outcome, load_custom_advantages
 from algos.advantages import get_advantage_estimator
 from runtime.bus import FRAME_OVERHEAD_BYTES, IDLE_FETCH_WAIT_MS, RunReader, frame, unframe_record
@@ -173,6 +174,9 @@ class FaustProcessor:
                                      key_type=bytes, value_type=bytes)  # bytes: stored raw
         self.app.agent(source, name="join")(self._join)
         self.app.timer(interval=1.0)(self._expire)
+        self.recovery_watch = RecoveryWatch(self.app)
+        self.app.timer(interval=5.0)(self._watch_recovery)
+        self.worker = None  # set by run()
         self.open: dict[str, OpenGroup] = {}
         # Samples and dead letters go out through a producer of their own that batches
         # (linger 5 ms): faust's producer sends one record per batch on the embedded
@@ -282,6 +286,13 @@ class FaustProcessor:
             if now - group.first_seen > self.timeout_s and group.partition in assigned and group_id in self.open:
                 await self._emit(group_id, group, timed_out=True)
 
+    async def _watch_recovery(self) -> None:
+        try:
+            await self.recovery_watch.check()
+        except RecoveryStalled as exc:  # one sentence, and a restart by the supervisor
+            self.lost.append(exc)
+            asyncio.ensure_future(self.worker.stop())
+
     async def _emit(self, group_id: str, group: OpenGroup, timed_out: bool = False) -> None:
         # closed before the first await: the timer and the agent interleave at each one
         del self.open[group_id]
@@ -364,7 +375,8 @@ class FaustProcessor:
             reader.close()
 
     def run(self, tracebacks: bool = False) -> None:
-        """Serve until SIGTERM/SIGINT; ServiceLost when the broker stays away. Without
+        """Serve until SIGTERM/SIGINT; ServiceLost when the broker stays away,
+        RecoveryStalled when table recovery is stuck (consumers/faust_recovery.py). Without
         `tracebacks` (--debug), the Kafka clients' log lines come without theirs (a lost
         broker is one sentence, from the broker watch); with it, faust logs at info level
         too (assignments, table recovery)."""
@@ -385,7 +397,8 @@ class FaustProcessor:
         if not tracebacks:  # the consumer thread dies with the broker: a line, not a traceback
             threading.excepthook = lambda hook: log.warning("%s stopped: %s: %s", hook.thread.name,
                                                             hook.exc_type.__name__, hook.exc_value)
-        worker = Worker(self.app, loglevel="info" if tracebacks else "warning", quiet=True, redirect_stdouts=False)
+        worker = self.worker = Worker(self.app, loglevel="info" if tracebacks else "warning", quiet=True,
+                                      redirect_stdouts=False)
         stop = threading.Event()
         watch = threading.Thread(target=self._watch_broker, args=(worker, stop), name="broker-watch", daemon=True)
         watch.start()

@@ -104,6 +104,9 @@ def as_cli_error(exc: Exception) -> CliError | None:
         error = ServiceMissing(str(exc))
         error.label = "inference service"
         return error
+    recovery = sys.modules.get("consumers.faust_recovery")
+    if recovery is not None and isinstance(exc, recovery.RecoveryStalled):
+        return CommandFailed(str(exc))  # exit 1: `streamrl run` restarts the processor
     return None
 
 
