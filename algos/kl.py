@@ -38,10 +38,34 @@ def kl_k2(log_ratio: torch.Tensor) -> torch.Tensor:
     return 0.5 * log_ratio.square()
 
 
+# verl's low-variance KL bounds: the log-ratio is clamped before exp (an exp of a
+# log-ratio below -88.7 is inf in float32) and the estimate after it.
+K3_LOG_RATIO_CLAMP = 20.0
+K3_VALUE_CLAMP = 10.0
+
+
 @register_kl_estimator("k3")
 def kl_k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    """exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1: unbiased, >= 0."""
-    return torch.exp(-log_ratio) + log_ratio - 1.0
+    """exp(-x) + x - 1 with x = log pi - log pi_ref clamped to +-20, the result clamped to
+    [-10, 10] (verl's low_var_kl): unbiased and >= 0 inside the clamps, bounded outside,
+    and no gradient past either clamp."""
+    x = torch.clamp(log_ratio, -K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
+    return torch.clamp(torch.exp(-x) + x - 1.0, -K3_VALUE_CLAMP, K3_VALUE_CLAMP)
+
+
+@register_kl_estimator("k3+")
+def kl_k3_straight_through(log_ratio: torch.Tensor) -> torch.Tensor:
+    """k3's value with k2's gradient (straight-through, verl's `low_var_kl+`): k3's value
+    is an unbiased estimate of the KL, but its gradient 1 - exp(-x) is not an unbiased
+    estimate of the KL's gradient; k2's gradient x is (for samples of pi)."""
+    k2 = kl_k2(log_ratio)
+    return kl_k3(log_ratio).detach() + k2 - k2.detach()
+
+
+@register_kl_estimator("abs")
+def kl_abs(log_ratio: torch.Tensor) -> torch.Tensor:
+    """|log pi - log pi_ref|: biased, >= 0."""
+    return log_ratio.abs()
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -52,7 +76,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
 def kl_reward_to_go(token_kl, mask):
     """The KL-in-reward penalty as a per-token advantage term: the sum of the KL of this
     and every later trained token (the return of a -kl reward per token, gamma = 1)."""
-    masked = token_kl * mask
+    masked = torch.where(mask.bool(), token_kl, 0.0)  # selection: an inf on padding stays out
     return masked.flip(-1).cumsum(-1).flip(-1)
 
 

@@ -11,11 +11,16 @@ Two registries:
     lets a loss work per sequence (GSPO) rather than per token.
 
     LOSS_AGGREGATIONS (`algorithm.loss_agg_mode`), one signature:
-        fn(masked_loss, mask, global_tokens, global_sequences) -> scalar
+        fn(masked_loss, mask, global_tokens, global_sequences, loss_scale_factor) -> scalar
+    `masked_loss` is 0 wherever `mask` is 0 (selected, not multiplied: see `masked`);
+    `loss_scale_factor` is seq-mean-token-sum-norm's constant (`algorithm.loss_scale_factor`).
 
 Normalisation across micro-batches: every aggregation divides by a count of the *whole*
 batch (`global_tokens` / `global_sequences`), never by the micro-batch's own count, so
 that summing the gradients of micro-batches gives exactly the gradient of the batch.
+
+Masking selects (`torch.where`), it does not multiply: a padding or prompt position may
+hold a non-finite value (a -inf behaviour or reference logprob), and inf * 0 is NaN.
 """
 
 from __future__ import annotations
@@ -27,6 +32,16 @@ from typing import Callable
 import torch
 
 from runtime.registry import Registry
+
+
+def masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`values` where `mask` is set, 0 elsewhere, whatever the values there (inf, NaN);
+    the gradient to the positions left out is 0."""
+    return torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return masked(values, mask).sum()
 
 
 # log pi - log pi_old is clamped before exp (as verl does): under bf16, or for a very
@@ -49,7 +64,7 @@ PolicyLossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", "algorithm.off_policy_correction")
 register_policy_loss = POLICY_LOSSES.register
 
-AggregationFn = Callable[[torch.Tensor, torch.Tensor, float, float], torch.Tensor]
+AggregationFn = Callable[[torch.Tensor, torch.Tensor, float, float, float], torch.Tensor]
 LOSS_AGGREGATIONS: Registry[AggregationFn] = Registry("loss aggregation", "algorithm.loss_agg_mode")
 register_loss_aggregation = LOSS_AGGREGATIONS.register
 
@@ -84,31 +99,50 @@ def truncated_importance_weights(proximal_logprobs: torch.Tensor, behaviour_logp
 
 
 @register_loss_aggregation("token-mean")
-def token_mean(masked: torch.Tensor, mask: torch.Tensor, global_tokens: float, global_sequences: float) -> torch.Tensor:
-    """sum(loss * mask) / global_tokens"""
-    return masked.sum() / global_tokens
+def token_mean(masked_loss: torch.Tensor, mask: torch.Tensor, global_tokens: float, global_sequences: float,
+               loss_scale_factor: float = 1.0) -> torch.Tensor:
+    """sum(loss * mask) / global_tokens   (DAPO's token-level normalisation)"""
+    return masked_loss.sum() / global_tokens
+
+
+@register_loss_aggregation("token-sum")
+def token_sum(masked_loss: torch.Tensor, mask: torch.Tensor, global_tokens: float, global_sequences: float,
+              loss_scale_factor: float = 1.0) -> torch.Tensor:
+    """sum(loss * mask): no normalisation, so the update grows with the batch's tokens
+    (pair it with a learning rate chosen for that)."""
+    return masked_loss.sum()
 
 
 @register_loss_aggregation("seq-mean-token-mean")
-def seq_mean_token_mean(masked: torch.Tensor, mask: torch.Tensor, global_tokens: float,
-                        global_sequences: float) -> torch.Tensor:
+def seq_mean_token_mean(masked_loss: torch.Tensor, mask: torch.Tensor, global_tokens: float,
+                        global_sequences: float, loss_scale_factor: float = 1.0) -> torch.Tensor:
     """sum over sequences of (sum(loss * mask) / tokens in the sequence) / global_sequences"""
-    per_sequence = masked.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
+    per_sequence = masked_loss.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
     return per_sequence.sum() / global_sequences
 
 
 @register_loss_aggregation("seq-mean-token-sum")
-def seq_mean_token_sum(masked: torch.Tensor, mask: torch.Tensor, global_tokens: float,
-                       global_sequences: float) -> torch.Tensor:
-    """sum(loss * mask) / global_sequences   (Dr. GRPO, no length bias)"""
-    return masked.sum() / global_sequences
+def seq_mean_token_sum(masked_loss: torch.Tensor, mask: torch.Tensor, global_tokens: float,
+                       global_sequences: float, loss_scale_factor: float = 1.0) -> torch.Tensor:
+    """sum(loss * mask) / global_sequences"""
+    return masked_loss.sum() / global_sequences
+
+
+@register_loss_aggregation("seq-mean-token-sum-norm")
+def seq_mean_token_sum_norm(masked_loss: torch.Tensor, mask: torch.Tensor, global_tokens: float,
+                            global_sequences: float, loss_scale_factor: float = 1.0) -> torch.Tensor:
+    """sum(loss * mask) / (global_sequences * loss_scale_factor): Dr. GRPO's constant
+    normaliser (the generation budget), free of the length bias of dividing by each
+    sequence's own length, and unlike token-mean the same divisor at every step."""
+    return masked_loss.sum() / (global_sequences * loss_scale_factor)
 
 
 def aggregate_loss(token_loss: torch.Tensor, mask: torch.Tensor, mode: str,
-                   global_tokens: float, global_sequences: float) -> torch.Tensor:
+                   global_tokens: float, global_sequences: float, loss_scale_factor: float = 1.0) -> torch.Tensor:
     """Reduce a per-token loss to a scalar with the batch's global counts, by the
-    registered aggregation `mode`."""
-    return LOSS_AGGREGATIONS.get(mode)(token_loss * mask, mask, global_tokens, global_sequences)
+    registered aggregation `mode`; positions outside `mask` are left out by selection."""
+    return LOSS_AGGREGATIONS.get(mode)(masked(token_loss, mask), mask, global_tokens, global_sequences,
+                                       loss_scale_factor)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -173,16 +207,29 @@ def decoupled_ppo(logprobs, behaviour_logprobs, advantages, mask, config) -> Pol
     return decoupled_ppo_loss(logprobs, behaviour_logprobs, advantages, config, math.inf)
 
 
+# GSPO's sequence log-ratio is capped at 10 (as verl does): past it the ratio's value
+# stays e^10 and the gradient is 0, so a stale sequence with A < 0 (whose unclipped term
+# -A * s is the active one) adds a bounded loss and no gradient.
+GSPO_LOG_RATIO_CAP = 10.0
+
+
 @register_policy_loss("gspo")
 def gspo(logprobs, behaviour_logprobs, advantages, mask, config) -> PolicyLoss:
     """GSPO (Zheng et al. 2025): one importance ratio per sequence, the geometric mean of
     its trained tokens' ratios, s_i = exp(mean_t(log pi - log pi_behaviour)), clipped per
-    sequence. Token form: s_it = sg(s_i) * pi(y_t) / sg(pi(y_t)), equal to s_i in value,
-    so every token of a sequence shares its clip decision and gets gradient s_i * A_i.
-    The paper pairs it with small clip ratios (3e-4 / 4e-4) and seq-mean-token-mean."""
-    seq_log_ratio = ((logprobs - behaviour_logprobs) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    seq_log_ratio = torch.clamp(seq_log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = torch.exp(seq_log_ratio.detach().unsqueeze(-1) + logprobs - logprobs.detach())
+    sequence. Token form: log s_it = sg(log s_i) + log pi(y_t) - sg(log pi(y_t)), equal to
+    log s_i in value, so every token of a sequence shares its clip decision and gets
+    gradient s_i * A_i. log s_it is capped at GSPO_LOG_RATIO_CAP by a clamp, which passes
+    no gradient beyond the cap: the loss there is -A * e^10 at most, its gradient 0
+    (GSPO has no dual-clip). The paper pairs it with small clip ratios (3e-4 / 4e-4) and
+    seq-mean-token-mean."""
+    token_log_ratio = masked(logprobs - behaviour_logprobs, mask)
+    seq_log_ratio = token_log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)
+    seq_log_ratio = torch.clamp(seq_log_ratio.detach(), -LOG_RATIO_CLAMP, GSPO_LOG_RATIO_CAP).unsqueeze(-1)
+    token_form = seq_log_ratio + logprobs - logprobs.detach()
+    # past the cap the log-ratio is the constant cap (a clamp would still pass gradient at it)
+    token_form = torch.where(seq_log_ratio >= GSPO_LOG_RATIO_CAP, seq_log_ratio, token_form)
+    ratio = torch.exp(token_form)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - config.clip_ratio_low, 1.0 + config.clip_ratio_high)
     return PolicyLoss(torch.maximum(unclipped, clipped), (clipped > unclipped).float())

@@ -300,7 +300,9 @@ class FaustProcessor:
         joined = [(t, group.evaluations[tid]) for tid, t in trajectories.items() if tid in group.evaluations]
         algorithm = self.recipe.algorithm
         outcome = group_outcome(self.run_id, group_id, group.step, group.group_size, joined, algorithm.type,
-                                algorithm.filter_zero_variance, timed_out, self.train_partial)
+                                algorithm.filter_zero_variance, timed_out, self.train_partial,
+                                std_epsilon=algorithm.grpo_std_epsilon,
+                                credit_assignment=algorithm.credit_assignment)
         self.closed[group_id.encode()] = _encode_marker(ClosedGroup(step=group.step, group_size=group.group_size,
                                                                     accounted=list(trajectories)))
         unjoined = sorted(set(trajectories) - {t.trajectory_id for t, _ in joined})

@@ -24,8 +24,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from kafka import TopicPartition
 
-from algos.advantages import get_advantage_estimator, group_std, is_zero_variance
-from schema.events import Evaluation, GroupFiltered, Sample, Trajectory
+from algos.advantages import (
+    GRPO_EPSILON, advantage_scope, get_advantage_estimator, group_std, grpo_advantages, is_zero_variance,
+    turn_advantages,
+)
+from schema.events import Evaluation, GroupFiltered, Sample, Trajectory, pack_float32, unpack_int32
 from runtime.bus import EventPublisher, RunReader
 from runtime.config import Recipe
 from runtime.plugins import load_module
@@ -50,11 +53,14 @@ class OpenGroup:
 
 def group_outcome(run_id: str, group_id: str, step: int, group_size: int,
                   joined: list[tuple[Trajectory, Evaluation]], estimator: str, filter_zero_variance: bool,
-                  timed_out: bool = False, train_partial: bool = False) -> list[Sample] | GroupFiltered:
+                  timed_out: bool = False, train_partial: bool = False, *, std_epsilon: float = GRPO_EPSILON,
+                  credit_assignment: str = "episode") -> list[Sample] | GroupFiltered:
     """The samples of a finished group, or why it gives none. Pure: no I/O.
 
     Trajectories whose rollout failed (an error, or no tokens) take no part: their reward
-    of 0 says nothing about the policy, and they have nothing to train on."""
+    of 0 says nothing about the policy, and they have nothing to train on. A batch-scope
+    estimator's samples leave with advantage 0: the learner sets it over the whole step
+    (algos/advantages.py) and records what it trained with in the step's record."""
     usable = [(t, e) for t, e in joined if not t.error and t.tokens]
     rewards = np.array([e.reward for _, e in usable], dtype=np.float64)
 
@@ -69,15 +75,49 @@ def group_outcome(run_id: str, group_id: str, step: int, group_size: int,
         return filtered("all_failed" if joined else "timeout")
     if filter_zero_variance and group_size > 1 and is_zero_variance(rewards):
         return filtered("zero_variance")
-    advantages = get_advantage_estimator(estimator)(rewards)
+    token_advantages: list[bytes] = [b""] * len(usable)
+    if advantage_scope(estimator) == "batch":
+        advantages = np.zeros(len(usable))
+    elif credit_assignment == "turn":
+        by_turn = [assistant_turn_rewards(t, e.reward) for t, e in usable]
+        turn_values = turn_advantages([turn_rewards for turn_rewards, _ in by_turn], estimator, std_epsilon)
+        advantages = np.array([values[0] if len(values) else 0.0 for values in turn_values])
+        token_advantages = [per_token_advantages(len(unpack_int32(t.tokens)), spans, values)
+                            for (t, _), (_, spans), values in zip(usable, by_turn, turn_values)]
+    elif estimator == "grpo":
+        advantages = grpo_advantages(rewards, std_epsilon)
+    else:
+        advantages = get_advantage_estimator(estimator)(rewards)
     mean, std = float(rewards.mean()), group_std(rewards)
     return [
         Sample(run_id=run_id, trajectory_id=t.trajectory_id, group_id=group_id, advantage=float(a),
-               reward=float(e.reward), group_reward_mean=mean, group_reward_std=std, group_size=len(usable),
-               estimator=estimator, weight_version=t.weight_version, step=step, tokens=t.tokens,
-               loss_mask=t.loss_mask, logprobs=t.logprobs, token_versions=t.token_versions)
-        for (t, e), a in zip(usable, advantages)
+               token_advantages=per_token, reward=float(e.reward), group_reward_mean=mean, group_reward_std=std,
+               group_size=len(usable), estimator=estimator, weight_version=t.weight_version, step=step,
+               tokens=t.tokens, loss_mask=t.loss_mask, logprobs=t.logprobs, token_versions=t.token_versions)
+        for (t, e), a, per_token in zip(usable, advantages, token_advantages)
     ]
+
+
+def assistant_turn_rewards(trajectory: Trajectory, episode_reward: float) -> tuple[list[float], list[tuple[int, int]]]:
+    """The episode's reward split by assistant turn, and each turn's token span: the
+    rewards recorded on the turns (an interaction's per-turn rewards), and the rest of
+    the episode's reward (the evaluator's outcome) on the last assistant turn. A
+    trajectory that records no turns is one assistant turn over all of its tokens."""
+    assistant = [turn for turn in trajectory.turns if turn.role == "assistant"]
+    if not assistant:
+        return [episode_reward], [(0, len(unpack_int32(trajectory.tokens)))]
+    rewards = [float(turn.reward or 0.0) for turn in assistant]
+    rewards[-1] += episode_reward - float(sum(turn.reward or 0.0 for turn in trajectory.turns))
+    return rewards, [(turn.start, turn.end) for turn in assistant]
+
+
+def per_token_advantages(num_tokens: int, spans: list[tuple[int, int]], values: np.ndarray) -> bytes:
+    """Each turn's advantage on its tokens, 0 elsewhere (prompt, tool and user tokens do
+    not train), as the Sample's float32 bytes."""
+    advantages = np.zeros(num_tokens, dtype=np.float32)
+    for (start, end), value in zip(spans, values):
+        advantages[start:end] = value
+    return pack_float32(advantages)
 
 
 def load_custom_advantages(path: str | None) -> None:
@@ -102,6 +142,7 @@ class StreamProcessor:
         self.estimator = algorithm.type
         get_advantage_estimator(self.estimator)  # fail now, with the known names, not on the first group
         self.filter_zero_variance = algorithm.filter_zero_variance
+        self.std_epsilon, self.credit_assignment = algorithm.grpo_std_epsilon, algorithm.credit_assignment
         self.timeout_s = pool.group_timeout_s
         self.train_partial = pool.incomplete_group_policy == "train_partial"
         self.reader = RunReader(settings, run_id, ["trajectories", "evaluations"],
@@ -149,7 +190,8 @@ class StreamProcessor:
         joined = group.joined()
         self.closed[group_id] = set(group.trajectories)
         outcome = group_outcome(self.run_id, group_id, group.step, group.group_size, joined,
-                                self.estimator, self.filter_zero_variance, timed_out, self.train_partial)
+                                self.estimator, self.filter_zero_variance, timed_out, self.train_partial,
+                                std_epsilon=self.std_epsilon, credit_assignment=self.credit_assignment)
         unjoined = sorted(set(group.trajectories) - {t.trajectory_id for t, _ in joined})
         if unjoined:  # their evaluations had not arrived
             self._publish_late(group_id, group.step, group.group_size, unjoined)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from algos.advantages import get_advantage_estimator
+from algos.advantages import advantages_by_group
 from learner.batching import TrainItem, collate
 from learner.trainers import GRPOTrainer, Trainer, register_trainer
 
@@ -251,14 +251,9 @@ class SelfHostedTrainer(GRPOTrainer):
         over each group of rows sharing a run_id, from the summed token-level scores,
         spread over each row's trained tokens."""
         scores = batch.values["token_level_scores"].sum(dim=1).tolist()
-        estimate = get_advantage_estimator(self.algorithm.type)
-        advantages = [0.0] * len(scores)
-        groups: dict[str, list[int]] = {}
-        for row, run_id in enumerate(batch.metadata["run_ids"]):
-            groups.setdefault(run_id, []).append(row)
-        for rows in groups.values():
-            for row, value in zip(rows, estimate(np.asarray([scores[r] for r in rows], dtype=np.float64))):
-                advantages[row] = float(value)
+        token_counts = batch.values["loss_mask"].sum(dim=1).tolist()
+        advantages = advantages_by_group(batch.metadata["run_ids"], scores, token_counts, self.algorithm.type,
+                                         self.algorithm.grpo_std_epsilon).tolist()
         batch.metadata["advantages"] = advantages
         batch.values["advantages"] = torch.tensor(advantages, dtype=torch.float32)[:, None] * batch.values["loss_mask"]
         return batch

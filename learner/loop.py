@@ -29,6 +29,7 @@ import msgspec
 import numpy as np
 from kafka import TopicPartition
 
+from algos.advantages import advantage_scope, advantages_by_group
 from algos.lr_schedule import learning_rate_at
 from learner.batching import TrainItem
 from learner.checkpoint import directory_sha256, load_state, prune_weight_versions
@@ -39,6 +40,7 @@ from learner.remote_trainers import RemoteApiTrainer, trainer_class
 from runtime.bus import EventPublisher, RunReader
 from runtime.config import Recipe
 from runtime.dataset import total_train_steps
+from runtime.plugins import load_module
 from runtime.settings import Settings
 from schema.events import (
     GroupFiltered, RunEvent, Sample, TrainStep, WeightVersion, unpack_float32, unpack_int32, unpack_mask,
@@ -73,6 +75,21 @@ def with_behaviour_lag(items: list[TrainItem], learner_version: int) -> list[Tra
             np.full(len(item.tokens), item.weight_version, np.int32)
         item.behaviour_lag = (learner_version - versions).astype(np.int32)
     return items
+
+
+def with_batch_advantages(kept: list[TrainItem], algorithm, metrics: dict[str, float]) -> list[float]:
+    """A batch-scope estimator (`algorithm.type`, e.g. reinforce_plus_plus) sets the
+    advantages of the samples the step trains, over all of them at once: the learner is
+    where a whole step meets. Returns them, in the order of `kept`, for the step's record
+    (empty for a group-scope estimator, whose advantages the samples already carry)."""
+    if not kept or advantage_scope(algorithm.type) != "batch":
+        return []
+    advantages = advantages_by_group([i.group_id for i in kept], [i.reward for i in kept],
+                                     [float(i.mask.sum()) for i in kept], algorithm.type)
+    for item, advantage in zip(kept, advantages):
+        item.advantage, item.token_advantages = float(advantage), None
+    metrics["batch_advantage_abs_mean"] = float(np.abs(advantages).mean())
+    return [float(a) for a in advantages]
 
 
 def staleness_split(items: list[TrainItem], learner_version: int, threshold: int
@@ -125,6 +142,8 @@ class Learner:
         self.checkpoints = run_dir(settings, run_id, cfg.checkpoint_path)
         self.weights = run_dir(settings, run_id, recipe.weight.sync_weight_path)
         self.total_steps = total_train_steps(recipe)
+        if recipe.algorithm.custom_advantage_module_path:  # its batch-scope estimators run here
+            load_module(recipe.algorithm.custom_advantage_module_path)
         self.groups_per_step = recipe.trajectory_pool.batch_size
         # A replayed run trains on another run's rollouts: every sample is off-policy by
         # design (the recipe's off-policy correction handles it) and its weight version
@@ -219,6 +238,7 @@ class Learner:
                                                                       key=lambda s: s.trajectory_id)], learner_version)
         kept, dropped = staleness_split(items, learner_version, self.staleness_threshold)
         metrics: dict[str, float] = {}
+        trained_advantages = with_batch_advantages(kept, self.recipe.algorithm, metrics)
         loss = grad_norm = 0.0
         tokens = 0
         cfg = self.recipe.trainer
@@ -247,7 +267,7 @@ class Learner:
             run_id=self.run_id, step=step, weight_version=step, loss=loss, kl=metrics.get("kl"),
             entropy=metrics.get("entropy"), clip_fraction=metrics.get("clip_fraction", 0.0), grad_norm=grad_norm,
             lr=lr, tokens=tokens, samples=len(kept),
-            sample_ids=[i.trajectory_id for i in kept],
+            sample_ids=[i.trajectory_id for i in kept], trained_advantages=trained_advantages,
             staleness={"mean": float(np.mean(ages)), "max": float(max(ages)), "dropped": float(len(dropped)),
                        "threshold": float(self.staleness_threshold)},
             dropped_ids=[i.trajectory_id for i in dropped],

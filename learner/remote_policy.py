@@ -162,7 +162,8 @@ class RemotePolicy:
         return losses
 
     def _datums(self, items: list[TrainItem], loss_fn: str) -> list:
-        return service_datums(items, loss_fn, self.recipe.algorithm.loss_agg_mode)
+        algorithm = self.recipe.algorithm
+        return service_datums(items, loss_fn, algorithm.loss_agg_mode, algorithm.loss_scale_factor)
 
     def _adam(self, lr: float):
         from tinker import types

@@ -67,17 +67,22 @@ for _cls in (RemoteApiGrpoTrainer, RemoteApiCrossEntropyTrainer):
     register_trainer(_cls.name)(_cls)
 
 
-def aggregation_scales(masks: list[np.ndarray], mode: str) -> list[float]:
+def aggregation_scales(masks: list[np.ndarray], mode: str, loss_scale_factor: float | None = None) -> list[float]:
     """Per datum, what its summed loss is multiplied by so that the sum over datums is the
-    recipe's aggregation (token-mean: / all trained tokens; seq-mean-token-sum: / sequences;
-    seq-mean-token-mean: / (sequences x the sequence's tokens))."""
+    recipe's aggregation (token-mean: / all trained tokens; token-sum: 1; seq-mean-token-sum:
+    / sequences; seq-mean-token-mean: / (sequences x the sequence's tokens);
+    seq-mean-token-sum-norm: / (sequences x loss_scale_factor))."""
     tokens = [max(float(mask.sum()), 1.0) for mask in masks]
     if mode == "token-mean":
         return [1.0 / sum(tokens)] * len(masks)
+    if mode == "token-sum":
+        return [1.0] * len(masks)
     if mode == "seq-mean-token-sum":
         return [1.0 / len(masks)] * len(masks)
     if mode == "seq-mean-token-mean":
         return [1.0 / (len(masks) * n) for n in tokens]
+    if mode == "seq-mean-token-sum-norm" and loss_scale_factor:
+        return [1.0 / (len(masks) * loss_scale_factor)] * len(masks)
     raise ValueError(f"algorithm.loss_agg_mode: {mode!r} has no remote form")
 
 
@@ -94,11 +99,12 @@ def datum_arrays(item: TrainItem, loss_fn: str, scale: float) -> dict[str, np.nd
     return arrays
 
 
-def service_datums(items: list[TrainItem], loss_fn: str, loss_agg_mode: str) -> list:
+def service_datums(items: list[TrainItem], loss_fn: str, loss_agg_mode: str,
+                   loss_scale_factor: float | None = None) -> list:
     """The step's samples as the Tinker API's `Datum`s (the client's own types)."""
     from tinker import types  # imported here: two seconds that only a remote trainer pays
 
-    scales = aggregation_scales([item.mask[1:] for item in items], loss_agg_mode)
+    scales = aggregation_scales([item.mask[1:] for item in items], loss_agg_mode, loss_scale_factor)
     data = []
     for item, scale in zip(items, scales):
         arrays = datum_arrays(item, loss_fn, scale)

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from algos.advantages import get_advantage_estimator
+from algos.advantages import advantages_by_group
 from algos.kl import kl_penalty, kl_reward_to_go, make_kl_controller
-from algos.losses import POLICY_LOSSES, aggregate_loss, clamped_ratio, token_logprobs_and_entropy
+from algos.losses import (
+    POLICY_LOSSES, aggregate_loss, clamped_ratio, masked, masked_sum, token_logprobs_and_entropy,
+)
 from learner.batching import TrainItem, collate, micro_batches_by_tokens
 from learner.packing import collate_packed, pack_by_tokens, padding_fraction, unpack
 from learner.parallel import Placement, all_reduce_maxima, all_reduce_sums, shares_by_tokens
@@ -241,7 +243,7 @@ def logprob_gap_sums(logprobs: torch.Tensor, behaviour: torch.Tensor, mask: torc
     and per lag bucket (tokens sampled by the learner's own weights, one version behind,
     two or more) its sum, maximum and token count. At lag 0 the two logprobs come from
     the same weights, so a gap there is inference/training mismatch, not policy change."""
-    gap = (logprobs - behaviour).abs() * mask
+    gap = masked((logprobs - behaviour).abs(), mask)
     sums = {"logprob_gap_mean_sum": gap.sum(), "logprob_gap_max": gap.max()}
     lag = lag.to(gap.device)
     for name, (low, high) in LAG_BUCKETS.items():
@@ -333,7 +335,7 @@ class GRPOTrainer(Trainer):
             with torch.no_grad():
                 ref_logprobs, _ = self.logprobs(self.ref_model, batch)  # on the CPU when offloaded
             token_kl = kl_penalty(logprobs, ref_logprobs, algo.kl_estimator)
-            sums["kl_sum"] = (token_kl.detach() * mask).sum()
+            sums["kl_sum"] = masked_sum(token_kl.detach(), mask)
             if algo.use_kl_in_reward and self.kl_in_reward_in_loss:
                 advantages = advantages - self.kl_controller.kl_coef * kl_reward_to_go(token_kl.detach(), mask)
 
@@ -343,16 +345,17 @@ class GRPOTrainer(Trainer):
         policy = self.policy_loss(logprobs, old, advantages, mask, algo)  # algos/losses.py, by off_policy_correction
         token_loss, clipped = policy.token_loss, policy.clipped
         if policy.importance_weights is not None:
-            sums["importance_weight_sum"] = (policy.importance_weights * mask).sum()
+            sums["importance_weight_sum"] = masked_sum(policy.importance_weights, mask)
         if token_kl is not None and algo.use_kl_loss:
             token_loss = token_loss + self.kl_controller.kl_coef * token_kl
-        loss = aggregate_loss(token_loss, mask, algo.loss_agg_mode, totals.tokens, totals.sequences)
+        loss = aggregate_loss(token_loss, mask, algo.loss_agg_mode, totals.tokens, totals.sequences,
+                              algo.loss_scale_factor or 1.0)
         with torch.no_grad():
             ratio = clamped_ratio(logprobs.detach(), old)
-            sums["entropy_sum"] = (entropy * mask).sum()
-            sums["clip_fraction_sum"] = (clipped * mask).sum()
-            sums["ratio_sum"] = (ratio * mask).sum()
-            sums["behaviour_kl_sum"] = ((behaviour - logprobs.detach()) * mask).sum()
+            sums["entropy_sum"] = masked_sum(entropy, mask)
+            sums["clip_fraction_sum"] = masked_sum(clipped, mask)
+            sums["ratio_sum"] = masked_sum(ratio, mask)
+            sums["behaviour_kl_sum"] = masked_sum(behaviour - logprobs.detach(), mask)
             sums.update(logprob_gap_sums(logprobs.detach(), behaviour, mask, batch["behaviour_lag"]))
         return loss, sums
 
@@ -373,7 +376,7 @@ class CrossEntropyTrainer(Trainer):
     def micro_batch_loss(self, batch, totals):
         logprobs, entropy = self.logprobs(self.model, batch)
         loss = aggregate_loss(-logprobs, batch["mask"], "token-mean", totals.tokens, totals.sequences)
-        return loss, {"entropy_sum": (entropy * batch["mask"]).sum()}
+        return loss, {"entropy_sum": masked_sum(entropy, batch["mask"])}
 
 
 def compute_grpo_advantage_for_trajectories(trajectories: list[TrainItem], logger=None, use_run_ids: bool = True,
@@ -385,15 +388,12 @@ def compute_grpo_advantage_for_trajectories(trajectories: list[TrainItem], logge
     if not use_run_ids:
         raise ValueError("compute_grpo_advantage_for_trajectories: StreamRL groups by run_id (a task's rollouts); "
                          "use_run_ids=False has no other grouping to use")
-    estimate = get_advantage_estimator(estimator)
-    groups: dict[str, list[TrainItem]] = {}
-    for item in trajectories:
-        groups.setdefault(item.group_id, []).append(item)
-    for members in groups.values():
-        advantages = estimate(np.asarray([item.reward for item in members], dtype=np.float64))
-        for item, advantage in zip(members, advantages):
-            item.advantage, item.token_advantages = float(advantage), None
+    advantages = advantages_by_group([item.group_id for item in trajectories], [item.reward for item in trajectories],
+                                     [float(item.mask.sum()) for item in trajectories], estimator)
+    for item, advantage in zip(trajectories, advantages):
+        item.advantage, item.token_advantages = float(advantage), None
     if logger is not None:
-        logger.debug("advantages of %d trajectories in %d groups", len(trajectories), len(groups))
+        logger.debug("advantages of %d trajectories in %d groups", len(trajectories),
+                     len({item.group_id for item in trajectories}))
     return trajectories
 

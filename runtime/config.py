@@ -105,12 +105,22 @@ class KlControl:
 
 @dataclass
 class Algorithm:
-    type: str = "grpo"  # a registered advantage estimator: grpo | dr_grpo | rloo | reinforce | yours
+    # a registered advantage estimator: group scope (grpo, dr_grpo, rloo, reinforce) or batch
+    # scope (reinforce_plus_plus, reinforce_plus_plus_baseline), or a recipe's own
+    type: str = "grpo"
     batch_size: Optional[int] = None  # the guide's copy of trajectory_pool.batch_size; must equal it
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.28
     clip_ratio_c: Optional[float] = 3.0  # dual-clip cap for negative advantages; null turns it off
     loss_agg_mode: str = "token-mean"  # a registered loss aggregation
+    # seq-mean-token-sum-norm's constant divisor (Dr. GRPO's generation budget); with that
+    # mode, null means rollout_worker.max_response_length; with any other mode it must stay null
+    loss_scale_factor: Optional[float] = None
+    # the epsilon of GRPO's (r - mean) / (std + epsilon): 1e-6 as verl, 1e-4 as TRL (grpo only)
+    grpo_std_epsilon: float = 1e-6
+    # multi-turn episodes: "episode" (every assistant token gets the episode's advantage) or
+    # "turn" (each assistant turn gets the advantage of the return from that turn on)
+    credit_assignment: Literal["episode", "turn"] = "episode"
     filter_zero_variance: bool = True
     # the ratio's denominator: the sampler's behaviour logprobs (false), or the learner's
     # own logprobs recomputed before each step (true; one learner process)

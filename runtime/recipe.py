@@ -144,7 +144,16 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     problems += missing_files(values, Recipe, path_bases(path.resolve().parent))
     if problems:
         raise RecipeError(path, problems)
-    return Recipe.from_dict(values)
+    return with_derived_defaults(Recipe.from_dict(values))
+
+
+def with_derived_defaults(recipe: Recipe) -> Recipe:
+    """Defaults that follow from other keys, written in, so that the run's recorded
+    config says what every process used."""
+    algorithm = recipe.algorithm
+    if algorithm.loss_agg_mode == "seq-mean-token-sum-norm" and algorithm.loss_scale_factor is None:
+        algorithm.loss_scale_factor = float(recipe.rollout_worker.max_response_length)
+    return recipe
 
 
 # --- preparing a recipe to run -----------------------------------------------------------
@@ -277,7 +286,25 @@ def consistency_problems(recipe: Recipe) -> list[str]:
         problems.append("rollout_worker.trace_path: traces are written only with save_trace: true")
     if recipe.trainer.save_freq < 0:
         problems.append("trainer.save_freq: must be >= 0")
+    problems += algorithm_number_problems(recipe.algorithm)
     return problems + inference_service_problems(recipe)
+
+
+def algorithm_number_problems(algorithm) -> list[str]:
+    """The maths' numeric keys: in range, and set only where something reads them."""
+    problems = []
+    if algorithm.loss_scale_factor is not None:
+        if algorithm.loss_agg_mode != "seq-mean-token-sum-norm":
+            problems.append(f"algorithm.loss_scale_factor: read only by loss_agg_mode seq-mean-token-sum-norm "
+                            f"(this recipe's is {algorithm.loss_agg_mode})")
+        elif not algorithm.loss_scale_factor > 0:
+            problems.append("algorithm.loss_scale_factor: must be > 0")
+    if not 0.0 < algorithm.grpo_std_epsilon <= 1.0:
+        problems.append("algorithm.grpo_std_epsilon: must be in (0, 1] (1e-6 as verl, 1e-4 as TRL)")
+    elif algorithm.grpo_std_epsilon != 1e-6 and algorithm.type != "grpo":
+        problems.append(f"algorithm.grpo_std_epsilon: read only by algorithm.type grpo (this recipe's is "
+                        f"{algorithm.type})")
+    return problems
 
 
 # Which inference backends read which `service.inference_service` keys (the rest: all).

@@ -233,6 +233,9 @@ class TrainStep(Event, tag="train_step", kw_only=True):
     tokens: int = 0
     samples: int = 0
     sample_ids: list[str] = []  # trajectory ids trained in this step (lineage)
+    # a batch-scope estimator's advantages, as trained, beside sample_ids (empty otherwise:
+    # a group-scope estimator's are on the samples)
+    trained_advantages: list[float] = []
     dropped_ids: list[str] = []  # trajectory ids dropped as too stale
     staleness: dict[str, float] = {}  # mean / max / dropped
     seconds: float = 0.0

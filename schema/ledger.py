@@ -183,6 +183,7 @@ train_steps = Table(
     Column("tokens", BigInteger, nullable=False),
     Column("samples", Integer, nullable=False),
     Column("sample_ids", ARRAY(Text)),
+    Column("trained_advantages", ARRAY(Float)),
     Column("dropped_ids", ARRAY(Text)),
     Column("staleness", JSONB),
     Column("seconds", Float, nullable=False),

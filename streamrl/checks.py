@@ -52,7 +52,27 @@ def recipe_code_problems(recipe: Recipe) -> list[str]:
         except (ValueError, KeyError) as exc:  # LoadError is a ValueError
             problems.append(f"{key}: {exc.args[0] if exc.args else exc}")
     # Registry keys last: a custom estimator registers only once its module has loaded.
-    return problems + tracker_problems(recipe) + registry_problems(recipe.to_dict())
+    registry = registry_problems(recipe.to_dict())
+    if not any(p.startswith("algorithm.type:") for p in registry):
+        problems += estimator_problems(recipe)
+    return problems + tracker_problems(recipe) + registry
+
+
+def estimator_problems(recipe: Recipe) -> list[str]:
+    """Turn-level credit needs an estimator of the (r - b) / s form, which a batch-scope
+    or a recipe's own estimator does not declare."""
+    from algos.advantages import GROUP_BASELINES
+
+    algorithm, worker = recipe.algorithm, recipe.rollout_worker
+    if algorithm.credit_assignment != "turn":
+        return []
+    if algorithm.type not in GROUP_BASELINES:
+        return [f"algorithm.credit_assignment: turn needs an estimator with a baseline form "
+                f"({', '.join(sorted(GROUP_BASELINES))}); {algorithm.type!r} has none"]
+    if worker.type == "single_turn" and not worker.custom_rollout_worker_module_path:
+        return ["algorithm.credit_assignment: turn acts on multi-turn episodes; the single_turn worker's "
+                "rollouts have one assistant turn (use rollout_worker.type agent, or a worker that records turns)"]
+    return []
 
 
 TRACKER_PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow"}
