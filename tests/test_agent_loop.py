@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import textwrap
 
+import msgspec
+
 import numpy as np
 import pytest
 
@@ -279,3 +281,47 @@ def test_a_fifteen_turn_episode_is_recorded_turn_by_turn_in_the_ledger(stack, le
     assert [r[5]["tool_calls"] for r in turns if r[1] == "assistant"] == [["lookup"]] * 14 + [[]]
     reward = ledger.execute("select reward from evaluations where run_id = %s", (run_id,)).fetchone()[0]
     assert reward == 1.0
+
+
+def test_per_turn_rewards_are_in_the_ledger_and_turn_credit_uses_them(stack, ledger, run_id, tmp_path):
+    """Two episodes of one task with a tutor that rewards an answer starting with "a"
+    (0.5 a turn) and an evaluator that wants "42": turn credit gives each assistant turn
+    the advantage of the return from it on."""
+    from consumers.processor import group_outcome
+    from schema.events import unpack_float32
+
+    (tmp_path / "tutor.py").write_text(textwrap.dedent("""
+        from producers.interaction import InteractionReply, ScriptedUser
+
+        class Tutor(ScriptedUser):
+            def respond(self, messages, task):
+                reply = super().respond(messages, task)
+                reply.reward = 0.5 if messages[-1]["content"].startswith("a") else 0.0
+                return reply
+    """))
+    config = write_agent_config(tmp_path, interaction={"module_path": "tutor.py:Tutor"},
+                                limits={"max_assistant_turns": 4, "max_user_turns": 2, "max_total_tokens": 2000})
+    scripts = [[char_ids("a1") + [IM_END], char_ids("42") + [IM_END]],  # 0.5 + 0.0, then right: 1.0
+               [char_ids("b1") + [IM_END], char_ids("7") + [IM_END]]]  # 0.0 + 0.0, then wrong: 0.0
+    create_run_topics(stack, run_id)
+    joined = []
+    with EventPublisher(stack) as publisher:
+        for index, script in enumerate(scripts):
+            worker = AgentRolloutWorker({"agent_config_path": config}, ScriptedClient(script), ExactMatchEvaluator(),
+                                        publisher.publish)
+            task = msgspec.structs.replace(make_task(run_id=run_id, user_turns=["again"]), task_id=f"t-{index}")
+            joined.append(worker.run_task(task))
+    assert [e.reward for _, e in joined] == [1.5, 0.0]  # the evaluator's plus the turns'
+    with SinkThread(stack, run_id):
+        wait_for(lambda: ledger.execute("select count(*) from trajectories where run_id = %s", (run_id,)).fetchone()[0]
+                 == 2, 60, what="both trajectories in the ledger")
+    rewards = dict(ledger.execute("select trajectory_id, array_agg(reward order by turn_index) from trajectory_turns "
+                                  "where run_id = %s and role = 'assistant' group by trajectory_id", (run_id,)).fetchall())
+    assert [rewards[t.trajectory_id] for t, _ in joined] == [[0.5, 0.0], [0.0, 0.0]]
+    # turn returns: episode 0 [1.5, 1.0], episode 1 [0, 0]; dr_grpo's baseline is the mean
+    # episode return 0.75: advantages [0.75, 0.25] and [-0.75, -0.75]
+    samples = group_outcome(run_id, "g-1", 1, 2, joined, "dr_grpo", True, credit_assignment="turn")
+    for sample, (trajectory, _), expected in zip(samples, joined, ([0.75, 0.25], [-0.75, -0.75])):
+        per_token = unpack_float32(sample.token_advantages)
+        spans = [(turn.start, turn.end) for turn in trajectory.turns if turn.role == "assistant"]
+        assert [sorted(set(per_token[start:end].tolist())) for start, end in spans] == [[v] for v in expected]

@@ -212,3 +212,38 @@ def test_a_recorded_config_this_version_cannot_hold_names_its_keys():
         Recipe.from_dict({"trainer": {"old_knob": 1, "older_knob": 2, "lr": 0.1}})
     # a custom worker's own keys are kept, not refused
     assert Recipe.from_dict({"rollout_worker": {"use_few_shot": True}}).rollout_worker.extra == {"use_few_shot": True}
+
+
+@pytest.mark.parametrize("algorithm, problem", [
+    ("{loss_scale_factor: 512}", "algorithm.loss_scale_factor: read only by loss_agg_mode seq-mean-token-sum-norm"),
+    ("{loss_agg_mode: seq-mean-token-sum-norm, loss_scale_factor: 0}", "algorithm.loss_scale_factor: must be > 0"),
+    ("{type: rloo, grpo_std_epsilon: 1.0e-4}", "algorithm.grpo_std_epsilon: read only by algorithm.type grpo"),
+    ("{type: grpo, grpo_std_epsilon: 0}", "algorithm.grpo_std_epsilon: must be in (0, 1]"),
+    ("{type: reinforce_plus_plus, credit_assignment: turn}", "algorithm.credit_assignment: turn needs an estimator"),
+    ("{type: grpo, credit_assignment: turn}", "algorithm.credit_assignment: turn acts on multi-turn episodes"),
+])
+def test_the_maths_keys_are_refused_where_nothing_reads_them(recipe_tree, algorithm, problem):
+    from runtime.recipe import prepare_recipe
+    from streamrl.checks import recipe_code_problems
+
+    path = write(recipe_tree / "maths.yaml", f"data: {{data_files: [train.jsonl]}}\nalgorithm: {algorithm}\n")
+    try:
+        problems = recipe_code_problems(prepare_recipe(path, run_setup=False))
+    except RecipeError as exc:
+        problems = exc.problems
+    assert any(p.startswith(problem) for p in problems), problems
+
+
+def test_dr_grpos_constant_defaults_to_the_generation_budget_and_is_recorded(recipe_tree):
+    from runtime.recipe import prepare_recipe
+    from streamrl.checks import recipe_code_problems
+
+    path = write(recipe_tree / "norm.yaml", """
+        data: {data_files: [train.jsonl]}
+        rollout_worker: {max_response_length: 96}
+        algorithm: {type: grpo, loss_agg_mode: seq-mean-token-sum-norm, grpo_std_epsilon: 1.0e-4}
+    """)
+    recipe = prepare_recipe(path, run_setup=False)
+    assert recipe_code_problems(recipe) == []
+    assert recipe.algorithm.loss_scale_factor == 96.0
+    assert recipe.to_dict()["algorithm"]["loss_scale_factor"] == 96.0  # in the run's recorded config

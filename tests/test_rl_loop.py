@@ -156,3 +156,31 @@ def test_the_built_in_recipe_learns_with_a_learner_of_two_processes(stack, ledge
     first, last = sum(rewards[:20]) / 20, sum(rewards[-20:]) / 20
     assert last >= first + 0.06, f"reward {first:.3f} -> {last:.3f}"
     assert_ledger_consistent(ledger, run_id, 100, 1)
+
+
+def test_a_batch_scope_estimator_trains_end_to_end_and_records_its_advantages(stack, ledger, run_id, tmp_path):
+    """REINFORCE++-baseline through the real pipeline: the processor leaves the samples'
+    advantages at 0, the learner whitens over each step's trained tokens and records what
+    it trained with. Whitened values have, weighted by each sample's trained tokens, mean 0
+    and (Bessel) variance 1 over a step: checked from the ledger's own rows."""
+    result = run_cli("run", RECIPE, "--run", run_id, "--out", str(tmp_path), "algorithm.type=reinforce_plus_plus_baseline",
+                     env=small_run_env(ARITH_STEPS="3"), timeout=420)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert_ledger_consistent(ledger, run_id, steps=3, staleness_threshold=1)
+    assert scalar(ledger, "select count(*) from samples where run_id = %s and advantage <> 0", run_id) == 0
+    rows = ledger.execute("""
+        select ts.step, a.advantage, s.loss_mask
+        from train_steps ts
+        cross join unnest(ts.sample_ids, ts.trained_advantages) as a(trajectory_id, advantage)
+        join samples s on s.run_id = ts.run_id and s.trajectory_id = a.trajectory_id
+        where ts.run_id = %s""", (run_id,)).fetchall()
+    trained = {r[0]: r[1] for r in ledger.execute("select step, samples from train_steps where run_id = %s", (run_id,))}
+    assert sorted(trained) == [1, 2, 3]
+    for step, samples in trained.items():
+        values = [(advantage, sum(bytes(mask))) for s, advantage, mask in rows if s == step]
+        assert len(values) == samples > 0  # one advantage per trained sample
+        total = sum(n for _, n in values)
+        mean = sum(a * n for a, n in values) / total
+        variance = sum(n * (a - mean) ** 2 for a, n in values) / (total - 1)
+        assert abs(mean) < 1e-6
+        assert variance == pytest.approx(1.0, rel=1e-3)
