@@ -18,6 +18,7 @@ import numpy as np
 
 from learner.batch_trainers import log_grpo_metrics, log_rollout_metrics
 from learner.batching import TrainItem
+from algos.advantages import GRPO_EPSILON
 from learner.trainers import CUSTOM_TRAINER_TYPES, TRAINERS, Trainer, compute_grpo_advantage_for_trajectories, register_trainer
 from runtime.config import Recipe
 from runtime.plugins import LoadError, load_class
@@ -49,8 +50,10 @@ class RemoteApiGrpoTrainer(RemoteApiTrainer):
     name = "remote_api_grpo"
 
     def _prepare_trajectories(self, trajectories, metrics):
-        trajectories = compute_grpo_advantage_for_trajectories(trajectories, use_run_ids=True,
-                                                               estimator=self.algorithm.get("type") or "grpo")
+        algorithm = self.algorithm
+        trajectories = compute_grpo_advantage_for_trajectories(
+            trajectories, use_run_ids=True, estimator=algorithm.get("type") or "grpo",
+            std_epsilon=algorithm.get("grpo_std_epsilon") or GRPO_EPSILON)
         log_grpo_metrics(trajectories, metrics)
         return trajectories
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from algos.advantages import advantages_by_group
+from algos.advantages import GRPO_EPSILON, advantages_by_group
 from algos.kl import kl_penalty, kl_reward_to_go, make_kl_controller
 from algos.losses import (
     POLICY_LOSSES, aggregate_loss, clamped_ratio, masked, masked_sum, token_logprobs_and_entropy,
@@ -380,7 +380,8 @@ class CrossEntropyTrainer(Trainer):
 
 
 def compute_grpo_advantage_for_trajectories(trajectories: list[TrainItem], logger=None, use_run_ids: bool = True,
-                                            estimator: str = "grpo") -> list[TrainItem]:
+                                            estimator: str = "grpo", std_epsilon: float = GRPO_EPSILON
+                                            ) -> list[TrainItem]:
     """Advantages from the rewards of each group (samples sharing a run_id, the guide's
     name for the group), with a registered estimator (GRPO by default): what a custom
     trainer calls after changing rewards. Sets each item's `advantage` (and clears
@@ -389,7 +390,7 @@ def compute_grpo_advantage_for_trajectories(trajectories: list[TrainItem], logge
         raise ValueError("compute_grpo_advantage_for_trajectories: StreamRL groups by run_id (a task's rollouts); "
                          "use_run_ids=False has no other grouping to use")
     advantages = advantages_by_group([item.group_id for item in trajectories], [item.reward for item in trajectories],
-                                     [float(item.mask.sum()) for item in trajectories], estimator)
+                                     [float(item.mask.sum()) for item in trajectories], estimator, std_epsilon)
     for item, advantage in zip(trajectories, advantages):
         item.advantage, item.token_advantages = float(advantage), None
     if logger is not None:

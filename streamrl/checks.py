@@ -62,6 +62,8 @@ def estimator_problems(recipe: Recipe) -> list[str]:
     """Turn-level credit needs an estimator of the (r - b) / s form, which a batch-scope
     or a recipe's own estimator does not declare."""
     from algos.advantages import GROUP_BASELINES
+    from learner.batch_trainers import SelfHostedTrainer
+    from learner.remote_trainers import RemoteApiGrpoTrainer, trainer_class
 
     algorithm, worker = recipe.algorithm, recipe.rollout_worker
     if algorithm.credit_assignment != "turn":
@@ -72,6 +74,13 @@ def estimator_problems(recipe: Recipe) -> list[str]:
     if worker.type == "single_turn" and not worker.custom_rollout_worker_module_path:
         return ["algorithm.credit_assignment: turn acts on multi-turn episodes; the single_turn worker's "
                 "rollouts have one assistant turn (use rollout_worker.type agent, or a worker that records turns)"]
+    try:
+        trainer = trainer_class(recipe)
+    except (ValueError, KeyError):
+        return []  # reported with the trainer's own key
+    if issubclass(trainer, (RemoteApiGrpoTrainer, SelfHostedTrainer)):
+        return [f"algorithm.credit_assignment: turn is not kept by trainer {trainer.__name__}, which recomputes "
+                "one advantage per episode from the rewards (the guide's form); use trainer.type grpo"]
     return []
 
 

@@ -162,8 +162,8 @@ def test_choices_come_from_literals_and_registries_and_guide_keys_are_never_igno
     assert result.returncode == 2
     err = " ".join(result.stderr.split())
     assert ("algorithm.loss_agg_mode: unknown loss aggregation 'token_mean'; known: seq-mean-token-mean, "
-            "seq-mean-token-sum, token-mean (did you mean 'token-mean'?)") in err
-    assert "algorithm.kl_estimator: unknown KL estimator 'k9'; known: k1, k2, k3" in err
+            "seq-mean-token-sum, seq-mean-token-sum-norm, token-mean, token-sum (did you mean 'token-mean'?)") in err
+    assert "algorithm.kl_estimator: unknown KL estimator 'k9'; known: abs, k1, k2, k3, k3+" in err
     assert "service.inference_service.backend: unknown inference backend 'vllm'; known: embedded, openai, sglang" in err
     result = run_cli("recipe", "validate", str(write(recipe_tree / "url.yaml", """
         service: {inference_service: {url: "http://gpu:30000"}}
@@ -247,3 +247,15 @@ def test_dr_grpos_constant_defaults_to_the_generation_budget_and_is_recorded(rec
     assert recipe_code_problems(recipe) == []
     assert recipe.algorithm.loss_scale_factor == 96.0
     assert recipe.to_dict()["algorithm"]["loss_scale_factor"] == 96.0  # in the run's recorded config
+
+
+def test_turn_credit_is_refused_with_a_trainer_that_recomputes_episode_advantages():
+    from runtime.config import Recipe
+    from streamrl.checks import estimator_problems
+
+    recipe = Recipe()
+    recipe.rollout_worker.type, recipe.algorithm.credit_assignment = "agent", "turn"
+    assert estimator_problems(recipe) == []  # the self-hosted grpo trainer keeps per-token advantages
+    recipe.trainer.type = "remote_api_grpo"
+    assert estimator_problems(recipe)[0].startswith("algorithm.credit_assignment: turn is not kept by trainer "
+                                                    "RemoteApiGrpoTrainer")
