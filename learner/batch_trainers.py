@@ -21,8 +21,6 @@ step. `SelfHostedGrpoTrainer` is the guide's GRPO pipeline on this API.
 
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,35 +28,8 @@ import torch
 
 from algos.advantages import advantages_by_group
 from learner.batching import TrainItem, collate
-from learner.trainers import GRPOTrainer, Trainer, register_trainer
-
-_RUNTIME = threading.local()
-
-
-@contextmanager
-def trainer_runtime(**parts):
-    _RUNTIME.parts = parts
-    try:
-        yield
-    finally:
-        _RUNTIME.parts = None
-
-
-def build_trainer(cls: type[Trainer], recipe, model, pad_id: int, ref_model=None, placement=None) -> Trainer:
-    """The step's trainer: a guide-style class is built as `cls(config)` with the whole
-    recipe as an OmegaConf config (its own `algorithm.*` keys included)."""
-    from omegaconf import OmegaConf
-
-    parts = dict(model=model, pad_id=pad_id, trainer_config=recipe.trainer, algorithm_config=recipe.algorithm,
-                 temperature=recipe.rollout_worker.temperature, ref_model=ref_model, placement=placement)
-    from learner.remote_trainers import RemoteApiTrainer
-    if issubclass(cls, RemoteApiTrainer):  # its model is the service's; it only prepares trajectories
-        return cls(OmegaConf.create(recipe.to_dict()))
-    if issubclass(cls, SelfHostedTrainer):
-        with trainer_runtime(**parts):
-            return cls(OmegaConf.create(recipe.to_dict()))
-    return cls(**parts)
-
+from learner.step_metrics import _stats
+from learner.trainers import GRPOTrainer, register_trainer
 
 @dataclass
 class Batch:
@@ -149,37 +120,17 @@ def padding_data(batch: Batch, pad_token_id: int, width: int | None = None) -> B
     return batch
 
 
-def _stats(prefix: str, values) -> dict[str, float]:
-    values = np.asarray(list(values), dtype=np.float64)
-    if values.size == 0:
-        return {}
-    return {f"{prefix}/mean": float(values.mean()), f"{prefix}/std": float(values.std()),
-            f"{prefix}/max": float(values.max()), f"{prefix}/min": float(values.min())}
-
-
-def log_rollout_metrics(trajectories: list[TrainItem], metrics: dict) -> dict:
-    """Reward and response-length statistics of the step's trajectories, into `metrics`."""
-    metrics.update(_stats("rollout/reward", (t.reward for t in trajectories)))
-    metrics.update(_stats("rollout/response_length", (int(t.mask.sum()) for t in trajectories)))
-    return metrics
-
-
-def log_grpo_metrics(trajectories: list[TrainItem], metrics: dict) -> dict:
-    """Advantage statistics and the number of groups, into `metrics`."""
-    metrics.update(_stats("grpo/advantage", (t.advantage for t in trajectories)))
-    metrics["grpo/groups"] = float(len({t.group_id for t in trajectories}))
-    return metrics
-
-
 class SelfHostedTrainer(GRPOTrainer):
     """The guide's base class: implement `_prepare_batch(batch) -> (batch, metrics)`; the
     loss is the recipe's policy loss (PPO clip with its off-policy correction)."""
 
     def __init__(self, config):
-        parts = getattr(_RUNTIME, "parts", None)
+        # The guide's signature is `cls(config)`; the model and the rest are set on the
+        # instance by the factory before this runs (learner/trainer_factory.py).
+        parts = getattr(self, "_runtime_parts", None)
         if parts is None:
             raise RuntimeError(f"{type(self).__name__}(config) is built by the learner; in a test, build it "
-                               "with learner.batch_trainers.build_trainer(cls, recipe, model, pad_id)")
+                               "with learner.trainer_factory.build_trainer(cls, recipe, model, pad_id)")
         super().__init__(**parts)
         self._config = config
         self._pad_token_id = parts["pad_id"]

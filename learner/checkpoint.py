@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from runtime.folders import write_folder
+
 LATEST = "LATEST"
 
 
@@ -29,18 +31,6 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
-
-
-def write_folder(final: Path, fill) -> Path:
-    """Fill a temporary folder (`fill(folder)`), then rename it to `final`: a reader sees
-    the whole folder or none of it."""
-    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    fill(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    return final
 
 
 def write_model_dir(final: Path, model, tokenizer, state_dict: dict | None = None) -> Path:

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from learner import parallel
-from learner.batch_trainers import build_trainer
+from learner.trainer_factory import build_trainer
 from learner.batching import TrainItem
 from learner.checkpoint import (
     latest_checkpoint, load_trainer_state, save_checkpoint, write_model_dir, write_weight_version,

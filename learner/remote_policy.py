@@ -29,7 +29,8 @@ import torch
 from omegaconf import OmegaConf
 
 from learner.batching import TrainItem
-from learner.checkpoint import latest_checkpoint, load_state, save_checkpoint, write_folder
+from learner.checkpoint import latest_checkpoint, load_state, save_checkpoint
+from runtime.folders import write_folder
 from learner.parallel import Placement
 from learner.remote_trainers import RemoteApiTrainer, service_datums
 from learner.trainers import StepResult

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from learner.batch_trainers import log_grpo_metrics, log_rollout_metrics
+from learner.step_metrics import log_grpo_metrics, log_rollout_metrics
 from learner.batching import TrainItem
 from algos.advantages import GRPO_EPSILON
 from learner.trainers import CUSTOM_TRAINER_TYPES, TRAINERS, Trainer, compute_grpo_advantage_for_trajectories, register_trainer

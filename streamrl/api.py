@@ -14,9 +14,9 @@ pointing its imports here (`from streamrl.api import BaseRolloutWorker, Trajecto
 """
 
 from learner.batch_trainers import (  # noqa: F401
-    Batch, SelfHostedGrpoTrainer, SelfHostedTrainer, compute_position_id_with_mask, log_grpo_metrics,
-    log_rollout_metrics, padding_data,
+    Batch, SelfHostedGrpoTrainer, SelfHostedTrainer, compute_position_id_with_mask, padding_data,
 )
+from learner.step_metrics import log_grpo_metrics, log_rollout_metrics  # noqa: F401
 from learner.remote_trainers import (  # noqa: F401
     RemoteApiCrossEntropyTrainer, RemoteApiGrpoTrainer, RemoteApiTrainer,
 )

@@ -1,7 +1,8 @@
 """Folders are layers and imports point down (README: where things live):
 
     streamrl/                     the app: CLI, local orchestration, reports, recovery
-    producers/ consumers/ learner/   the components: talk only through topics
+    producers/ consumers/ learner/ training_service/   the components: talk only through topics
+                                  (the training service through its HTTP API)
     algos/                        the RL maths, in registries
     runtime/                      settings, bus, database, typed recipe, plugins, ...
     schema/                       the contracts: events, codec, topics, ledger tables
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PROJECT = ("schema", "runtime", "algos", "producers", "consumers", "learner", "streamrl", "migrations", "recipes")
+PROJECT = ("schema", "runtime", "algos", "producers", "consumers", "learner", "training_service", "streamrl",
+           "migrations", "recipes")
 MAY_IMPORT = {
     "schema": {"schema"},
     "runtime": {"runtime", "schema"},
@@ -23,6 +25,7 @@ MAY_IMPORT = {
     "producers": {"producers", "algos", "runtime", "schema"},
     "consumers": {"consumers", "algos", "runtime", "schema"},
     "learner": {"learner", "algos", "runtime", "schema"},
+    "training_service": {"training_service", "algos", "runtime", "schema"},
     "migrations": {"migrations", "schema"},
 }
 
@@ -60,3 +63,67 @@ def test_no_module_is_much_over_400_lines():
     long = [f"{p.relative_to(REPO)}: {n} lines" for layer in PROJECT for p in (REPO / layer).rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 420]
     assert long == []
+
+
+def module_imports(repo: Path) -> dict[str, set[str]]:
+    """Every project module and the project modules it imports (function-level imports
+    included: a cycle through one is still two modules that need each other)."""
+    modules = {}
+    for layer in PROJECT:
+        for path in (repo / layer).rglob("*.py"):
+            name = ".".join(path.relative_to(repo).with_suffix("").parts).removesuffix(".__init__")
+            modules[name] = path
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+        graph[name] = {other for other in found if other in modules and other != name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in sorted(graph[module]):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_import_cycle():
+    assert import_cycles(module_imports(REPO)) == []
+
+
+def test_the_cycle_check_sees_a_cycle(tmp_path, monkeypatch):
+    (tmp_path / "learner").mkdir()
+    (tmp_path / "learner" / "a.py").write_text("from learner.b import f\n")
+    (tmp_path / "learner" / "b.py").write_text("def f():\n    from learner import a\n")
+    monkeypatch.setattr(sys.modules[__name__], "PROJECT", ("learner",))
+    assert import_cycles(module_imports(tmp_path)) == [["learner.a", "learner.b"]]

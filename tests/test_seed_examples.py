@@ -32,7 +32,7 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from learner.batch_trainers import build_trainer
+from learner.trainer_factory import build_trainer
 from learner.batching import TrainItem
 from producers.evaluator import BaseEvaluationTarget, ExactMatchEvaluator
 from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams

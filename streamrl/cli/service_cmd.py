@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _store():
-    from learner.service.store import ServiceStore
+    from training_service.store import ServiceStore
     from runtime import db
 
     url = database_url(settings())
@@ -58,8 +58,8 @@ def serve_training(
     import torch
     import uvicorn
 
-    from learner.service.app import build_app
-    from learner.service.executor import Executor
+    from training_service.app import build_app
+    from training_service.executor import Executor
 
     if device not in ("auto", "cpu", "cuda"):
         raise UsageError(f"--device: {device!r} is not one of auto, cpu, cuda")

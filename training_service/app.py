@@ -3,7 +3,7 @@
 The official `tinker` client talks to it unchanged (`tinker.ServiceClient(base_url=...)`):
 sessions, LoRA or full fine-tuning models, forward_backward / optim_step /
 save_state / load_state / save_weights_for_sampler / sample, all as futures. Requests
-are recorded in PostgreSQL before they are answered (learner/service/store.py) and run
+are recorded in PostgreSQL before they are answered (training_service/store.py) and run
 by the executor; `retrieve_future` long-polls for their outcome. Every endpoint but
 `healthz` needs an API key (`X-API-Key`, created by `streamrl training-key create NAME`).
 """
@@ -22,9 +22,9 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from tinker import types
 
-from learner.service.executor import Executor
-from learner.service.store import ServiceStore
-from learner.service.wire import PROTO_CONTENT_TYPE, WireError, decode_forward_backward, plain_body
+from training_service.executor import Executor
+from training_service.store import ServiceStore
+from training_service.wire import PROTO_CONTENT_TYPE, WireError, decode_forward_backward, plain_body
 
 LONG_POLL_S = 10.0
 KEY_RECHECK_S = 5.0

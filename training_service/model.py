@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from algos.service_losses import SERVICE_LOSSES
-from learner.checkpoint import write_folder
-from learner.service.wire import ForwardBackward
+from runtime.folders import write_folder
+from training_service.wire import ForwardBackward
 
 MICRO_BATCH_TOKENS = 16384  # padded tokens per forward pass
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
