@@ -5,7 +5,7 @@ Log-probabilities are of the sampled tokens.
 
 Two registries:
 
-    POLICY_LOSSES (`algorithm.off_policy_correction`), one signature:
+    POLICY_LOSSES (`algorithm.policy_loss`), one signature:
         fn(logprobs, behaviour_logprobs, advantages, mask, config) -> PolicyLoss
     where `config` is the recipe's `algorithm` section (clip ratios, IS cap); `mask`
     lets a loss work per sequence (GSPO) rather than per token.
@@ -61,7 +61,7 @@ class PolicyLoss:
 
 
 PolicyLossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, object], PolicyLoss]
-POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", "algorithm.off_policy_correction")
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", "algorithm.policy_loss")
 register_policy_loss = POLICY_LOSSES.register
 
 AggregationFn = Callable[[torch.Tensor, torch.Tensor, float, float, float], torch.Tensor]
@@ -174,7 +174,7 @@ def token_logprobs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, tempe
     return logprobs, entropy
 
 
-# --- policy losses: what `algorithm.off_policy_correction` selects -----------------------
+# --- policy losses: what `algorithm.policy_loss` selects -----------------------
 
 @register_policy_loss("none")
 def ppo_against_behaviour(logprobs, behaviour_logprobs, advantages, mask, config) -> PolicyLoss:

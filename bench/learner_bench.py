@@ -41,10 +41,10 @@ def make_items(vocab: int, count: int, length: int, seed: int = 0) -> list[Train
 
 def bare_step(model, optimizer, batch) -> None:
     optimizer.zero_grad(set_to_none=True)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
-    mask = batch["mask"][:, 1:]
-    loss = -(batch["advantages"][:, 1:] * logp * mask).sum() / mask.sum()
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    mask = batch.loss_mask[:, 1:]
+    loss = -(batch.advantages[:, 1:] * logp * mask).sum() / mask.sum()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()

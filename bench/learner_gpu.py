@@ -62,15 +62,15 @@ def bare_step(model, optimizer, items, budget: int, pad_id: int, autocast: bool 
     optimizer.zero_grad(set_to_none=True)
     tokens = float(sum(int(i.mask.sum()) for i in items))
     for group in pack_by_tokens([len(i.tokens) for i in items], budget):
-        batch = {k: v.cuda() for k, v in collate_packed([items[i] for i in group], pad_id).items()}
-        ids = batch["packed_input_ids"]
+        batch = collate_packed([items[i] for i in group], pad_id).to("cuda")
+        ids = batch.packed.input_ids
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-            logits = model(input_ids=ids, position_ids=batch["packed_position_ids"], use_cache=False).logits
+            logits = model(input_ids=ids, position_ids=batch.packed.position_ids, use_cache=False).logits
         logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        index = batch["unpack_index"]
+        index = batch.packed.unpack_index
         # the packed row's next-token logprobs, back in the padded layout of mask and advantages
         logp = torch.cat([torch.zeros_like(logp[:, :1]), logp], 1)[0][index]
-        loss = -(batch["advantages"] * logp * batch["mask"]).sum() / tokens
+        loss = -(batch.advantages * logp * batch.loss_mask).sum() / tokens
         loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()

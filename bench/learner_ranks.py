@@ -103,12 +103,12 @@ def rank_main(model_dir: str, steps: int, out: str) -> None:
         optimizer.zero_grad(set_to_none=True)
         for g in range(plan.rounds):
             batch = collate_packed([share[i] for i in groups[min(g, len(groups) - 1)]], policy.tokenizer.pad_token_id)
-            ids = batch["packed_input_ids"]
-            logits = model(input_ids=ids, position_ids=batch["packed_position_ids"], use_cache=False).logits
+            ids = batch.packed.input_ids
+            logits = model(input_ids=ids, position_ids=batch.packed.position_ids, use_cache=False).logits
             logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-            logp = torch.cat([torch.zeros_like(logp[:, :1]), logp], 1)[0][batch["unpack_index"]]
+            logp = torch.cat([torch.zeros_like(logp[:, :1]), logp], 1)[0][batch.packed.unpack_index]
             weight = 1.0 if g < len(groups) else 0.0
-            loss = -(batch["advantages"] * logp * batch["mask"]).sum() * weight * world / plan.totals.tokens
+            loss = -(batch.advantages * logp * batch.loss_mask).sum() * weight * world / plan.totals.tokens
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -10,7 +10,8 @@
             return batch, {"my/metric": 1.0}
 
 A step's samples become one right-padded `Batch` (values: input_ids, attention_mask,
-position_ids, loss_mask, behaviour_log_probs; metadata: rewards, run_ids (the group of
+position_ids, loss_mask, behaviour_log_probs; metadata: rewards, group_ids and run_ids (the
+guide's name for the same list: the group of
 each row, as the guide's trainers group by), trajectory_ids, advantages (the stream
 processor's)); what `_prepare_batch` returns is trained: advantages from
 `values["advantages"]` (per token) or `metadata["advantages"]` (per row),
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from algos.advantages import advantages_by_group
-from learner.batching import TrainItem, collate
+from learner.batching import ForwardInputs, TrainItem, collate
 from learner.step_metrics import _stats
 from learner.trainers import GRPOTrainer, register_trainer
 
@@ -42,11 +43,14 @@ class Batch:
     @staticmethod
     def from_items(items: list[TrainItem], pad_token_id: int) -> "Batch":
         padded = collate(items, pad_token_id)
-        attention = padded["attention_mask"]
-        return Batch(values={"input_ids": padded["input_ids"], "attention_mask": attention,
+        attention = padded.attention_mask
+        group_ids = [item.group_id for item in items]
+        return Batch(values={"input_ids": padded.input_ids, "attention_mask": attention,
                              "position_ids": compute_position_id_with_mask(attention),
-                             "loss_mask": padded["mask"].long(), "behaviour_log_probs": padded["behaviour_logprobs"]},
-                     metadata={"rewards": [item.reward for item in items], "run_ids": [item.group_id for item in items],
+                             "loss_mask": padded.loss_mask.long(), "behaviour_log_probs": padded.behaviour_logprobs},
+                     # run_ids: the guide's name for the group ids, kept for its listings
+                     metadata={"rewards": [item.reward for item in items], "group_ids": group_ids,
+                               "run_ids": list(group_ids),
                                "trajectory_ids": [item.trajectory_id for item in items],
                                "advantages": [item.advantage for item in items]})
 
@@ -167,8 +171,8 @@ class SelfHostedTrainer(GRPOTrainer):
             raise RuntimeError("_compute_old_log_probs needs the whole policy in one process: run the learner with "
                                "trainer.nproc_per_node: 1 and nnodes: 1 for a trainer that calls it")
         self.model.eval()
-        logprobs, _ = self.logprobs(self.model, {"input_ids": batch.values["input_ids"],
-                                                 "attention_mask": batch.values["attention_mask"]})
+        logprobs, _ = self.logprobs(self.model, ForwardInputs(input_ids=batch.values["input_ids"],
+                                                              attention_mask=batch.values["attention_mask"]))
         return logprobs.float().cpu() * batch.values["attention_mask"]
 
     def _reward_fn(self, batch: Batch) -> torch.Tensor:
@@ -190,8 +194,8 @@ class SelfHostedTrainer(GRPOTrainer):
             batch.values["log_probs"] = self._compute_old_log_probs(batch)
         if "ref_log_probs" not in batch.values:
             with torch.no_grad():
-                ref, _ = self.logprobs(self.ref_model, {"input_ids": batch.values["input_ids"],
-                                                        "attention_mask": batch.values["attention_mask"]})
+                ref, _ = self.logprobs(self.ref_model, ForwardInputs(input_ids=batch.values["input_ids"],
+                                                                     attention_mask=batch.values["attention_mask"]))
             batch.values["ref_log_probs"] = ref.float().cpu() * batch.values["attention_mask"]
         kl = (batch.values["log_probs"] - batch.values["ref_log_probs"]) * batch.values["loss_mask"]
         batch.values["token_level_scores"] = batch.values["token_level_scores"] - beta * kl
@@ -203,6 +207,7 @@ class SelfHostedTrainer(GRPOTrainer):
         spread over each row's trained tokens."""
         scores = batch.values["token_level_scores"].sum(dim=1).tolist()
         token_counts = batch.values["loss_mask"].sum(dim=1).tolist()
+        # run_ids, not group_ids: the guide's trainers edit the rows under that name
         advantages = advantages_by_group(batch.metadata["run_ids"], scores, token_counts, self.algorithm.type,
                                          self.algorithm.grpo_std_epsilon).tolist()
         batch.metadata["advantages"] = advantages

@@ -273,7 +273,7 @@ class Learner:
             dropped_ids=[i.trajectory_id for i in dropped],
             seconds=time.perf_counter() - started,
             consumed_offsets={f"{tp.topic}:{tp.partition}": o for tp, o in offsets.items()},
-            metrics={**metrics, "off_policy_correction_" + self.recipe.algorithm.off_policy_correction: 1.0})
+            metrics={**metrics, "policy_loss_" + self.recipe.algorithm.policy_loss: 1.0})
         state = {"offsets": record.consumed_offsets, "train_step": _record_dict(record)}
         # The weights are written once: the checkpoint links to the version's files, and
         # the version is announced only after the checkpoint that can reproduce it exists.

@@ -14,10 +14,12 @@ gradient.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
-from learner.batching import TrainItem, collate
+from learner.batching import MicroBatch, PackedRow, TrainItem, collate
 
 
 def pack_by_tokens(lengths: list[int], budget: int) -> list[list[int]]:
@@ -37,24 +39,19 @@ def pack_by_tokens(lengths: list[int], budget: int) -> list[list[int]]:
     return groups
 
 
-def collate_packed(items: list[TrainItem], pad_id: int) -> dict[str, torch.Tensor]:
-    """`collate`'s padded tensors, plus the packed row the model runs on:
-        packed_input_ids, packed_position_ids   [1, total tokens]
-        unpack_index                            [B, T] position in the packed row of each
-                                                padded position (0 where padding)"""
+def collate_packed(items: list[TrainItem], pad_id: int) -> MicroBatch:
+    """`collate`'s micro-batch, with the packed row the model runs on (`packed`)."""
     batch = collate(items, pad_id)
     lengths = [len(item.tokens) for item in items]
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     tokens = np.concatenate([item.tokens.astype(np.int64) for item in items])
     positions = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths])
-    width = batch["input_ids"].shape[1]
-    index = np.zeros((len(items), width), dtype=np.int64)
+    index = np.zeros((len(items), batch.input_ids.shape[1]), dtype=np.int64)
     for row, (start, n) in enumerate(zip(starts, lengths)):
         index[row, :n] = np.arange(start, start + n)
-    batch["packed_input_ids"] = torch.from_numpy(tokens).unsqueeze(0)
-    batch["packed_position_ids"] = torch.from_numpy(positions).unsqueeze(0)
-    batch["unpack_index"] = torch.from_numpy(index)
-    return batch
+    packed = PackedRow(input_ids=torch.from_numpy(tokens).unsqueeze(0),
+                       position_ids=torch.from_numpy(positions).unsqueeze(0), unpack_index=torch.from_numpy(index))
+    return dataclasses.replace(batch, packed=packed)
 
 
 def unpack(per_token: torch.Tensor, unpack_index: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from algos.kl import kl_penalty, kl_reward_to_go, make_kl_controller
 from algos.losses import (
     POLICY_LOSSES, aggregate_loss, clamped_ratio, masked, masked_sum, token_logprobs_and_entropy,
 )
-from learner.batching import TrainItem, collate, micro_batches_by_tokens
+from learner.batching import ForwardInputs, MicroBatch, TrainItem, collate, micro_batches_by_tokens
 from learner.packing import collate_packed, pack_by_tokens, padding_fraction, unpack
 from learner.parallel import Placement, all_reduce_maxima, all_reduce_sums, shares_by_tokens
 from runtime.config import Algorithm as AlgorithmConfig
@@ -92,7 +92,7 @@ class Trainer:
         """Override to reshape, filter or re-weight the batch before the loss."""
         return items
 
-    def micro_batch_loss(self, batch: dict[str, torch.Tensor], totals: StepTotals
+    def micro_batch_loss(self, batch: MicroBatch, totals: StepTotals
                          ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The micro-batch's loss (already divided by the step's totals) and sums of
         per-token metrics (`*_sum`, tensors), which become means over the step."""
@@ -105,31 +105,30 @@ class Trainer:
             return pack_by_tokens(lengths, self.config.micro_batch_tokens)
         return micro_batches_by_tokens(lengths, self.config.micro_batch_tokens)
 
-    def collate(self, items: list[TrainItem]) -> dict[str, torch.Tensor]:
+    def collate(self, items: list[TrainItem]) -> MicroBatch:
         batch = collate_packed(items, self.pad_id) if self.packed else collate(items, self.pad_id)
-        return {key: value.to(self.placement.device) for key, value in batch.items()}
+        return batch.to(self.placement.device)
 
-    def logprobs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def logprobs(self, model: torch.nn.Module, batch: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probabilities of the batch's tokens ([B, T], float32, with gradient) and the
         entropy of each position's next-token distribution ([B, T], no gradient), in the
         padded layout whether the model ran on a packed row or not."""
         device = next(model.parameters()).device
-        packed = "packed_input_ids" in batch
-        tokens = (batch["packed_input_ids"] if packed else batch["input_ids"]).to(device)
+        packed = batch.packed.to(device) if batch.packed is not None else None
+        tokens = packed.input_ids if packed is not None else batch.input_ids.to(device)
         with self.placement.autocast():
             # use_cache=False: no KV cache in training, and transformers detects packed
             # samples from restarting position ids only when there is none
-            if packed:
-                logits = model(input_ids=tokens, position_ids=batch["packed_position_ids"].to(device),
-                               use_cache=False).logits
+            if packed is not None:
+                logits = model(input_ids=tokens, position_ids=packed.position_ids, use_cache=False).logits
             else:
-                logits = model(input_ids=tokens, attention_mask=batch["attention_mask"].to(device),
+                logits = model(input_ids=tokens, attention_mask=batch.attention_mask.to(device),
                                use_cache=False).logits
         # log-softmax and entropy in float32, whatever the compute dtype
         logprobs, entropy = token_logprobs_and_entropy(logits, tokens, self.temperature)
         logits = None  # the bf16 logits are not needed for the backward pass
-        if packed:
-            index = batch["unpack_index"].to(device)
+        if packed is not None:
+            index = packed.unpack_index
             first = torch.zeros_like(index, dtype=torch.bool)
             first[:, 0] = True  # a sample's first token has no prediction inside the sample
             logprobs = unpack(logprobs, index).masked_fill(first, 0.0)
@@ -317,7 +316,7 @@ class GRPOTrainer(Trainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.policy_loss = POLICY_LOSSES.get(self.algorithm.off_policy_correction)
+        self.policy_loss = POLICY_LOSSES.get(self.algorithm.policy_loss)
         self.kl_controller = make_kl_controller(self.algorithm.kl_ctrl)
         uses_kl = self.algorithm.use_kl_loss or self.algorithm.use_kl_in_reward
         if uses_kl and self.ref_model is None:
@@ -325,10 +324,10 @@ class GRPOTrainer(Trainer):
 
     def micro_batch_loss(self, batch, totals):
         algo = self.algorithm
-        mask = batch["mask"]
+        mask = batch.loss_mask
         logprobs, entropy = self.logprobs(self.model, batch)
-        behaviour = batch["behaviour_logprobs"]
-        advantages = batch["advantages"]
+        behaviour = batch.behaviour_logprobs
+        advantages = batch.advantages
         sums: dict[str, torch.Tensor] = {}
         token_kl = None
         if self.ref_model is not None and (algo.use_kl_loss or algo.use_kl_in_reward):
@@ -341,8 +340,8 @@ class GRPOTrainer(Trainer):
 
         # the ratio's denominator: the behaviour logprobs, or the learner's own ones
         # recomputed before the step (algorithm.do_old_log_prob_compute)
-        old = batch["old_logprobs"]
-        policy = self.policy_loss(logprobs, old, advantages, mask, algo)  # algos/losses.py, by off_policy_correction
+        old = batch.ratio_denominator
+        policy = self.policy_loss(logprobs, old, advantages, mask, algo)  # algos/losses.py, by policy_loss
         token_loss, clipped = policy.token_loss, policy.clipped
         if policy.importance_weights is not None:
             sums["importance_weight_sum"] = masked_sum(policy.importance_weights, mask)
@@ -356,7 +355,7 @@ class GRPOTrainer(Trainer):
             sums["clip_fraction_sum"] = masked_sum(clipped, mask)
             sums["ratio_sum"] = masked_sum(ratio, mask)
             sums["behaviour_kl_sum"] = masked_sum(behaviour - logprobs.detach(), mask)
-            sums.update(logprob_gap_sums(logprobs.detach(), behaviour, mask, batch["behaviour_lag"]))
+            sums.update(logprob_gap_sums(logprobs.detach(), behaviour, mask, batch.behaviour_lag))
         return loss, sums
 
     def step(self, items):
@@ -375,8 +374,8 @@ class CrossEntropyTrainer(Trainer):
 
     def micro_batch_loss(self, batch, totals):
         logprobs, entropy = self.logprobs(self.model, batch)
-        loss = aggregate_loss(-logprobs, batch["mask"], "token-mean", totals.tokens, totals.sequences)
-        return loss, {"entropy_sum": masked_sum(entropy, batch["mask"])}
+        loss = aggregate_loss(-logprobs, batch.loss_mask, "token-mean", totals.tokens, totals.sequences)
+        return loss, {"entropy_sum": masked_sum(entropy, batch.loss_mask)}
 
 
 def compute_grpo_advantage_for_trajectories(trajectories: list[TrainItem], logger=None, use_run_ids: bool = True,

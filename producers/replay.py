@@ -220,12 +220,12 @@ def replay_config(source_config: Recipe, recipe: Recipe | None, *, source_run: s
     config = copy.deepcopy(recipe or source_config)
     algorithm = config.algorithm
     # Every replayed sample is off-policy: a policy loss with a correction, never "none".
-    chosen = correction or (algorithm.off_policy_correction if algorithm.off_policy_correction != "none"
+    chosen = correction or (algorithm.policy_loss if algorithm.policy_loss != "none"
                             else "truncated_is")
     if chosen not in POLICY_LOSSES or chosen == "none":
         corrections = [name for name in POLICY_LOSSES.names() if name != "none"]
         raise ReplayError(f"--correction: expected one of {', '.join(corrections)}, got {chosen!r}")
-    algorithm.off_policy_correction = chosen
+    algorithm.policy_loss = chosen
     if recompute_advantages:
         if algorithm.custom_advantage_module_path:
             load_module(algorithm.custom_advantage_module_path)  # registers the recipe's own estimators

@@ -125,7 +125,9 @@ class Algorithm:
     # the ratio's denominator: the sampler's behaviour logprobs (false), or the learner's
     # own logprobs recomputed before each step (true; one learner process)
     do_old_log_prob_compute: bool = False
-    off_policy_correction: str = "none"  # a registered policy loss: none | truncated_is | decoupled_ppo
+    # a registered policy loss: none (PPO-clip against the behaviour logprobs), truncated_is,
+    # decoupled_ppo, gspo; `off_policy_correction` is the same key's earlier name
+    policy_loss: str = "none"
     truncated_is_cap: float = 2.0
     use_kl_in_reward: bool = False
     use_kl_loss: bool = False

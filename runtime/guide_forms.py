@@ -31,6 +31,9 @@ MOVED: dict[str, tuple[str, str]] = {
     "algorithm.kl_ctrl.kl_reward_coef": ("algorithm.kl_ctrl.kl_coef", "one coefficient for the KL in the "
                                                                       "reward and the KL loss"),
     "service.inference_service.base_url": ("service.inference_service.url", "url takes one server or a list"),
+    "algorithm.off_policy_correction": ("algorithm.policy_loss", "StreamRL's earlier name: the key selects the "
+                                                                 "whole policy loss (GSPO included), not only a "
+                                                                 "correction"),
 }
 
 # guide key -> (values that are accepted because they are what StreamRL does, why others are refused)

@@ -76,7 +76,7 @@ def replay_run(settings: Settings, options: ReplayOptions, console: Console) -> 
     config.replay.read_from = origin
     console.print(f"replaying {len(plan.order)} rollouts in {len(plan.group_size_of)} groups as {plan.steps} steps "
                   f"(kafka: {origin['kafka']}, ledger: {origin['ledger']}; left out: {plan.left_out_groups} groups "
-                  f"of a partial step); correction {config.algorithm.off_policy_correction}, "
+                  f"of a partial step); correction {config.algorithm.policy_loss}, "
                   f"advantages {config.algorithm.type}", highlight=False)
     with EventPublisher(settings) as publisher:
         create_run(settings, options.into, config, publisher, parent_run_id=options.source)

@@ -193,7 +193,7 @@ def config_highlights(config: dict, parent: str | None) -> list[tuple[str, str]]
         return value
 
     keys = ["experiment_name", "rollout_worker.model_path", "rollout_worker.rollout_repeat_n", "trajectory_pool.batch_size",
-            "algorithm.type", "algorithm.off_policy_correction", "trainer.type", "trainer.lr", "trainer.lr_schedule",
+            "algorithm.type", "algorithm.policy_loss", "trainer.type", "trainer.lr", "trainer.lr_schedule",
             "trainer.total_train_steps", "trainer.warmup_cross_entropy_steps", "weight.sync_mode",
             "weight.staleness_threshold"]
     rows = [("parent run", parent)] if parent else []

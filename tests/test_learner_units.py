@@ -32,10 +32,10 @@ def test_micro_batches_respect_the_token_budget():
 
 def test_collate_right_pads_and_broadcasts_the_advantage():
     batch = collate([item([5, 6, 7], [0, 1, 1], advantage=2.0), item([8], [1], advantage=-1.0)], pad_id=0)
-    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
-    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
-    assert batch["mask"].tolist() == [[0, 1, 1], [1, 0, 0]]
-    assert batch["advantages"].tolist() == [[2, 2, 2], [-1, 0, 0]]
+    assert batch.input_ids.tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch.loss_mask.tolist() == [[0, 1, 1], [1, 0, 0]]
+    assert batch.advantages.tolist() == [[2, 2, 2], [-1, 0, 0]]
 
 
 def test_staleness_split_drops_samples_beyond_the_threshold():

@@ -121,7 +121,7 @@ def test_gspo_clips_whole_sequences_by_their_geometric_mean_ratio():
     from algos.losses import POLICY_LOSSES
     from runtime.config import Algorithm
 
-    config = Algorithm(clip_ratio_low=0.2, clip_ratio_high=0.28, off_policy_correction="gspo")
+    config = Algorithm(clip_ratio_low=0.2, clip_ratio_high=0.28, policy_loss="gspo")
     mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
     # sequence 1: token log-ratios ln 2 and -ln 2 -> mean 0 -> s = 1, inside the clip range
     # sequence 2: token log-ratios ln 2 and ln 2 -> mean ln 2 -> s = 2, clipped to 1.28

@@ -259,3 +259,13 @@ def test_turn_credit_is_refused_with_a_trainer_that_recomputes_episode_advantage
     recipe.trainer.type = "remote_api_grpo"
     assert estimator_problems(recipe)[0].startswith("algorithm.credit_assignment: turn is not kept by trainer "
                                                     "RemoteApiGrpoTrainer")
+
+
+def test_the_policy_loss_keys_earlier_name_is_converted(recipe_tree):
+    path = write(recipe_tree / "old_name.yaml", "data: {data_files: [train.jsonl]}\n"
+                                                "algorithm: {off_policy_correction: gspo}\n")
+    assert load_recipe(path).algorithm.policy_loss == "gspo"
+    both = write(recipe_tree / "both.yaml", "data: {data_files: [train.jsonl]}\n"
+                                            "algorithm: {off_policy_correction: gspo, policy_loss: truncated_is}\n")
+    with pytest.raises(RecipeError, match="algorithm.off_policy_correction"):
+        load_recipe(both)

@@ -53,7 +53,7 @@ def test_replay_with_the_same_estimator_reproduces_advantages_and_retrains_a_fre
         == STEPS * GROUPS * GROUP_SIZE
     parent, config = rows(ledger, "select parent_run_id, config from run_events where run_id = %s and kind = 'created'", into)[0]
     assert parent == source_run
-    assert config["replay"]["train_steps"] == STEPS and config["algorithm"]["off_policy_correction"] == "truncated_is"
+    assert config["replay"]["train_steps"] == STEPS and config["algorithm"]["policy_loss"] == "truncated_is"
     assert [r[0] for r in rows(ledger, "select step from train_steps where run_id = %s order by step", into)] \
         == list(range(1, STEPS + 1))
 
