@@ -33,9 +33,16 @@ browser:
 	  echo "could not install chromium (apt-get, as root): the browser tests will be skipped"
 
 
+# torch is a range in pyproject.toml, so a GPU machine keeps (or gets) a CUDA build. Where
+# there is no NVIDIA driver, the CPU build goes in first: the range is then met, and pip
+# pulls no multi-GB CUDA build for a machine that cannot use it.
+TORCH_CPU := torch==2.13.0
+
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	command -v nvidia-smi >/dev/null || $(PY) -c 'import torch' 2>/dev/null || \
+	  $(PY) -m pip install --quiet '$(TORCH_CPU)'
 	$(PY) -m pip install --quiet -e '.[test,trackers]'
 	touch $(STAMP)
 

@@ -43,6 +43,7 @@ from runtime.settings import Settings
 from schema import codec
 from schema.events import Evaluation, Event, GroupFiltered, Trajectory
 from schema.topics import event_key, topic_name
+from schema.topology import check_reads, check_writes
 
 log = logging.getLogger("streamrl.processor")
 PROCESSOR_GROUP = "streamrl-processor"
@@ -166,6 +167,7 @@ class FaustProcessor:
             # that end and fails when it is short. One record per batch makes it exact.
             **({"producer_max_batch_size": 1} if settings.embedded_kafka else {}))
         raw = dict(key_serializer="raw", value_serializer="raw")
+        check_reads("processor", ("trajectories", "evaluations"))
         self.inputs = [topic_name(run_id, kind) for kind in ("trajectories", "evaluations")]
         source = self.app.topic(*self.inputs, **raw)
         # keyed by group id with the producer's partitioner: the same partition as the
@@ -341,6 +343,8 @@ class FaustProcessor:
         if not events:
             return []
         limit = self.settings.max_message_bytes
+        for event in events:
+            check_writes("processor", event)
         topic, key = topic_name(self.run_id, events[0].KIND), event_key(events[0])
         values = codec.bundle([frame(event, limit, None) for event in events], limit - FRAME_OVERHEAD_BYTES)
         return [await self.output_producer.send(topic, key=key, value=value) for value in values]

@@ -271,7 +271,7 @@ class LedgerSink:
         self.conn = None
         self._connect()
         self.consumer = make_consumer(settings, group_id, fetch_max_wait_ms=IDLE_FETCH_WAIT_MS)  # the ledger can wait
-        self.publisher = EventPublisher(settings)
+        self.publisher = EventPublisher(settings, stage="sink")
         self.stop_requested = stop or threading.Event()
         self.outage = PostgresOutage(settings, run_id, self.stop_requested)
         self.broker_watch = BrokerWatch(settings, self.consumer, run_id)

@@ -147,7 +147,7 @@ class StreamProcessor:
         self.train_partial = pool.incomplete_group_policy == "train_partial"
         self.reader = RunReader(settings, run_id, ["trajectories", "evaluations"],
                                 group_id=f"{PROCESSOR_GROUP}.{run_id}", shard=shard, stage="processor")
-        self.publisher = EventPublisher(settings, bundle=True)  # a group's samples in one record
+        self.publisher = EventPublisher(settings, bundle=True, stage="processor")  # a group's samples in one record
         self.open: dict[str, OpenGroup] = {}
         self.closed: dict[str, set[str]] = {}  # group id -> the trajectory ids accounted for
         self.stats = ProcessorStats()

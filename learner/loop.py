@@ -155,7 +155,7 @@ class Learner:
         # A remote trainer's model lives in the training service; the loop is the same.
         self.policy = RemotePolicy(recipe, cls, self.checkpoints, run_id) if issubclass(cls, RemoteApiTrainer) else \
             Policy(recipe, cls, self.checkpoints)
-        self.publisher = EventPublisher(settings) if self.policy.is_main else None
+        self.publisher = EventPublisher(settings, stage="learner") if self.policy.is_main else None
         self.step = 0
         self.start_offsets: dict[TopicPartition, int] | None = None
         self.resumed_record = None

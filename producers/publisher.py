@@ -109,7 +109,7 @@ def run_publisher(settings: Settings, run_id: str, recipe: Recipe, stop: threadi
     group_size = recipe.rollout_worker.rollout_repeat_n
 
     weights = RunReader(settings, run_id, ["weights"], group_id=None, stage="publisher")
-    publisher = EventPublisher(settings, bundle=True)  # a group's tasks leave as one record
+    publisher = EventPublisher(settings, bundle=True, stage="publisher")  # a group's tasks leave as one record
     latest = -1
     next_step = 1
     try:

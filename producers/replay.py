@@ -248,7 +248,7 @@ def publish_replay(settings: Settings, run_id: str, plan: Plan, trajectories: di
                    evaluations: dict[str, Evaluation], rescorer: tuple[Evaluator, str, dict[str, dict]] | None = None,
                    rate: float | None = None, on_progress=None) -> int:
     """Publish the plan's rollouts into `run_id`, at most `rate` rollouts a second."""
-    publisher = EventPublisher(settings)
+    publisher = EventPublisher(settings, stage="replay")
     started = time.monotonic()
     try:
         for count, trajectory_id in enumerate(plan.order, start=1):

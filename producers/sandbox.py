@@ -33,6 +33,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+import psutil
+
 NOBODY = 65534
 
 
@@ -89,14 +91,9 @@ def interpreter_for(run_as: int | None) -> str:
 
 
 def _process_count(uid: int) -> int:
-    count = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                count += os.stat(f"/proc/{entry}").st_uid == uid
-            except OSError:
-                pass
-    return count
+    """Processes whose real user is `uid`: what RLIMIT_NPROC counts."""
+    return sum(1 for process in psutil.process_iter(["uids"])
+               if process.info["uids"] is not None and process.info["uids"].real == uid)
 
 
 def _limit_child(limits: SandboxLimits, run_as: int | None, nproc: int):
@@ -120,15 +117,11 @@ def _kill_session(session_id: int) -> None:
         os.killpg(session_id, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in psutil.pids():  # one that left the group but not the session
         try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-            if int(fields[3]) == session_id:  # field 6 of stat: the session id
-                os.kill(int(entry), signal.SIGKILL)
-        except (OSError, ValueError, IndexError):
+            if os.getsid(pid) == session_id:
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
             pass
 
 

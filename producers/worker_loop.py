@@ -107,7 +107,7 @@ def run_worker(settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int
         SamplingParams(max_new_tokens=cfg.max_response_length, temperature=recipe.validate.temperature),
         max_prompt_tokens=min(cfg.max_prompt_length, recipe.data.max_prompt_length))
     # a group's trajectories (and its evaluations) leave as one record each
-    publisher = EventPublisher(settings, bundle=True)
+    publisher = EventPublisher(settings, bundle=True, stage="worker")
     worker = make_worker(worker_class(recipe), cfg.worker_config(), client, make_evaluator(recipe), publisher.publish,
                          worker_id)
     tasks = RunReader(settings, run_id, ["tasks"], group_id=f"{WORKER_GROUP}.{run_id}", shard=shard, stage="worker",

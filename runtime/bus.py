@@ -26,6 +26,7 @@ from schema.events import DeadLetter, Event
 from runtime.blobs import PostgresBlobStore
 from runtime.outage import BrokerWatch
 from schema.topics import event_key, run_topics, topic_name
+from schema.topology import STAGE_FOLDERS, TopologyError, check_reads, check_writes
 from runtime.settings import Settings, SettingsError
 
 log = logging.getLogger("streamrl.bus")
@@ -161,8 +162,13 @@ class EventPublisher:
     batch of work anyway (they commit their input offsets after the flush)."""
 
     def __init__(self, settings: Settings, blobs: BlobWriter | None = None, bundle: bool = False,
-                 **producer_overrides):
+                 stage: str = "", **producer_overrides):
+        """`stage`: the stage publishing (schema/topology.py); each event is then checked
+        against the topics that stage writes. Empty: not checked (tests, benchmarks)."""
         self._settings = settings
+        self._stage = stage
+        if stage and stage not in STAGE_FOLDERS:
+            raise TopologyError(f"unknown stage {stage!r}; known: {', '.join(STAGE_FOLDERS)}")
         self._blobs = blobs
         self.producer = make_producer(settings, **producer_overrides)
         self._in_flight: list = []  # futures since the last flush (workers publish from several threads)
@@ -172,6 +178,8 @@ class EventPublisher:
 
     def publish(self, event: Event):
         """Send `event` (with `bundle`: hold it until the next flush; returns None)."""
+        if self._stage:
+            check_writes(self._stage, event)
         topic, key = topic_name(event.run_id, event.KIND), event_key(event)
         value = frame(event, self._settings.max_message_bytes, self._blobs)
         if self._bundle:
@@ -254,6 +262,10 @@ class RunReader:
                  **consumer_overrides):
         self.settings = settings
         self.run_id = run_id
+        if stage:  # a component's reader: only the topics its stage reads (schema/topology.py)
+            if stage not in STAGE_FOLDERS:
+                raise TopologyError(f"unknown stage {stage!r}; known: {', '.join(STAGE_FOLDERS)}")
+            check_reads(stage, kinds)
         self.stage = stage or (group_id or "reader")
         self.member = member
         if member is not None:

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import warnings
 
-import psycopg
 
-from runtime.db import connect, psycopg_url
+from runtime.db import connect
 from runtime.settings import Settings
 
 EMBEDDED_DATABASE = "streamrl"
@@ -62,11 +61,12 @@ def _free_port(preferred: int) -> int:
 
 def _pid_alive(pid: int, needle: str) -> bool:
     """True if `pid` runs and its command line mentions `needle` (guards against pid reuse)."""
+    import psutil
+
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
+        return needle in " ".join(psutil.Process(pid).cmdline())
+    except (psutil.Error, OSError):
         return False
-    return needle in cmdline
 
 
 def kafka_probe(bootstrap: str, settings: Settings, timeout_s: float = 5.0) -> tuple[bool, str]:
@@ -217,11 +217,16 @@ def down(settings: Settings) -> list[str]:
 
 
 def redact(url: str) -> str:
-    """The URL without its password, for display."""
-    info = psycopg.conninfo.conninfo_to_dict(psycopg_url(url))
-    if info.get("password"):
-        return url.replace(info["password"], "***")
-    return url
+    """The URL with its password as ***, for display: SQLAlchemy parses the URL and writes
+    it back, so a password that also appears elsewhere in it (a password `post`, `5432`)
+    leaves the scheme, host and port as they were."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:  # not a URL (a libpq key=value string): nothing to take apart safely
+        return "(a connection string that is not a URL)"
 
 
 def status(settings: Settings) -> list[ServiceStatus]:

@@ -22,7 +22,7 @@ def run_demo(settings: Settings, database_url: str, run: str, rollouts: int, con
     total = rollouts * 8 + 1
     with Progress(console=console) as progress:
         published = progress.add_task("publish to Kafka", total=total)
-        with EventPublisher(settings) as publisher:
+        with EventPublisher(settings, stage="demo") as publisher:
             publisher.publish(RunEvent(run_id=run, kind="created", name=run, config={"demo": True}))
             for event in synthetic_events(run, rollouts):
                 publisher.publish(event)

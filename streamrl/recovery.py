@@ -117,7 +117,7 @@ def rebuild_from_ledger(settings: Settings, run_id: str, trained_step: int) -> R
             "select group_id, min(step) from trajectories where run_id = %s and not is_val group by group_id", (run_id,))}
         plan = group_plan(filtered, sample_counts, rollout_groups, trained_step)
         chosen = {kind: [g for g, k in plan.items() if k == kind] for kind in ("filtered", "samples", "rollouts")}
-        with EventPublisher(settings) as publisher:
+        with EventPublisher(settings, stage="recovery") as publisher:
             publisher.publish(created[0])
             batches = [
                 (GroupFiltered, "select * from filtered_groups where run_id = %s and group_id = any(%s) "

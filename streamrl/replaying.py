@@ -78,7 +78,7 @@ def replay_run(settings: Settings, options: ReplayOptions, console: Console) -> 
                   f"(kafka: {origin['kafka']}, ledger: {origin['ledger']}; left out: {plan.left_out_groups} groups "
                   f"of a partial step); correction {config.algorithm.policy_loss}, "
                   f"advantages {config.algorithm.type}", highlight=False)
-    with EventPublisher(settings) as publisher:
+    with EventPublisher(settings, stage="app") as publisher:
         create_run(settings, options.into, config, publisher, parent_run_id=options.source)
 
     def publish(on_progress) -> int:

@@ -29,9 +29,19 @@ app = typer.Typer(help="StreamRL: event-sourced RL post-training for LLMs.", no_
                   pretty_exceptions_enable=False, rich_markup_mode=None)
 
 
+def print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"streamrl {version('streamrl')}")
+        raise typer.Exit()
+
+
 @app.callback()
 def main(debug: bool = typer.Option(False, "--debug", help="On an error, print its traceback as well as its "
-                                                           "message (the run's processes inherit it).")) -> None:
+                                                           "message (the run's processes inherit it)."),
+         show_version: bool = typer.Option(False, "--version", callback=print_version, is_eager=True,
+                                           help="Print StreamRL's version and exit.")) -> None:
     if debug:
         os.environ["STREAMRL_DEBUG"] = "1"
 

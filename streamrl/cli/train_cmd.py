@@ -169,7 +169,7 @@ def publish(
     else:
         recipe = with_url(prepared_recipe(file, overrides), inference_url)
         run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
-        with EventPublisher(current) as publisher:
+        with EventPublisher(current, stage="app") as publisher:
             create_run(current, run, recipe, publisher)
         console.print(f"run {run}", highlight=False)
     steps = run_publisher(current, run, recipe, stop_on_signals(), skip_task_ids=skip)
