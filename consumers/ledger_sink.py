@@ -39,6 +39,7 @@ from schema.codec import CodecError, split_bundle
 from schema.events import DeadLetter, Event, RunEvent
 from schema.ledger import TABLE_BY_EVENT, event_row
 from schema.topics import all_runs_pattern, parse_topic, run_pattern, topic_name
+from runtime.backoff import backoff_delay
 from runtime.blobs import BlobMissing, PostgresBlobStore
 from runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, create_topics, dead_letter, make_consumer, unframe
 from runtime.db import connect
@@ -373,6 +374,7 @@ class LedgerSink:
         """Loop until `stop_requested` is set (the CLI sets it on SIGTERM/SIGINT, after the
         batch in hand is written with its offsets), or idle for `idle_exit_s`."""
         last_data = time.monotonic()
+        kafka_errors = 0
         while not self.stop_requested.is_set():
             try:
                 if self.conn is None:
@@ -380,13 +382,15 @@ class LedgerSink:
                 self.broker_watch.check()
                 seen = self.poll_once()
                 self.outage.recovered()
+                kafka_errors = 0
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:  # the ledger went away
                 self._disconnect()
                 self.outage.wait(exc)
                 continue
             except KafkaError as exc:
+                kafka_errors += 1
                 log.warning("kafka error, retrying: %s", exc)
-                time.sleep(0.5)
+                time.sleep(backoff_delay(kafka_errors, 0.5, 5.0))
                 continue
             # The idle clock starts once there is something to read.
             if seen or not self.positions:

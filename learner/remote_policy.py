@@ -24,12 +24,14 @@ import time
 from pathlib import Path
 
 import httpx
+from tenacity import Retrying, retry_if_exception, retry_if_exception_type, stop_after_attempt, stop_after_delay
 import numpy as np
 import torch
 from omegaconf import OmegaConf
 
 from learner.batching import TrainItem
 from learner.checkpoint import latest_checkpoint, load_state, save_checkpoint
+from runtime.backoff import backoff_wait
 from runtime.folders import write_folder
 from learner.parallel import Placement
 from learner.remote_trainers import RemoteApiTrainer, service_datums
@@ -51,22 +53,20 @@ def service_lost(url: str, what: str, error: BaseException, then: str = RESUME) 
 
 def wait_until_healthy(url: str, api_key: str | None, tries: int = 5, then: str = RESUME) -> None:
     """The service answers /healthz and accepts the key, or one sentence says which not."""
-    delay = 0.5
-    for attempt in range(tries):
-        try:
-            response = httpx.post(f"{url}/api/v1/client/config", json={"sdk_version": "streamrl"},
-                                  headers={"X-API-Key": api_key or ""}, timeout=10)
-            if response.status_code in (401, 403):
-                raise ServiceLost(f"the training service at {url} refused the API key "
-                                  "(service.tinker_service.api_key or $TINKER_API_KEY): "
-                                  f"{response.json().get('detail', response.text)}")
-            response.raise_for_status()
-            return
-        except httpx.HTTPError as error:
-            if attempt == tries - 1:
-                raise service_lost(url, f"did not answer after {tries} tries", error, then) from None
-            time.sleep(delay)
-            delay *= 2
+    retrying = Retrying(stop=stop_after_attempt(tries), wait=backoff_wait(0.5, 8.0),
+                        retry=retry_if_exception_type(httpx.HTTPError), reraise=True)
+    try:
+        for attempt in retrying:
+            with attempt:
+                response = httpx.post(f"{url}/api/v1/client/config", json={"sdk_version": "streamrl"},
+                                      headers={"X-API-Key": api_key or ""}, timeout=10)
+                if response.status_code in (401, 403):
+                    raise ServiceLost(f"the training service at {url} refused the API key "
+                                      "(service.tinker_service.api_key or $TINKER_API_KEY): "
+                                      f"{response.json().get('detail', response.text)}")
+                response.raise_for_status()
+    except httpx.HTTPError as error:
+        raise service_lost(url, f"did not answer after {tries} tries", error, then) from None
 
 
 class RemotePolicy:
@@ -228,25 +228,32 @@ class RemotePolicy:
         return write_folder(root / f"v{version:06d}", fill)
 
     def _download(self, path: str) -> httpx.Response:
-        """The sampler weights' tar; a lost connection is retried with a doubling delay
-        (at most 10 s) until `request_timeout_s` has passed."""
-        deadline, delay = time.monotonic() + self.timeout, 0.5
-        while True:
-            try:
-                response = httpx.get(f"{self.url}/streamrl/v1/sampler_weights", params={"path": path},
-                                     headers={"X-API-Key": self.api_key or ""}, timeout=self.timeout)
-                if response.status_code < 500:
-                    response.raise_for_status()
-                    return response
-                error: Exception = httpx.HTTPStatusError(f"status {response.status_code}", request=response.request,
-                                                         response=response)
-            except (httpx.TransportError, httpx.RemoteProtocolError) as lost:
-                error = lost
-            if time.monotonic() + delay > deadline:
-                raise service_lost(self.url, f"did not send the weights {path} within {self.timeout:.0f} s", error)
-            log.warning("downloading %s: %s; retrying in %.1f s", path, error, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 10.0)
+        """The sampler weights' tar; a lost connection or a 5xx is retried with a jittered
+        doubling wait (at most 10 s) until `request_timeout_s` has passed."""
+        def get() -> httpx.Response:
+            response = httpx.get(f"{self.url}/streamrl/v1/sampler_weights", params={"path": path},
+                                 headers={"X-API-Key": self.api_key or ""}, timeout=self.timeout)
+            if response.status_code >= 500:
+                raise httpx.HTTPStatusError(f"status {response.status_code}", request=response.request,
+                                            response=response)
+            response.raise_for_status()  # a 4xx: the request's fault, not retried
+            return response
+
+        def lost(error: BaseException) -> bool:
+            return isinstance(error, httpx.TransportError) or (
+                isinstance(error, httpx.HTTPStatusError) and error.response.status_code >= 500)
+
+        retrying = Retrying(stop=stop_after_delay(self.timeout), wait=backoff_wait(0.5, 10.0),
+                            retry=retry_if_exception(lost), reraise=True,
+                            before_sleep=lambda state: log.warning("downloading %s: %s; retrying", path,
+                                                                   state.outcome.exception()))
+        try:
+            return retrying(get)
+        except httpx.HTTPError as error:
+            if not lost(error):
+                raise
+            raise service_lost(self.url, f"did not send the weights {path} within {self.timeout:.0f} s",
+                               error) from None
 
     def write_checkpoint(self, step: int, version_folder: Path | None, state: dict, keep_every: int) -> None:
         saved = self._result(self.client.save_state(f"step-{step:06d}"), "did not save the training state")

@@ -34,6 +34,7 @@ import httpx
 
 from producers.inference import Completion, SamplingParams, register_inference_backend
 from producers.sglang_server import InferenceServerError, ManagedServer
+from runtime.backoff import backoff_delay
 from runtime.recipe import server_urls
 
 log = logging.getLogger("streamrl.sglang")
@@ -239,7 +240,7 @@ class SGLangEngine:
                                            f"({type(error).__name__}: {error})")
             if attempt == 1 and isinstance(error, (httpx.RemoteProtocolError, httpx.ReadError)):
                 return  # a connection the server had just closed: try again at once
-            delay = min(30.0, 2.0 ** (attempt - 1))
+            delay = backoff_delay(attempt, 1.0, 30.0)
             log.warning("inference server %s did not answer (%s); retry %d/%d in %.0f s", server.url,
                         error, attempt, self.max_retries, delay)
             time.sleep(delay)

@@ -15,6 +15,7 @@ import threading
 import time
 
 from runtime.services import redact
+from runtime.backoff import backoff_delay
 from runtime.settings import Settings
 
 log = logging.getLogger("streamrl.outage")
@@ -59,7 +60,7 @@ class PostgresOutage:
         if now - self.since > self.settings.service_wait_s:
             raise postgres_lost(self.settings, self.run_id, now - self.since, str(exc)) from exc
         self.tries += 1
-        self.stop.wait(min(10.0, 0.5 * 2 ** (self.tries - 1)))
+        self.stop.wait(backoff_delay(self.tries, 0.5, 10.0))
 
     def recovered(self) -> None:
         if self.since is not None:

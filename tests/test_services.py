@@ -110,3 +110,13 @@ def test_redact_hides_only_the_password(url, shown):
     from runtime.services import redact
 
     assert redact(url) == shown
+
+
+def test_backoff_doubles_with_jitter_and_stops_at_its_maximum():
+    from runtime.backoff import backoff_delay
+
+    # attempt n: initial * 2^(n - 1), plus up to `initial` of jitter, capped
+    for attempt, low in ((1, 0.5), (2, 1.0), (3, 2.0)):
+        delays = {backoff_delay(attempt, 0.5, 10.0) for _ in range(50)}
+        assert all(low <= d <= low + 0.5 for d in delays) and len(delays) > 1  # jittered
+    assert backoff_delay(10, 0.5, 10.0) == 10.0
