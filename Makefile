@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench install clean sglang-env browser
+.PHONY: run test test-fast lint bench install clean sglang-env browser
 
 # SGLang serves rollouts from its own virtual environment (it pins its own torch and CUDA
 # packages); StreamRL only talks HTTP to it. Built once per machine, outside the checkout,
@@ -64,7 +64,15 @@ test: $(STAMP) browser
 ifeq ($(STREAMRL_SGLANG_PYTHON),)
 	@$(MAKE) --no-print-directory sglang-env || echo "could not build the SGLang environment (the error is above): the SGLang tests will be skipped"
 endif
+	$(PY) -m ruff check .
 	$(PY) -m pytest -p no:cacheprovider --durations=25
+
+# The tests that need no service (no broker, PostgreSQL, SGLang or browser): a few minutes.
+test-fast: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider -m "not services"
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 bench: $(BENCH_STAMP)
 	$(PY) bench/codec_bench.py

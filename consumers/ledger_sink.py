@@ -13,7 +13,8 @@ standard lag tooling sees the sink's progress.
 Partitions are assigned explicitly (all partitions of the matching topics, or a
 `shard` of them when several sinks share the work), not by the broker's group
 coordinator: the embedded broker's coordinator was seen to wedge a group for good after
-a member was killed mid-rebalance, and the ledger's offsets make membership unneeded. Messages that cannot be decoded (or whose event does not belong to
+a member was killed mid-rebalance, and the ledger's offsets make membership unneeded.
+Messages that cannot be decoded (or whose event does not belong to
 the topic it came on) become DeadLetter rows and events, and the sink goes on.
 """
 

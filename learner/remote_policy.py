@@ -152,7 +152,8 @@ class RemotePolicy:
                                    "did not load the warmed-up weights")
         self.model_id = self.client.model_id
         return {"service_model": self.model_id, "val_accuracy_before_warmup": before,
-                "val_accuracy_after_warmup": self.val_accuracy(), "warmup_steps": cfg.warmup_cross_entropy_steps, "warmup_first_loss": losses[0],
+                "val_accuracy_after_warmup": self.val_accuracy(), "warmup_steps": cfg.warmup_cross_entropy_steps,
+                "warmup_first_loss": losses[0],
                 "warmup_last_loss": float(np.mean(losses[-10:])), "warmup_seconds": time.perf_counter() - started}
 
     def _finish(self, pending: list) -> list[float]:

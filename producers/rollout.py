@@ -381,7 +381,8 @@ def build_events(task: Task, trajectory: Trajectory, logprobs: list[float], weig
         token_versions=pack_int32(token_versions) if spans_versions else b"",
         prompt_text=str(task.prompt), response_text=str(extra.get("response", "")),
         finish_reason=str(extra.pop("finish_reason", completions[-1].finish_reason if completions else "")),
-        turns=[Turn(**turn) for turn in trajectory.turns or []], worker_id=worker_id, is_val=trajectory.is_val, step=task.step, extra_fields=extra)
+        turns=[Turn(**turn) for turn in trajectory.turns or []], worker_id=worker_id, is_val=trajectory.is_val,
+        step=task.step, extra_fields=extra)
     evaluation = Evaluation(
         run_id=task.run_id, trajectory_id=task.task_id, task_id=task.task_id, group_id=task.group_id,
         reward=float(trajectory.reward), metrics=metrics, ground_truth=extra.get("ground_truth"),

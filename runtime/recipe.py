@@ -130,7 +130,8 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
                                  OmegaConf.create(override_values))
         values = OmegaConf.to_container(merged, resolve=True)
     except (OmegaConfBaseException, TypeError, ValueError) as exc:
-        raise RecipeError(path, [f"{getattr(exc, 'full_key', '') or 'interpolation'}: {exc.msg if hasattr(exc, 'msg') else exc}"]) from None
+        key = getattr(exc, "full_key", "") or "interpolation"
+        raise RecipeError(path, [f"{key}: {exc.msg if hasattr(exc, 'msg') else exc}"]) from None
     coerce_strings(values, Recipe)
     problems = guide_problems + check_against(values, Recipe)
     custom = {"rollout_worker": (values.get("rollout_worker") or {}).get("custom_rollout_worker_module_path"),

@@ -120,3 +120,22 @@ def command_lines() -> dict[int, list[str]]:
                 continue
             lines[int(entry.name)] = [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
     return lines
+
+
+# Tests that need a service (the embedded broker, PostgreSQL, an SGLang server, a
+# browser): those using the session's services, and the modules that start their own.
+SERVICE_FIXTURES = {"stack", "ledger", "external_database"}
+SERVICE_MODULES = {"test_services", "test_sglang", "test_inference_servers", "test_supervision",
+                   "test_training_service", "test_observability", "test_demo", "test_sql_cli", "test_scaffold",
+                   "test_fault_matrix", "test_group_wedge", "test_learner_parallel", "test_quiet_logs"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "services: needs the embedded broker, PostgreSQL, an SGLang server or a "
+                                       "browser (`make test-fast` runs the rest)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SERVICE_FIXTURES & set(item.fixturenames) or item.module.__name__.split(".")[-1] in SERVICE_MODULES:
+            item.add_marker(pytest.mark.services)

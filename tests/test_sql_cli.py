@@ -70,7 +70,7 @@ def test_query_from_file_and_errors(loaded_run, tmp_path):
 
 def test_runs_lists_the_run_with_its_counts(loaded_run):
     result = run_cli("runs", "--limit", "1000", env={"COLUMNS": "300"}, check=True)
-    line = next(l for l in result.stdout.splitlines() if loaded_run[:10] in l)
+    line = next(row for row in result.stdout.splitlines() if loaded_run[:10] in row)
     assert "running" in line and "20" in line
 
 

@@ -1,7 +1,7 @@
 """initial ledger
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-22 08:12:15.267932
 
 Tables of every event type (see schema/ledger.py), plus SQL functions that unpack the

@@ -27,7 +27,8 @@ def sink(
     run: Annotated[Optional[str], typer.Option(help="Only this run's topics (default: every run).")] = None,
     max_batch: Annotated[int, typer.Option(help="Most records written per database transaction.")] = 2000,
     idle_exit: Annotated[Optional[float], typer.Option(help="Exit after this many seconds without messages.")] = None,
-    shard: Annotated[str, typer.Option(help="I/N: this sink writes the partitions with crc32(topic:partition) % N == I.")] = "0/1",
+    shard: Annotated[str, typer.Option(help="I/N: this sink writes the partitions with "
+        "crc32(topic:partition) % N == I.")] = "0/1",
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each batch.")] = False,
 ) -> None:
     """Write every event of every run (or of --run) into the ledger, idempotently;
@@ -93,10 +94,12 @@ def sql(
     query: Annotated[Optional[str], typer.Argument(help="One read-only SQL statement.")] = None,
     file: Annotated[Optional[Path], typer.Option("--file", "-f", exists=True, dir_okay=False,
                                                  help="Read the statement from this file.")] = None,
-    param: Annotated[Optional[list[str]], typer.Option("--param", "-p", metavar="NAME=VALUE", help="Bound parameter NAME=VALUE, used as %(NAME)s.")] = None,
+    param: Annotated[Optional[list[str]], typer.Option("--param", "-p", metavar="NAME=VALUE", help="Bound parameter NAME=VALUE, "
+        "used as %(NAME)s.")] = None,
     as_csv: Annotated[bool, typer.Option("--csv", help="Write CSV to stdout.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Write a JSON array of objects to stdout.")] = False,
-    parquet: Annotated[Optional[Path], typer.Option("--parquet", dir_okay=False, help="Write the result to this Parquet file.")] = None,
+    parquet: Annotated[Optional[Path], typer.Option("--parquet", dir_okay=False, help="Write the result to this "
+        "Parquet file.")] = None,
     timeout: Annotated[float, typer.Option(help="Statement timeout in seconds.")] = 30.0,
 ) -> None:
     """Run one read-only SQL statement against the ledger (a read-only transaction with a
@@ -133,7 +136,8 @@ def sql(
 
 def show(
     run: Annotated[str, typer.Argument(help="Run id.")],
-    out: Annotated[Optional[Path], typer.Option(help="Folder for report.html and reward_curve.png (default: STREAMRL_HOME/runs/RUN).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Folder for report.html and reward_curve.png "
+        "(default: STREAMRL_HOME/runs/RUN).")] = None,
 ) -> None:
     """A run's story from the ledger: its config, steps and validation, throughput,
     staleness, filtered groups and dead letters; in the terminal, and as an HTML report

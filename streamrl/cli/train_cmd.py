@@ -66,8 +66,10 @@ def run_recipe(
     resume: Annotated[Optional[str], typer.Option(help="Finish RUN after a crash or a broker restart: what the "
                                                        "broker lost is rebuilt from the ledger.")] = None,
     run: Annotated[Optional[str], typer.Option(help="Run id (default: experiment name + time).")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Rollout worker processes (default: rollout_worker.num_workers).")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Folder for the summary and reward curve (default: STREAMRL_HOME/runs/RUN).")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Rollout worker processes (default: "
+        "rollout_worker.num_workers).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Folder for the summary and reward curve "
+        "(default: STREAMRL_HOME/runs/RUN).")] = None,
     inference_url: InferenceUrl = None,
     max_restarts: MaxRestarts = 5,
     restart_window: RestartWindow = 600.0,
@@ -298,14 +300,18 @@ def launch_ranks_if_asked(recipe, run: str, reset_offsets: bool) -> None:
 def replay(
     source: Annotated[str, typer.Argument(help="The recorded run to replay.")],
     into: Annotated[str, typer.Option("--into", help="Id of the new run that trains on the replayed rollouts.")],
-    recipe_file: Annotated[Optional[Path], typer.Option("--recipe", help="Train with this recipe (default: the source run's config).")] = None,
+    recipe_file: Annotated[Optional[Path], typer.Option("--recipe", help="Train with this recipe (default: the "
+        "source run's config).")] = None,
     source_kind: Annotated[ReplaySource, typer.Option("--from", help="Where the payloads are read.")] = ReplaySource.auto,
     steps: Annotated[Optional[str], typer.Option(help="A:B: only the source's steps A to B (inclusive).")] = None,
     where: Annotated[Optional[str], typer.Option(help="SQL condition over t (trajectories) and e (evaluations).")] = None,
     rate: Annotated[Optional[float], typer.Option(help="Re-publish at most N rollouts a second.")] = None,
-    correction: Annotated[Optional[str], typer.Option(help="A registered off-policy correction: truncated_is | decoupled_ppo (default: the recipe's, else truncated_is).")] = None,
-    recompute_advantages: Annotated[Optional[str], typer.Option("--recompute-advantages", help="Advantage estimator for the new run (e.g. dr_grpo).")] = None,
-    rescore: Annotated[Optional[str], typer.Option("--rescore", help="Re-evaluate with this evaluator, file.py:Class or builtin:NAME.")] = None,
+    correction: Annotated[Optional[str], typer.Option(help="A registered off-policy correction: truncated_is | "
+        "decoupled_ppo (default: the recipe's, else truncated_is).")] = None,
+    recompute_advantages: Annotated[Optional[str], typer.Option("--recompute-advantages", help="Advantage estimator for the new "
+        "run (e.g. dr_grpo).")] = None,
+    rescore: Annotated[Optional[str], typer.Option("--rescore", help="Re-evaluate with this evaluator, "
+        "file.py:Class or builtin:NAME.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Folder for the summary and reward curve.")] = None,
     max_restarts: MaxRestarts = 5,
     restart_window: RestartWindow = 600.0,

@@ -16,7 +16,8 @@ from runtime.sql import run_readonly
 PAGE = 50  # trajectories per rollout-browser page
 
 RUNS = """
-    select r.run_id, coalesce(r.config->>'experiment_name', r.name) as name, r.status, r.parent_run_id, r.created_at, r.updated_at,
+    select r.run_id, coalesce(r.config->>'experiment_name', r.name) as name, r.status, r.parent_run_id,
+           r.created_at, r.updated_at,
            (select max(step) from train_steps s where s.run_id = r.run_id) as last_step,
            (select count(*) from runs c where c.parent_run_id = r.run_id) as children
     from runs r order by r.created_at desc, r.run_id limit %(limit)s offset %(offset)s"""
