@@ -22,60 +22,68 @@ import difflib
 import enum
 import math
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 
-from runtime.config_fields import only, path_field  # noqa: F401  (recipe plugins import them from here)
+from runtime.config_fields import describe_range, knob, only, out_of_range, path_field  # noqa: F401
 from runtime.logger_config import Logger
 from runtime.service_config import Service
 
 
 @dataclass
 class Environment:
-    setup_script: Optional[str] = path_field()
-    env_script: Optional[str] = path_field()  # a shell file sourced before ${oc.env:...} resolve
+    setup_script: Optional[str] = path_field(help="a Python file run in its folder before the recipe is read "
+                                                  "(makes data, a model), or the guide's .sh env file")
+    env_script: Optional[str] = path_field(help="a shell file sourced before ${oc.env:...} resolve")
 
 
 @dataclass
 class Data:
-    type: Literal["jsonl", "parquet"] = "jsonl"
-    data_files: list[str] = field(default_factory=list, metadata={"path": True})
-    shuffle: bool = True
-    seed: int = 42
-    max_prompt_length: int = 512  # tasks whose prompt is longer (in tokens) fail as rollouts, counted
-    prompt_key: str = "prompt"
-    answer_key: str = "answer"  # the target text, for the cross-entropy trainer and warm-up
+    type: Literal["jsonl", "parquet"] = knob("jsonl", "the data files' format")
+    data_files: list[str] = knob(help="the rows, relative to the recipe's folder", factory=list, path=True)
+    shuffle: bool = knob(True, "shuffle the rows (each epoch, with seed)")
+    seed: int = knob(42, "the shuffle's seed")
+    max_prompt_length: int = knob(512, "a longer prompt (in tokens) fails its rollout, recorded with the numbers "
+                                       "(the smaller of this and rollout_worker.max_prompt_length applies)", ge=1)
+    prompt_key: str = knob("prompt", "the column holding the prompt")
+    answer_key: str = knob("answer", "the column holding the target text (for evaluators, the cross-entropy "
+                                     "trainer and the warm-up)")
     batch_size: int = only(1, "a step's size is trajectory_pool.batch_size")
     num_workers: int = only(1, "the publisher reads the data in one process")
-    max_rows: Optional[int] = None  # validation: use only the first N rows
+    max_rows: Optional[int] = knob(None, "use only the first N rows (validation sets)", ge=1)
 
 
 @dataclass
 class RolloutWorker:
-    type: str = "single_turn"  # a registered rollout worker type
-    custom_rollout_worker_module_path: Optional[str] = path_field()
-    custom_rollout_worker_class_name: Optional[str] = None
-    evaluator_module_path: Optional[str] = None  # "file.py:ClassName" or "builtin:NAME"
-    evaluator_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to the evaluator's constructor
-    agent_config_path: Optional[str] = path_field()  # type: agent (producers/agent_worker.py)
-    agent_workspace: Optional[str] = path_field()  # a folder put on sys.path: its modules import each other
+    type: str = knob("single_turn", "a registered rollout worker type")
+    custom_rollout_worker_module_path: Optional[str] = path_field(help="the file of a custom worker class "
+                                                                       "(file.py, or file.py:Class)")
+    custom_rollout_worker_class_name: Optional[str] = knob(None, "the custom worker's class, when the module path "
+                                                                 "names only the file (the guide's form)")
+    evaluator_module_path: Optional[str] = knob(None, "the evaluator: file.py:ClassName or builtin:NAME")
+    evaluator_kwargs: dict[str, Any] = knob(help="passed to the evaluator's constructor", factory=dict)
+    agent_config_path: Optional[str] = path_field(help="type agent: the agent's YAML (tools, limits, "
+                                                       "interaction; producers/agent_worker.py)")
+    agent_workspace: Optional[str] = path_field(help="a folder put on sys.path: its modules import each other")
     tokenizer: Optional[str] = only(None, "the tokenizer is the one saved with model_path")
-    model_path: Optional[str] = None
-    task_name: str = ""  # a label for the recipe's own code (self._config.task_name)
-    max_prompt_length: int = 512
-    max_response_length: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
-    rollout_repeat_n: int = 8
-    num_workers: int = 1
-    max_concurrent_tasks: int = 16
-    max_retries: int = 2
-    save_trace: bool = True  # keep each rollout's trace (agent steps / LLM calls) in the ledger
-    trace_path: Optional[str] = None  # also write each trace as RUN/TRAJECTORY.json under this folder
+    model_path: Optional[str] = knob(None, "the policy: a Hugging Face model folder with its tokenizer")
+    task_name: str = knob("", "a label for the recipe's own code (self._config.task_name)")
+    max_prompt_length: int = knob(512, "a longer prompt (in tokens) fails its rollout, recorded with the numbers",
+                                  ge=1)
+    max_response_length: int = knob(64, "tokens sampled per response at most", ge=1)
+    temperature: float = knob(1.0, "sampling temperature of training rollouts", ge=0.0)
+    top_p: float = knob(1.0, "nucleus sampling of training rollouts", gt=0.0, le=1.0)
+    rollout_repeat_n: int = knob(8, "samples per prompt: the group size", ge=1)
+    num_workers: int = knob(1, "rollout worker processes `streamrl run` starts", ge=1)
+    max_concurrent_tasks: int = knob(16, "tasks a worker has in flight", ge=1)
+    max_retries: int = knob(2, "tries a failed rollout gets again before it is recorded as failed", ge=0)
+    save_trace: bool = knob(True, "keep each rollout's trace (agent steps, LLM calls) in the ledger")
+    trace_path: Optional[str] = knob(None, "also write each trace as RUN/TRAJECTORY.json under this folder "
+                                           "(needs save_trace)")
     # A custom worker's own settings live in its section, as in the guide
     # (`self._config.use_few_shot`): its unknown keys are kept here, not refused.
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
+    extra: dict[str, Any] = knob(help="a custom worker's own keys", factory=dict, internal=True)
 
     def worker_config(self) -> dict[str, Any]:
         """The section as the seed API's workers see it (`self._config`): every key,
@@ -87,117 +95,124 @@ class RolloutWorker:
 @dataclass
 class TrajectoryPool:
     type: str = only("default", "groups complete by group id in the stream processor")
-    batch_size: int = 8  # groups (prompts) per training step
-    group_size: Optional[int] = None  # must equal rollout_worker.rollout_repeat_n when set
+    batch_size: int = knob(8, "groups (prompts) per training step", ge=1)
+    group_size: Optional[int] = knob(None, "samples per group; must equal rollout_worker.rollout_repeat_n when set",
+                                     ge=1)
     key_list: list[str] = only(["prompt"], "a group is the rollouts of one task's prompt")
     check_batch_ready_function: str = only("batch_size", "a step is ready when batch_size groups are accounted for")
-    group_timeout_s: float = 120.0
-    incomplete_group_policy: Literal["drop", "train_partial"] = "drop"
+    group_timeout_s: float = knob(120.0, "a group not complete after this long is closed by "
+                                         "incomplete_group_policy", gt=0.0)
+    incomplete_group_policy: Literal["drop", "train_partial"] = knob(
+        "drop", "a timed-out group: recorded and not trained (drop), or trained on what arrived (train_partial)")
 
 
 @dataclass
 class KlControl:
-    type: str = "fixed"  # a registered KL controller: fixed | adaptive
-    kl_coef: float = 0.0
-    target_kl: float = 6.0
-    horizon: int = 10000
+    type: str = knob("fixed", "a registered KL controller")
+    kl_coef: float = knob(0.0, "the KL coefficient (the adaptive controller's start)", ge=0.0)
+    target_kl: float = knob(6.0, "adaptive: the KL the coefficient steers to", gt=0.0)
+    horizon: int = knob(10000, "adaptive: steps over which the coefficient adapts", ge=1)
 
 
 @dataclass
 class Algorithm:
-    # a registered advantage estimator: group scope (grpo, dr_grpo, rloo, reinforce) or batch
-    # scope (reinforce_plus_plus, reinforce_plus_plus_baseline), or a recipe's own
-    type: str = "grpo"
-    batch_size: Optional[int] = None  # the guide's copy of trajectory_pool.batch_size; must equal it
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.28
-    clip_ratio_c: Optional[float] = 3.0  # dual-clip cap for negative advantages; null turns it off
-    loss_agg_mode: str = "token-mean"  # a registered loss aggregation
-    # seq-mean-token-sum-norm's constant divisor (Dr. GRPO's generation budget); with that
-    # mode, null means rollout_worker.max_response_length; with any other mode it must stay null
-    loss_scale_factor: Optional[float] = None
-    # the epsilon of GRPO's (r - mean) / (std + epsilon): 1e-6 as verl, 1e-4 as TRL (grpo only)
-    grpo_std_epsilon: float = 1e-6
-    # multi-turn episodes: "episode" (every assistant token gets the episode's advantage) or
-    # "turn" (each assistant turn gets the advantage of the return from that turn on)
-    credit_assignment: Literal["episode", "turn"] = "episode"
-    filter_zero_variance: bool = True
-    # the ratio's denominator: the sampler's behaviour logprobs (false), or the learner's
-    # own logprobs recomputed before each step (true; one learner process)
-    do_old_log_prob_compute: bool = False
-    # a registered policy loss: none (PPO-clip against the behaviour logprobs), truncated_is,
-    # decoupled_ppo, gspo; `off_policy_correction` is the same key's earlier name
-    policy_loss: str = "none"
-    truncated_is_cap: float = 2.0
-    use_kl_in_reward: bool = False
-    use_kl_loss: bool = False
-    kl_estimator: str = "k3"  # a registered KL estimator
-    custom_advantage_module_path: Optional[str] = path_field()  # a .py file that calls register_advantage
-    kl_ctrl: KlControl = field(default_factory=KlControl)
+    type: str = knob("grpo", "a registered advantage estimator, of group scope (the stream processor computes it per "
+                             "group) or batch scope (the learner, over a step); a recipe's own too")
+    batch_size: Optional[int] = knob(None, "the guide's copy of trajectory_pool.batch_size; must equal it", ge=1)
+    clip_ratio_low: float = knob(0.2, "PPO clip below 1: the ratio is clipped at 1 - clip_ratio_low", ge=0.0, lt=1.0)
+    clip_ratio_high: float = knob(0.28, "PPO clip above 1 (DAPO's clip-higher): 1 + clip_ratio_high", ge=0.0)
+    clip_ratio_c: Optional[float] = knob(3.0, "dual-clip cap for negative advantages; null turns it off", gt=1.0)
+    loss_agg_mode: str = knob("token-mean", "a registered loss aggregation")
+    loss_scale_factor: Optional[float] = knob(
+        None, "seq-mean-token-sum-norm's constant divisor (Dr. GRPO's generation budget); null with that mode: "
+              "rollout_worker.max_response_length; must stay null with any other mode", gt=0.0)
+    grpo_std_epsilon: float = knob(1e-6, "the epsilon of GRPO's (r - mean) / (std + epsilon): 1e-6 as verl, 1e-4 "
+                                         "as TRL (grpo only)", gt=0.0, le=1.0)
+    credit_assignment: Literal["episode", "turn"] = knob(
+        "episode", "multi-turn episodes: every assistant token gets the episode's advantage (episode), or each "
+                   "assistant turn the advantage of the return from that turn on (turn)")
+    filter_zero_variance: bool = knob(True, "a group whose rewards are all equal is recorded and not trained")
+    do_old_log_prob_compute: bool = knob(
+        False, "the ratio's denominator: the sampler's behaviour logprobs (false), or the learner's own logprobs "
+               "recomputed before each step (true; one learner process)")
+    policy_loss: str = knob("none", "a registered policy loss (none: PPO-clip against the behaviour logprobs); "
+                                    "off_policy_correction is its earlier name")
+    truncated_is_cap: float = knob(2.0, "truncated_is: the cap of the importance weights", gt=0.0)
+    use_kl_in_reward: bool = knob(False, "subtract the KL to the reference model from the rewards")
+    use_kl_loss: bool = knob(False, "add the KL to the reference model to the loss")
+    kl_estimator: str = knob("k3", "a registered KL estimator")
+    custom_advantage_module_path: Optional[str] = path_field(help="a .py file that registers advantage estimators")
+    kl_ctrl: KlControl = knob(help="the KL coefficient and its controller", factory=KlControl)
     # a custom trainer's own parameters (`config.algorithm.get("my_param")`), kept with a custom trainer
-    extra: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
+    extra: dict[str, Any] = knob(help="a custom trainer's own keys", factory=dict, internal=True)
 
 
 @dataclass
 class Trainer:
-    type: str = "grpo"  # a registered trainer: grpo | cross_entropy, or custom
-    # the class: "file.py:Class", or the file and custom_trainer_class_name, as the guide writes it
-    custom_trainer_module_path: Optional[str] = None
-    custom_trainer_class_name: Optional[str] = None
-    total_train_steps: int = 100
-    total_epochs: Optional[int] = None  # stop after this many passes over the data, if sooner
-    lr: float = 3e-4
-    lr_schedule: str = "constant"  # a registered schedule: constant | linear | cosine
-    min_lr_ratio: float = 0.0  # the rate at the last step, as a fraction of lr
-    lr_warmup_steps: int = 0  # linear ramp from 0 at the start of RL
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    micro_batch_tokens: int = 8192
-    warmup_cross_entropy_steps: int = 0
-    warmup_batch_size: int = 64
-    warmup_lr: Optional[float] = None
-    warmup_messages_key: Optional[str] = None  # rows hold multi-turn demonstrations under this key
-    num_threads: int = 1  # torch threads of each learner process
-    # Where and how the learner computes (learner/parallel.py):
-    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: CUDA when present
-    dtype: Literal["float32", "bfloat16"] = "float32"  # bfloat16: bf16 compute, fp32 master weights and reduce
-    gradient_checkpointing: bool = False
-    # packed: several samples per micro-batch row, no padding (learner/packing.py); auto
-    # packs when the model's attention is varlen (flash attention), where a packed row
+    type: str = knob("grpo", "a registered trainer, or custom (the class custom_trainer_module_path names)")
+    custom_trainer_module_path: Optional[str] = knob(None, "a custom trainer's class: file.py:Class, or the file "
+                                                           "with custom_trainer_class_name")
+    custom_trainer_class_name: Optional[str] = knob(None, "the custom trainer's class (the guide's form)")
+    total_train_steps: int = knob(100, "GRPO steps in the run", ge=1)
+    total_epochs: Optional[int] = knob(None, "stop after this many passes over the data, if sooner", ge=1)
+    lr: float = knob(3e-4, "AdamW's learning rate", gt=0.0)
+    lr_schedule: str = knob("constant", "a registered learning-rate schedule")
+    min_lr_ratio: float = knob(0.0, "the rate at the last step, as a fraction of lr", ge=0.0, le=1.0)
+    lr_warmup_steps: int = knob(0, "a linear ramp from 0 over the first steps of RL", ge=0)
+    weight_decay: float = knob(0.0, "AdamW's weight decay", ge=0.0)
+    grad_clip: float = knob(1.0, "the gradient norm is clipped to this; 0 turns it off", ge=0.0)
+    micro_batch_tokens: int = knob(8192, "padded tokens per micro-batch (bounds a forward pass's memory)", ge=1)
+    warmup_cross_entropy_steps: int = knob(0, "supervised steps on the data's answers before GRPO", ge=0)
+    warmup_batch_size: int = knob(64, "rows per warm-up step", ge=1)
+    warmup_lr: Optional[float] = knob(None, "the warm-up's learning rate (default: lr)", gt=0.0)
+    warmup_messages_key: Optional[str] = knob(None, "rows hold multi-turn demonstrations under this key")
+    num_threads: int = knob(1, "torch threads of each learner process", ge=1)
+    device: Literal["auto", "cpu", "cuda"] = knob("auto", "where the learner computes (auto: CUDA when present)")
+    dtype: Literal["float32", "bfloat16"] = knob("float32", "bfloat16: bf16 compute, fp32 master weights and "
+                                                            "reduce")
+    gradient_checkpointing: bool = knob(False, "recompute activations in the backward pass (less memory)")
+    # auto packs when the model's attention is varlen (flash attention), where a packed row
     # costs what its samples cost; with dense-mask attention (sdpa, eager) a packed row
     # pays attention over its whole length, so many short samples run faster padded
-    packing: Literal["auto", "packed", "padded"] = "auto"
-    ref_model_offload: bool = False  # keep the KL reference model on the CPU
-    nproc_per_node: int = 1  # learner processes per node (torchrun); more than one shards with FSDP2
-    nnodes: int = 1
-    checkpoint_path: str = "runs/${experiment_name}/checkpoints"
-    # a checkpoint every step (exact resume); older ones removed but every save_freq-th (all: remove_previous_ckpt)
-    save_freq: int = 10
-    remove_previous_ckpt: bool = False
-    seed: int = 0
+    packing: Literal["auto", "packed", "padded"] = knob(
+        "auto", "several samples per micro-batch row without padding (packed), one per row (padded), or by the "
+                "model's attention (auto)")
+    ref_model_offload: bool = knob(False, "keep the KL reference model on the CPU")
+    nproc_per_node: int = knob(1, "learner processes per node (torchrun); more than one shard with FSDP2", ge=1)
+    nnodes: int = knob(1, "learner nodes", ge=1)
+    checkpoint_path: str = knob("runs/${experiment_name}/checkpoints", "where checkpoints go (relative: under "
+                                                                       "STREAMRL_HOME), a folder per run")
+    save_freq: int = knob(10, "a checkpoint every step (exact resume); older ones are removed but every "
+                              "save_freq-th", ge=0)
+    remove_previous_ckpt: bool = knob(False, "keep only the newest checkpoint")
+    seed: int = knob(0, "the learner's seed")
 
 
 @dataclass
 class Weight:
     type: str = only("default", "weights travel as safetensors folders announced on the weights topic")
-    sync_mode: Literal["sync", "batch-async", "fully-async"] = "sync"
-    staleness_threshold: int = 1
+    sync_mode: Literal["sync", "batch-async", "fully-async"] = knob(
+        "sync", "when rollouts may use older weights: never (sync), within a step's batch, or up to "
+                "staleness_threshold versions (fully-async)")
+    staleness_threshold: int = knob(1, "a sample more versions behind the learner than this is dropped, counted",
+                                    ge=0)
     sync_every: int = only(1, "a weight version per step; the publisher paces by it")
-    sync_weight_path: str = "runs/${experiment_name}/weights"
+    sync_weight_path: str = knob("runs/${experiment_name}/weights", "where weight versions go (relative: under "
+                                                                    "STREAMRL_HOME)")
 
 
 @dataclass
 class ValidateEval:
     type: str = only("default", "validation is greedy accuracy from the recipe's evaluator")
-    compute_interval: int = 10
+    compute_interval: int = knob(10, "validate every N weight versions", ge=1)
 
 
 @dataclass
 class Validate:
-    validate_before_train: bool = True
-    temperature: float = 0.0  # 0 = greedy
-    data: Data = field(default_factory=Data)
-    eval: ValidateEval = field(default_factory=ValidateEval)
+    validate_before_train: bool = knob(True, "validate the starting weights (version 0)")
+    temperature: float = knob(0.0, "validation's sampling temperature (0: greedy)", ge=0.0)
+    data: Data = knob(help="the held-out rows", factory=Data)
+    eval: ValidateEval = knob(help="how often", factory=ValidateEval)
 
 
 class ReplaySource(str, enum.Enum):
@@ -211,35 +226,35 @@ class ReplaySource(str, enum.Enum):
 @dataclass
 class Replay:
     """Written by `streamrl replay` into the new run's config: where its data came from."""
-    parent_run: str = ""
-    source: str = "auto"
-    steps: Optional[str] = None
-    where: Optional[str] = None
-    recompute_advantages: Optional[str] = None
-    rescore: Optional[str] = None
-    rate: Optional[float] = None
-    train_steps: int = 0
-    groups: int = 0
-    trajectories: int = 0
-    left_out_groups: int = 0
-    read_from: dict[str, int] = field(default_factory=dict)
+    parent_run: str = knob("", "the run whose rollouts this one trains on")
+    source: str = knob("auto", "where the payloads were read: auto, kafka, ledger")
+    steps: Optional[str] = knob(None, "the source's steps replayed (--steps)")
+    where: Optional[str] = knob(None, "the SQL condition that chose the rollouts (--where)")
+    recompute_advantages: Optional[str] = knob(None, "the estimator the new run computes advantages with")
+    rescore: Optional[str] = knob(None, "the evaluator the rollouts were scored again with")
+    rate: Optional[float] = knob(None, "rollouts a second the replay published at most", gt=0.0)
+    train_steps: int = knob(0, "steps the replay trains", ge=0)
+    groups: int = knob(0, "groups replayed", ge=0)
+    trajectories: int = knob(0, "rollouts replayed", ge=0)
+    left_out_groups: int = knob(0, "groups of a partial step left out", ge=0)
+    read_from: dict[str, int] = knob(help="rollouts read from each source", factory=dict)
 
 
 @dataclass
 class Recipe:
-    project_name: str = "streamrl"
-    experiment_name: str = "experiment"
-    environment: Environment = field(default_factory=Environment)
-    data: Data = field(default_factory=Data)
-    rollout_worker: RolloutWorker = field(default_factory=RolloutWorker)
-    trajectory_pool: TrajectoryPool = field(default_factory=TrajectoryPool)
-    algorithm: Algorithm = field(default_factory=Algorithm)
-    trainer: Trainer = field(default_factory=Trainer)
-    weight: Weight = field(default_factory=Weight)
-    validate: Validate = field(default_factory=Validate)
-    service: Service = field(default_factory=Service)
-    logger: Logger = field(default_factory=Logger)
-    replay: Optional[Replay] = field(default=None, metadata={"internal": True})
+    project_name: str = knob("streamrl", "the project (trackers group runs by it)")
+    experiment_name: str = knob("experiment", "the experiment; run ids start with it")
+    environment: Environment = knob(help="scripts that prepare the recipe", factory=Environment)
+    data: Data = knob(help="the training rows", factory=Data)
+    rollout_worker: RolloutWorker = knob(help="how rollouts are made and scored", factory=RolloutWorker)
+    trajectory_pool: TrajectoryPool = knob(help="how rollouts become groups and steps", factory=TrajectoryPool)
+    algorithm: Algorithm = knob(help="advantages, the policy loss, KL", factory=Algorithm)
+    trainer: Trainer = knob(help="the learner", factory=Trainer)
+    weight: Weight = knob(help="weight versions and staleness", factory=Weight)
+    validate: Validate = knob(help="held-out validation", factory=Validate)
+    service: Service = knob(help="inference and training services", factory=Service)
+    logger: Logger = knob(help="experiment trackers", factory=Logger)
+    replay: Optional[Replay] = knob(None, "written by streamrl replay", internal=True)
 
     @classmethod
     def from_dict(cls, values: dict) -> "Recipe":
@@ -366,6 +381,10 @@ def check_against(values: dict, schema: type = Recipe, prefix: str = "") -> list
             problems.append(f"{prefix}{key}: unknown key{hint}")
             continue
         found = _check_value(value, hints[key], f"{prefix}{key}")
+        bounds = spec.metadata.get("range")
+        if not found and bounds and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and out_of_range(value, bounds):
+            found = [f"{prefix}{key}: must be {describe_range(bounds)}, got {value!r}"]
         problems += found
         if not found and "only" in spec.metadata:
             default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()

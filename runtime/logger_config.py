@@ -8,41 +8,43 @@ so a tracker that is slow or down cannot stall training (consumers/tracker.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
+
+from runtime.config_fields import knob
 
 TRACKERS = ("wandb", "tensorboard", "mlflow")
 
 
 @dataclass
 class WandbOptions:
-    project: str = ""  # default: the recipe's project_name
-    name: str = ""  # default: the recipe's experiment_name and the run id
-    entity: str = ""
-    tags: list[str] = field(default_factory=list)
-    # auto: online with an API key (WANDB_API_KEY, or the guide's WANDB_KEY), else offline files
-    mode: Literal["auto", "online", "offline"] = "auto"
-    dir: str = ""  # default: $STREAMRL_HOME/trackers/RUN
+    project: str = knob("", "default: the recipe's project_name")
+    name: str = knob("", "default: the recipe's experiment_name and the run id")
+    entity: str = knob("", "the W&B entity (team or user)")
+    tags: list[str] = knob(help="the run's W&B tags", factory=list)
+    mode: Literal["auto", "online", "offline"] = knob(
+        "auto", "auto: online with an API key (WANDB_API_KEY, or the guide's WANDB_KEY), else offline files")
+    dir: str = knob("", "default: $STREAMRL_HOME/trackers/RUN")
 
 
 @dataclass
 class TensorboardOptions:
-    log_dir: str = ""  # default: $STREAMRL_HOME/trackers/RUN/tensorboard
+    log_dir: str = knob("", "default: $STREAMRL_HOME/trackers/RUN/tensorboard")
 
 
 @dataclass
 class MlflowOptions:
-    tracking_uri: str = ""  # default: a file store in $STREAMRL_HOME/trackers/RUN/mlruns (or MLFLOW_TRACKING_URI)
-    experiment_name: str = ""  # default: the recipe's project_name
+    tracking_uri: str = knob("", "default: a file store in $STREAMRL_HOME/trackers/RUN (or MLFLOW_TRACKING_URI)")
+    experiment_name: str = knob("", "default: the recipe's project_name")
 
 
 @dataclass
 class Logger:
-    backend: Literal["console", "wandb", "tensorboard", "mlflow"] = "console"  # the guide's single backend
-    backends: list[Literal["wandb", "tensorboard", "mlflow"]] = field(default_factory=list)
-    wandb: WandbOptions = field(default_factory=WandbOptions)
-    tensorboard: TensorboardOptions = field(default_factory=TensorboardOptions)
-    mlflow: MlflowOptions = field(default_factory=MlflowOptions)
+    backend: Literal["console", "wandb", "tensorboard", "mlflow"] = knob("console", "the guide's single backend")
+    backends: list[Literal["wandb", "tensorboard", "mlflow"]] = knob(help="any of the trackers", factory=list)
+    wandb: WandbOptions = knob(help="W&B options", factory=WandbOptions)
+    tensorboard: TensorboardOptions = knob(help="TensorBoard options", factory=TensorboardOptions)
+    mlflow: MlflowOptions = knob(help="MLflow options", factory=MlflowOptions)
 
     def trackers(self) -> list[str]:
         """The trackers this recipe feeds (console alone: none), each once, in a fixed order."""

@@ -265,17 +265,8 @@ def consistency_problems(recipe: Recipe) -> list[str]:
         problems.append(f"trainer.custom_trainer_module_path: required when trainer.type is {recipe.trainer.type} "
                         "(the file of your trainer class)")
     problems += remote_training_problems(recipe)
-    if recipe.weight.staleness_threshold < 0:
-        problems.append("weight.staleness_threshold: must be >= 0")
-    if not 0.0 <= recipe.trainer.min_lr_ratio <= 1.0:
-        problems.append("trainer.min_lr_ratio: must be between 0 and 1")
-    if worker.rollout_repeat_n < 1:
-        problems.append("rollout_worker.rollout_repeat_n: must be >= 1")
-    if pool.batch_size < 1:
-        problems.append("trajectory_pool.batch_size: must be >= 1")
-    if recipe.trainer.nproc_per_node < 1 or recipe.trainer.nnodes < 1:
-        problems.append("trainer.nproc_per_node / trainer.nnodes: must be >= 1")
-    elif recipe.algorithm.do_old_log_prob_compute and recipe.trainer.nproc_per_node * recipe.trainer.nnodes > 1:
+    # ranges are on the fields themselves (runtime/config.py) and checked with the types
+    if recipe.algorithm.do_old_log_prob_compute and recipe.trainer.nproc_per_node * recipe.trainer.nnodes > 1:
         problems.append("algorithm.do_old_log_prob_compute: with one learner process only (the recomputation runs "
                         "where the step is prepared, on rank 0, and a sharded model needs every rank)")
     if recipe.trainer.custom_trainer_class_name and not recipe.trainer.custom_trainer_module_path:
@@ -285,24 +276,18 @@ def consistency_problems(recipe: Recipe) -> list[str]:
                         "(file.py:Class); give the class in one place")
     if worker.trace_path and not worker.save_trace:
         problems.append("rollout_worker.trace_path: traces are written only with save_trace: true")
-    if recipe.trainer.save_freq < 0:
-        problems.append("trainer.save_freq: must be >= 0")
     problems += algorithm_number_problems(recipe.algorithm)
     return problems + inference_service_problems(recipe)
 
 
 def algorithm_number_problems(algorithm) -> list[str]:
-    """The maths' numeric keys: in range, and set only where something reads them."""
+    """The maths' numeric keys set only where something reads them (their ranges are on
+    the fields)."""
     problems = []
-    if algorithm.loss_scale_factor is not None:
-        if algorithm.loss_agg_mode != "seq-mean-token-sum-norm":
-            problems.append(f"algorithm.loss_scale_factor: read only by loss_agg_mode seq-mean-token-sum-norm "
-                            f"(this recipe's is {algorithm.loss_agg_mode})")
-        elif not algorithm.loss_scale_factor > 0:
-            problems.append("algorithm.loss_scale_factor: must be > 0")
-    if not 0.0 < algorithm.grpo_std_epsilon <= 1.0:
-        problems.append("algorithm.grpo_std_epsilon: must be in (0, 1] (1e-6 as verl, 1e-4 as TRL)")
-    elif algorithm.grpo_std_epsilon != 1e-6 and algorithm.type != "grpo":
+    if algorithm.loss_scale_factor is not None and algorithm.loss_agg_mode != "seq-mean-token-sum-norm":
+        problems.append(f"algorithm.loss_scale_factor: read only by loss_agg_mode seq-mean-token-sum-norm "
+                        f"(this recipe's is {algorithm.loss_agg_mode})")
+    if algorithm.grpo_std_epsilon != 1e-6 and algorithm.type != "grpo":
         problems.append(f"algorithm.grpo_std_epsilon: read only by algorithm.type grpo (this recipe's is "
                         f"{algorithm.type})")
     return problems

@@ -3,61 +3,64 @@ for remote_api_* trainers, where the model trains (train_service, tinker_service
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
-from runtime.config_fields import only
+from runtime.config_fields import knob, only
 
 
 @dataclass
 class InferenceService:
     """Where rollouts are sampled (`runtime/recipe.py` checks which keys each backend reads)."""
-    backend: str = "embedded"  # a registered inference backend: embedded | sglang | openai
-    url: Optional[Union[str, list[str]]] = None  # external server(s); sglang without one: managed servers
-    num_servers: int = 1  # managed sglang servers per rollout worker
-    server_args: dict[str, Any] = field(default_factory=dict)  # managed sglang: launch flags (mem-fraction-static: 0.8)
-    partial_rollout: Optional[Literal["resume", "redo"]] = None  # fully-async: requests a weight update interrupts
-    startup_timeout_s: float = 300.0
-    request_timeout_s: float = 600.0
-    weight_sync_timeout_s: float = 300.0
-    model_tag: str = "policy"  # openai: the served model's name ("policy": the server's first model)
-    api_key: Optional[str] = None
-    max_retries: int = 3  # an unreachable server: tries with exponential backoff; managed: restarts
+    backend: str = knob("embedded", "a registered inference backend")
+    url: Optional[Union[str, list[str]]] = knob(None, "external server(s); sglang without one: managed servers")
+    num_servers: int = knob(1, "managed sglang servers per rollout worker", ge=1)
+    server_args: dict[str, Any] = knob(help="managed sglang: launch flags (mem-fraction-static: 0.8)", factory=dict)
+    partial_rollout: Optional[Literal["resume", "redo"]] = knob(
+        None, "fully-async: what happens to requests a weight update interrupts")
+    startup_timeout_s: float = knob(300.0, "managed servers: how long one may take to start", gt=0.0)
+    request_timeout_s: float = knob(600.0, "one completion request at most", gt=0.0)
+    weight_sync_timeout_s: float = knob(300.0, "loading a weight version on a server at most", gt=0.0)
+    model_tag: str = knob("policy", "openai: the served model's name (policy: the server's first model)")
+    api_key: Optional[str] = knob(None, "the server's API key")
+    max_retries: int = knob(3, "an unreachable server: tries with jittered exponential backoff; managed: restarts",
+                            ge=0)
     freeze_for_weight_sync: bool = only(True, "requests wait (or are aborted) while weights load")
-    max_batch_size: int = 64  # embedded: completions per batch; a server: requests in flight
-    allow_text_round_trip: bool = False  # openai: train on ids re-tokenized from text (no token ids returned)
-    allow_unsynced_weights: bool = False  # openai: train although the server never loads the learner's weights
+    max_batch_size: int = knob(64, "embedded: completions per batch; a server: requests in flight", ge=1)
+    allow_text_round_trip: bool = knob(False, "openai: train on ids re-tokenized from text (no token ids returned)")
+    allow_unsynced_weights: bool = knob(False, "openai: train although the server never loads the learner's weights")
 
 
 @dataclass
 class TrainServiceConfig:
     """The optimizer and loss of a remote training service (the guide's train_service.config;
     its learning_rate is trainer.lr, so schedules apply)."""
-    loss_fn: Optional[str] = None  # importance_sampling | ppo | cispo | cross_entropy; default by trainer.type
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
+    loss_fn: Optional[str] = knob(None, "importance_sampling, ppo, cispo or cross_entropy; default by trainer.type")
+    beta1: float = knob(0.9, "Adam's beta1", ge=0.0, lt=1.0)
+    beta2: float = knob(0.95, "Adam's beta2", ge=0.0, lt=1.0)
+    eps: float = knob(1e-8, "Adam's epsilon", gt=0.0)
 
 
 @dataclass
 class TrainService:
     """Where a remote_api_* trainer trains: a Tinker-compatible API (`streamrl serve-training`,
     or Tinker itself). The self-hosted learner has no train_service."""
-    backend: Literal["none", "tinker"] = "none"
-    url: Optional[str] = None
-    base_model: Optional[str] = None  # the service's name for the model; default rollout_worker.model_path
-    request_timeout_s: float = 600.0  # a step's requests; the client retries a lost connection within it
-    config: TrainServiceConfig = field(default_factory=TrainServiceConfig)
+    backend: Literal["none", "tinker"] = knob("none", "tinker: a Tinker-compatible API (remote_api_* trainers)")
+    url: Optional[str] = knob(None, "the service's base URL")
+    base_model: Optional[str] = knob(None, "the service's name for the model; default rollout_worker.model_path")
+    request_timeout_s: float = knob(600.0, "a step's requests; the client retries a lost connection within it",
+                                    gt=0.0)
+    config: TrainServiceConfig = knob(help="the service's optimizer and loss", factory=TrainServiceConfig)
 
 
 @dataclass
 class TinkerService:
-    lora_rank: int = 32  # 0: full fine-tuning (served by `streamrl serve-training`)
-    api_key: Optional[str] = None  # default: $TINKER_API_KEY
+    lora_rank: int = knob(32, "LoRA rank; 0: full fine-tuning (served by streamrl serve-training)", ge=0)
+    api_key: Optional[str] = knob(None, "default: $TINKER_API_KEY")
 
 
 @dataclass
 class Service:
-    inference_service: InferenceService = field(default_factory=InferenceService)
-    train_service: TrainService = field(default_factory=TrainService)
-    tinker_service: TinkerService = field(default_factory=TinkerService)
+    inference_service: InferenceService = knob(help="where rollouts are sampled", factory=InferenceService)
+    train_service: TrainService = knob(help="where a remote trainer trains", factory=TrainService)
+    tinker_service: TinkerService = knob(help="the training service's model options", factory=TinkerService)

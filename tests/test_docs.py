@@ -37,3 +37,22 @@ def test_a_broken_link_is_seen(tmp_path):
 
 def test_the_readme_is_short():
     assert len((REPO / "README.md").read_text().splitlines()) <= 250
+
+
+def test_the_recipe_reference_is_generated_from_the_typed_recipe():
+    """In a fresh process: tests register throw-away estimators into the registries."""
+    import subprocess
+    import sys
+
+    generated = subprocess.run([sys.executable, "-m", "streamrl.recipe_reference"], cwd=REPO, capture_output=True,
+                               text=True, check=True).stdout
+    assert (REPO / "docs" / "recipe.md").read_text() == generated, \
+        "docs/recipe.md is stale: python -m streamrl.recipe_reference > docs/recipe.md"
+    assert "| `algorithm.grpo_std_epsilon` | float | `1e-06` | in (0.0, 1.0] |" in generated
+
+
+def test_every_recipe_key_has_a_description():
+    from streamrl.recipe_reference import rows
+    from runtime.config import Recipe
+
+    assert [key for key, _, spec in rows(Recipe) if not spec.metadata.get("help")] == []

@@ -216,9 +216,9 @@ def test_a_recorded_config_this_version_cannot_hold_names_its_keys():
 
 @pytest.mark.parametrize("algorithm, problem", [
     ("{loss_scale_factor: 512}", "algorithm.loss_scale_factor: read only by loss_agg_mode seq-mean-token-sum-norm"),
-    ("{loss_agg_mode: seq-mean-token-sum-norm, loss_scale_factor: 0}", "algorithm.loss_scale_factor: must be > 0"),
+    ("{loss_agg_mode: seq-mean-token-sum-norm, loss_scale_factor: 0}", "algorithm.loss_scale_factor: must be > 0.0, got 0"),
     ("{type: rloo, grpo_std_epsilon: 1.0e-4}", "algorithm.grpo_std_epsilon: read only by algorithm.type grpo"),
-    ("{type: grpo, grpo_std_epsilon: 0}", "algorithm.grpo_std_epsilon: must be in (0, 1]"),
+    ("{type: grpo, grpo_std_epsilon: 0}", "algorithm.grpo_std_epsilon: must be in (0.0, 1.0], got 0"),
     ("{type: reinforce_plus_plus, credit_assignment: turn}", "algorithm.credit_assignment: turn needs an estimator"),
     ("{type: grpo, credit_assignment: turn}", "algorithm.credit_assignment: turn acts on multi-turn episodes"),
 ])
