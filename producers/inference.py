@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from runtime.device import resolve_device
+from algos.sampling import decode, top_p_filter  # noqa: F401  (top_p_filter: callers import it from here)
 from runtime.registry import Registry
 
 # `service.inference_service.backend`: factories `fn(recipe, seed, settings, logs) -> front`,
@@ -63,17 +64,6 @@ class InferenceUnavailable(RuntimeError):
     """The inference service cannot serve (unreachable, crashed, refused a weight version):
     a failure of the worker's infrastructure, not of the task, so the worker stops and
     its uncommitted tasks are rolled out again after it restarts."""
-
-
-def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of tokens whose probability adds up to at least top_p."""
-    if top_p >= 1.0:
-        return logits
-    sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
-    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
-    drop_sorted = cumulative - torch.softmax(sorted_logits, dim=-1) >= top_p  # mass before this token already enough
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
 
 
 def read_safetensors_weights(folder: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -119,60 +109,15 @@ class EmbeddedEngine:
         self.model.load_state_dict(read_safetensors_weights(Path(model_path), self.model))
         self.weight_version = weight_version
 
-    @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        pad_id = self.tokenizer.pad_token_id
-        stop_ids = {self.tokenizer.eos_token_id, *params.stop_token_ids}
-        width = max(len(p) for p in prompts)
-        # Left padding: every prompt ends at the same position, so one step samples all.
-        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
-            attention[row, width - len(prompt):] = 1
-        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        tokens = [[] for _ in prompts]
-        logprobs = [[] for _ in prompts]
-        finished = torch.zeros(len(prompts), dtype=torch.bool, device=self.device)
-        reasons = ["length"] * len(prompts)
-        cache = None
-        step_ids, step_positions = input_ids, positions
-        for _ in range(params.max_new_tokens):
-            out = self.model(input_ids=step_ids, attention_mask=attention, position_ids=step_positions,
-                             past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            if params.temperature == 0:  # greedy: the logprob is the untempered one
-                log_probs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
-                sampled = log_probs.argmax(dim=-1)
-            else:
-                scaled = out.logits[:, -1].float() / params.temperature
-                log_probs = torch.log_softmax(scaled, dim=-1)
-                probs = torch.softmax(top_p_filter(scaled, params.top_p), dim=-1)
-                sampled = torch.multinomial(probs, 1, generator=self.generator).squeeze(-1)
-            # one copy to the host per step, not one per row
-            chosen = sampled.tolist()
-            chosen_logprobs = log_probs.gather(1, sampled.unsqueeze(-1)).squeeze(-1).tolist()
-            done = finished.tolist()
-            for row in range(len(prompts)):
-                if done[row]:
-                    continue
-                token = chosen[row]
-                tokens[row].append(token)
-                logprobs[row].append(chosen_logprobs[row])
-                if token in stop_ids:
-                    finished[row] = True
-                    reasons[row] = "stop"
-            if finished.all():
-                break
-            step_ids = torch.where(finished, torch.tensor(pad_id, device=self.device), sampled).unsqueeze(-1)
-            attention = torch.cat([attention, (~finished).long().unsqueeze(-1)], dim=-1)
-            step_positions = step_positions[:, -1:] + 1
+        decoded = decode(self.model, prompts, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
+                         top_p=params.top_p, stop_ids={self.tokenizer.eos_token_id, *params.stop_token_ids},
+                         pad_id=self.tokenizer.pad_token_id, generator=self.generator)
         return [
-            Completion(prompt_token_ids=list(prompt), response_token_ids=tokens[row],
-                       response_text=self.tokenizer.decode(tokens[row], skip_special_tokens=True),
-                       logprobs=logprobs[row], finish_reason=reasons[row], weight_version=self.weight_version)
-            for row, prompt in enumerate(prompts)
+            Completion(prompt_token_ids=list(prompt), response_token_ids=row.tokens,
+                       response_text=self.tokenizer.decode(row.tokens, skip_special_tokens=True),
+                       logprobs=row.logprobs, finish_reason=row.finish_reason, weight_version=self.weight_version)
+            for prompt, row in zip(prompts, decoded)
         ]
 
 

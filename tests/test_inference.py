@@ -1,5 +1,6 @@
 """The embedded engine against the model it serves."""
 
+import math
 import threading
 
 import pytest
@@ -98,3 +99,18 @@ def test_a_weight_version_that_does_not_fit_the_model_is_refused_by_name(model_d
     with pytest.raises(KeyError, match="model.layers.2"):
         engine.load_weights(bigger, 3)
     assert engine.weight_version == 0
+
+
+def test_one_draw_for_every_sampler_top_k_and_the_logprob_before_the_filters():
+    from algos.sampling import draw_tokens, top_k_filter
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    assert torch.isfinite(top_k_filter(logits, 2)).tolist() == [[True, True, False]]
+    assert torch.isfinite(top_k_filter(logits, 0)).all()
+    # top-k 1 leaves one token to draw; its logprob is under the unfiltered distribution
+    # (what the learner recomputes): ln 0.5, not ln 1
+    chosen, logprob = draw_tokens(logits, temperature=1.0, top_k=1)
+    assert chosen.tolist() == [0] and logprob.item() == pytest.approx(math.log(0.5), abs=1e-6)
+    # temperature 2: p ~ sqrt([0.5, 0.3, 0.2]) = [0.7071, 0.5477, 0.4472] / 1.7020
+    chosen, logprob = draw_tokens(logits, temperature=2.0, top_k=1)
+    assert logprob.item() == pytest.approx(math.log(0.7071068 / 1.7020312), abs=1e-5)

@@ -13,6 +13,8 @@ from collections import OrderedDict
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from algos.sampling import decode
+
 
 class Sampler:
     def __init__(self, device: torch.device, cached_models: int = 2):
@@ -44,47 +46,17 @@ class Sampler:
         generator = torch.Generator(device=self.device)
         generator.manual_seed(params["seed"] if params.get("seed") is not None else torch.seed() % (2 ** 63))
 
-        tokens = torch.tensor([prompt] * num_samples, device=self.device)
-        out = model(input_ids=tokens, use_cache=True)
         prompt_lp = None
         if prompt_logprobs:
-            lp = torch.log_softmax(out.logits[0, :-1].float(), -1).gather(-1, tokens[0, 1:, None]).squeeze(-1)
+            tokens = torch.tensor([prompt], device=self.device)
+            logits = model(input_ids=tokens).logits
+            lp = torch.log_softmax(logits[0, :-1].float(), -1).gather(-1, tokens[0, 1:, None]).squeeze(-1)
             prompt_lp = [None] + lp.tolist()
-        past, logits = out.past_key_values, out.logits[:, -1].float()
-        sampled = [[] for _ in range(num_samples)]
-        logprobs = [[] for _ in range(num_samples)]
-        reasons = ["length"] * num_samples
-        alive = torch.ones(num_samples, dtype=torch.bool, device=self.device)
-        for _ in range(max_tokens):
-            choice, chosen_lp = _draw(logits, temperature, top_k, top_p, generator)
-            for i in torch.nonzero(alive).flatten().tolist():
-                token = int(choice[i])
-                sampled[i].append(token)
-                logprobs[i].append(float(chosen_lp[i]))
-                if token in stop_ids or (stop_texts and any(s in tokenizer.decode(sampled[i]) for s in stop_texts)):
-                    alive[i], reasons[i] = False, "stop"
-            if not alive.any():
-                break
-            out = model(input_ids=choice.unsqueeze(-1), past_key_values=past, use_cache=True)
-            past, logits = out.past_key_values, out.logits[:, -1].float()
-        return [(sampled[i], logprobs[i], reasons[i]) for i in range(num_samples)], prompt_lp
 
+        def stopped_by_text(tokens: list[int]) -> bool:
+            return any(text in tokenizer.decode(tokens) for text in stop_texts)
 
-def _draw(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, generator) -> tuple:
-    """One token per row, and its logprob under the distribution it was drawn from."""
-    if temperature <= 0:
-        logp = torch.log_softmax(logits, -1)
-        choice = logp.argmax(-1)
-        return choice, logp.gather(-1, choice[:, None]).squeeze(-1)
-    logits = logits / temperature
-    if top_k > 0:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        ordered, index = torch.sort(logits, descending=True)
-        cumulative = torch.softmax(ordered, -1).cumsum(-1)
-        drop = cumulative - torch.softmax(ordered, -1) > top_p
-        logits = logits.scatter(-1, index, ordered.masked_fill(drop, float("-inf")))
-    logp = torch.log_softmax(logits, -1)
-    choice = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
-    return choice, logp.gather(-1, choice[:, None]).squeeze(-1)
+        decoded = decode(model, [prompt] * num_samples, max_new_tokens=max_tokens, temperature=temperature,
+                         top_p=top_p, top_k=top_k, stop_ids=stop_ids, stop_text=stopped_by_text if stop_texts else None,
+                         pad_id=tokenizer.pad_token_id or 0, generator=generator)
+        return [(row.tokens, row.logprobs, row.finish_reason) for row in decoded], prompt_lp
