@@ -29,11 +29,11 @@ import logging
 import ssl
 import threading
 import time
-from dataclasses import dataclass, field
 
 import msgspec
 
 from consumers.faust_recovery import RecoveryStalled, RecoveryWatch
+from consumers.open_group import OpenGroup
 from consumers.processor import group_outcome, load_custom_advantages
 from algos.advantages import get_advantage_estimator
 from runtime.bus import FRAME_OVERHEAD_BYTES, IDLE_FETCH_WAIT_MS, RunReader, frame, unframe_record
@@ -74,18 +74,6 @@ class AckWhenReleased:
         self.holders -= 1
         if self.holders == 0:
             self.message.ack()
-
-
-@dataclass
-class OpenGroup:
-    """A group still collecting events, with the stream events to ack once it closes."""
-    step: int
-    partition: int
-    group_size: int = 0
-    first_seen: float = field(default_factory=time.monotonic)
-    trajectories: dict[str, Trajectory] = field(default_factory=dict)
-    evaluations: dict[str, Evaluation] = field(default_factory=dict)
-    holds: list["AckWhenReleased"] = field(default_factory=list)  # of the records its events came in
 
 
 def faust_broker_options(settings: Settings) -> dict:
@@ -270,14 +258,8 @@ class FaustProcessor:
         if group is None:
             group = self.open[group_id] = OpenGroup(step=event.step, partition=partition)
         hold.hold()
-        group.holds.append(hold)
-        if isinstance(event, Trajectory):
-            group.group_size = event.group_size
-            group.trajectories.setdefault(event.trajectory_id, event)  # the first copy wins, as in the ledger
-        else:
-            group.evaluations.setdefault(event.trajectory_id, event)
-        joined = [tid for tid in group.trajectories if tid in group.evaluations]
-        if group.group_size and len(joined) >= group.group_size:
+        group.add(event, hold)
+        if group.complete():
             await self._emit(group_id, group)
 
     async def _expire(self) -> None:
@@ -299,7 +281,7 @@ class FaustProcessor:
         # closed before the first await: the timer and the agent interleave at each one
         del self.open[group_id]
         trajectories = dict(sorted(group.trajectories.items()))
-        joined = [(t, group.evaluations[tid]) for tid, t in trajectories.items() if tid in group.evaluations]
+        joined = group.joined()
         algorithm = self.recipe.algorithm
         outcome = group_outcome(self.run_id, group_id, group.step, group.group_size, joined, algorithm.type,
                                 algorithm.filter_zero_variance, timed_out, self.train_partial,
@@ -312,7 +294,7 @@ class FaustProcessor:
         if unjoined:  # their evaluations had not arrived
             sent += await self._send_late(group_id, group.step, group.group_size, unjoined)
         sent += await self._send([outcome] if isinstance(outcome, GroupFiltered) else outcome)
-        asyncio.ensure_future(self._release_when_delivered(sent, group.holds))
+        asyncio.ensure_future(self._release_when_delivered(sent, group.held))
 
     async def _release_when_delivered(self, sent: list, holds: list["AckWhenReleased"]) -> None:
         """Release a group's input records once its outputs are on the broker (faust

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from kafka import TopicPartition
 
+from consumers.open_group import OpenGroup
 from algos.advantages import (
     GRPO_EPSILON, advantage_scope, get_advantage_estimator, group_std, grpo_advantages, is_zero_variance,
     turn_advantages,
@@ -36,19 +37,6 @@ from runtime.settings import Settings
 
 log = logging.getLogger("streamrl.processor")
 PROCESSOR_GROUP = "streamrl-processor"
-
-
-@dataclass
-class OpenGroup:
-    group_size: int
-    step: int
-    trajectories: dict[str, Trajectory] = field(default_factory=dict)
-    evaluations: dict[str, Evaluation] = field(default_factory=dict)
-    offsets: list[tuple[TopicPartition, int]] = field(default_factory=list)
-    first_seen: float = field(default_factory=time.monotonic)
-
-    def joined(self) -> list[tuple[Trajectory, Evaluation]]:
-        return [(t, self.evaluations[tid]) for tid, t in sorted(self.trajectories.items()) if tid in self.evaluations]
 
 
 def group_outcome(run_id: str, group_id: str, step: int, group_size: int,
@@ -165,14 +153,8 @@ class StreamProcessor:
             return None
         group = self.open.get(event.group_id)
         if group is None:
-            size = event.group_size if isinstance(event, Trajectory) else 0
-            group = self.open[event.group_id] = OpenGroup(group_size=size, step=event.step)
-        if isinstance(event, Trajectory):
-            group.group_size = event.group_size
-            group.trajectories.setdefault(event.trajectory_id, event)  # the first copy wins, as in the ledger
-        else:
-            group.evaluations.setdefault(event.trajectory_id, event)
-        group.offsets.append((tp, offset))
+            group = self.open[event.group_id] = OpenGroup(step=event.step)
+        group.add(event, (tp, offset))
         return event.group_id
 
     def _publish_late(self, group_id: str, step: int, group_size: int, trajectory_ids: list[str]) -> None:
@@ -216,7 +198,7 @@ class StreamProcessor:
                     touched.add(group_id)
         for group_id in touched:
             group = self.open[group_id]
-            if group.group_size and len(group.joined()) >= group.group_size:
+            if group.complete():
                 self._emit(group_id)
         now = time.monotonic()
         for group_id in [g for g, grp in self.open.items() if now - grp.first_seen > self.timeout_s]:
@@ -224,7 +206,7 @@ class StreamProcessor:
         self.publisher.flush()
         if events or dead:
             self.reader.commit(self.reader.first_needed_offsets(
-                (tp, offset) for group in self.open.values() for tp, offset in group.offsets))
+                (tp, offset) for group in self.open.values() for tp, offset in group.held))
         return len(events) + len(dead)
 
     def run(self, stop: threading.Event, idle_exit_s: float | None = None) -> ProcessorStats:
