@@ -89,111 +89,136 @@ def run_worker(settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int
     With `STREAMRL_PARTITION_ASSIGNMENT=group` (the default) the worker joins the run's
     worker group as `name` and serves the tasks partitions the group gives it; with
     `shard` it serves the partitions of `shard`."""
-    stop = stop or threading.Event()
-    cfg = recipe.rollout_worker
-    mode = recipe.weight.sync_mode
-    in_group = settings.partition_assignment == "group"
-    name = name or (os.uname().nodename if in_group else str(shard[0]))
-    worker_id = f"{os.uname().nodename}-{os.getpid()}-{name}"
-    # each worker samples with its own seed: the shard index, or a number from its name
-    seed_offset = zlib.crc32(name.encode()) % 1000 if in_group else shard[0]
-    service = recipe.service.inference_service
-    backend = INFERENCE_BACKENDS.get(service.backend)
-    logs = settings.home / "runs" / run_id / "logs"
-    engine = backend(recipe, recipe.trainer.seed + seed_offset, settings, logs)
-    client = InferenceClient(
-        engine,
-        SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature, top_p=cfg.top_p),
-        SamplingParams(max_new_tokens=cfg.max_response_length, temperature=recipe.validate.temperature),
-        max_prompt_tokens=min(cfg.max_prompt_length, recipe.data.max_prompt_length))
-    # a group's trajectories (and its evaluations) leave as one record each
-    publisher = EventPublisher(settings, bundle=True, stage="worker")
-    worker = make_worker(worker_class(recipe), cfg.worker_config(), client, make_evaluator(recipe), publisher.publish,
-                         worker_id)
-    tasks = RunReader(settings, run_id, ["tasks"], group_id=f"{WORKER_GROUP}.{run_id}", shard=shard, stage="worker",
-                      member=name if in_group else None)
-    watcher = WeightWatcher(settings, run_id)
-    loaded = {"version": -1}
-    load_lock = threading.Lock()
+    return WorkerLoop(settings, run_id, recipe, shard, stop or threading.Event(), name).run(idle_exit_s)
 
-    def load(version: WeightVersion | None) -> None:
-        with load_lock:
-            if version is not None and version.version > loaded["version"]:
-                engine.update_weights(Path(version.uri), version.version)  # applied before the next engine batch
-                loaded["version"] = version.version
 
-    watcher_thread = None
-    failures: list[BaseException] = []
-    if mode == "fully-async":
-        def follow():
-            try:
-                while not stop.is_set():
-                    load(async_watcher.poll(timeout_ms=200))
-            except Exception as exc:  # a weight version the engine refused: the worker stops, loudly
-                failures.append(exc)
-                stop.set()
-        async_watcher = WeightWatcher(settings, run_id)
-        watcher_thread = threading.Thread(target=follow, name="weights", daemon=True)
-        watcher_thread.start()
+class WorkerLoop:
+    """One worker process: its engine, its reader of tasks, its publisher, and the weight
+    version its engine holds."""
 
-    done = 0
-    last_work = time.monotonic()
-    pool = ThreadPoolExecutor(max_workers=cfg.max_concurrent_tasks, thread_name_prefix="rollout")
-    try:
-        while not stop.is_set():
-            events, dead = take_tasks(tasks, cfg.max_concurrent_tasks, cfg.rollout_repeat_n)
-            for letter in dead:
-                publisher.publish(letter)
-            batch = [(e, tp, off) for e, tp, off in events if isinstance(e, Task)]
-            if not batch and not dead:
-                if idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s:
-                    break
-                continue
-            last_work = time.monotonic()
-            if batch:
-                needed = max(task.min_weight_version for task, _, _ in batch)
-                if loaded["version"] < needed:
-                    latest = watcher.wait_for(needed, stop)
-                    if latest is None:  # stopped while waiting: hand the tasks back uncommitted
+    def __init__(self, settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int, int],
+                 stop: threading.Event, name: str | None):
+        self.settings, self.run_id, self.stop = settings, run_id, stop
+        self.cfg, self.mode = recipe.rollout_worker, recipe.weight.sync_mode
+        in_group = settings.partition_assignment == "group"
+        name = name or (os.uname().nodename if in_group else str(shard[0]))
+        worker_id = f"{os.uname().nodename}-{os.getpid()}-{name}"
+        # each worker samples with its own seed: the shard index, or a number from its name
+        seed_offset = zlib.crc32(name.encode()) % 1000 if in_group else shard[0]
+        backend = INFERENCE_BACKENDS.get(recipe.service.inference_service.backend)
+        self.engine = backend(recipe, recipe.trainer.seed + seed_offset, settings, settings.home / "runs" / run_id / "logs")
+        cfg = self.cfg
+        client = InferenceClient(
+            self.engine,
+            SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature, top_p=cfg.top_p),
+            SamplingParams(max_new_tokens=cfg.max_response_length, temperature=recipe.validate.temperature),
+            max_prompt_tokens=min(cfg.max_prompt_length, recipe.data.max_prompt_length))
+        # a group's trajectories (and its evaluations) leave as one record each
+        self.publisher = EventPublisher(settings, bundle=True, stage="worker")
+        self.worker = make_worker(worker_class(recipe), cfg.worker_config(), client, make_evaluator(recipe),
+                                  self.publisher.publish, worker_id)
+        self.tasks = RunReader(settings, run_id, ["tasks"], group_id=f"{WORKER_GROUP}.{run_id}", shard=shard,
+                               stage="worker", member=name if in_group else None)
+        self.watcher = WeightWatcher(settings, run_id)
+        self.loaded_version = -1
+        self._load_lock = threading.Lock()
+        self.failures: list[BaseException] = []
+        self.pool = ThreadPoolExecutor(max_workers=cfg.max_concurrent_tasks, thread_name_prefix="rollout")
+
+    def load(self, version: WeightVersion | None) -> None:
+        """Load `version` into the engine if it is newer (applied before its next batch)."""
+        with self._load_lock:
+            if version is not None and version.version > self.loaded_version:
+                self.engine.update_weights(Path(version.uri), version.version)
+                self.loaded_version = version.version
+
+    def _follow_weights(self) -> None:
+        """fully-async: load each version as it arrives, from a thread of its own."""
+        watcher = WeightWatcher(self.settings, self.run_id)
+        try:
+            while not self.stop.is_set():
+                self.load(watcher.poll(timeout_ms=200))
+        except Exception as exc:  # a weight version the engine refused: the worker stops, loudly
+            self.failures.append(exc)
+            self.stop.set()
+
+    def run(self, idle_exit_s: float | None) -> int:
+        if self.mode == "fully-async":
+            threading.Thread(target=self._follow_weights, name="weights", daemon=True).start()
+        done, last_work = 0, time.monotonic()
+        try:
+            while not self.stop.is_set():
+                events, dead = take_tasks(self.tasks, self.cfg.max_concurrent_tasks, self.cfg.rollout_repeat_n)
+                for letter in dead:
+                    self.publisher.publish(letter)
+                batch = [task for task, _, _ in events if isinstance(task, Task)]
+                if not batch and not dead:
+                    if idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s:
                         break
-                    load(latest)
-                elif mode != "fully-async":  # between batches of tasks: the newest version
-                    load(watcher.poll())
-                # a group's events leave as soon as its last task here is done, not with the batch
-                unfinished = Counter(task.group_id for task, _, _ in batch)
+                    continue
+                last_work = time.monotonic()
+                if batch:
+                    if not self._weights_for(batch):  # stopped while waiting: hand the tasks back uncommitted
+                        break
+                    self._roll_out(batch)
+                    done += len(batch)
+                self.publisher.flush()
+                self._commit(events, dead)
+        finally:
+            self.close()
+        if self.failures:
+            raise self.failures[0]
+        return done
 
-                def finished(task: Task) -> None:
-                    unfinished[task.group_id] -= 1
-                    if not unfinished[task.group_id]:
-                        publisher.send_held(task.group_id.encode())
-                # what the worker samples as one batch it rolls out here; the rest a thread each
-                left = worker.run_tasks([task for task, _, _ in batch], cfg.max_retries)
-                left_ids = {id(task) for task, _ in left}
-                for task, _, _ in batch:
-                    if id(task) not in left_ids:
-                        finished(task)
-                futures = {pool.submit(worker.run_task, task, retries): task for task, retries in left}
-                for future in as_completed(futures):
-                    future.result()
-                    finished(futures[future])
-                done += len(batch)
-            publisher.flush()
-            next_offsets = {}
-            for _, tp, offset in events:
-                next_offsets[tp] = max(next_offsets.get(tp, 0), offset + 1)
-            for letter in dead:
-                next_offsets[_tp(letter)] = max(next_offsets.get(_tp(letter), 0), letter.source_offset + 1)
-            tasks.commit(next_offsets)
-    finally:
-        stop.set()
-        pool.shutdown(wait=True)
-        publisher.flush()
-        publisher.close()
-        tasks.close()
-        engine.close()
-    if failures:
-        raise failures[0]
-    return done
+    def _weights_for(self, batch: list[Task]) -> bool:
+        """The engine holds a version every task of `batch` allows (sync waits for it;
+        batch-async takes the newest between batches). False: stopped while waiting."""
+        needed = max(task.min_weight_version for task in batch)
+        if self.loaded_version < needed:
+            latest = self.watcher.wait_for(needed, self.stop)
+            if latest is None:
+                return False
+            self.load(latest)
+        elif self.mode != "fully-async":
+            self.load(self.watcher.poll())
+        return True
+
+    def _roll_out(self, batch: list[Task]) -> None:
+        """What the worker samples as one batch it rolls out here, the rest a thread each;
+        a group's events leave as soon as its last task here is done, not with the batch."""
+        unfinished = Counter(task.group_id for task in batch)
+
+        def finished(task: Task) -> None:
+            unfinished[task.group_id] -= 1
+            if not unfinished[task.group_id]:
+                self.publisher.send_held(task.group_id.encode())
+
+        left = self.worker.run_tasks(batch, self.cfg.max_retries)
+        left_ids = {id(task) for task, _ in left}
+        for task in batch:
+            if id(task) not in left_ids:
+                finished(task)
+        futures = {self.pool.submit(self.worker.run_task, task, retries): task for task, retries in left}
+        for future in as_completed(futures):
+            future.result()
+            finished(futures[future])
+
+    def _commit(self, events: list, dead: list) -> None:
+        """After the batch's events are published: the offsets past every record taken."""
+        next_offsets: dict[TopicPartition, int] = {}
+        for _, tp, offset in events:
+            next_offsets[tp] = max(next_offsets.get(tp, 0), offset + 1)
+        for letter in dead:
+            next_offsets[_tp(letter)] = max(next_offsets.get(_tp(letter), 0), letter.source_offset + 1)
+        self.tasks.commit(next_offsets)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.pool.shutdown(wait=True)
+        self.publisher.flush()
+        self.publisher.close()
+        self.tasks.close()
+        self.engine.close()
 
 
 def take_tasks(tasks: RunReader, limit: int, group_size: int) -> tuple[list, list]:
