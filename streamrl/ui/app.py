@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
@@ -37,106 +37,128 @@ SQL_ROW_LIMIT = 1000  # rows shown on the page; the CSV has them all
 
 def make_app(readonly_url: str) -> FastAPI:
     app = FastAPI(title="StreamRL run browser", docs_url=None, redoc_url=None)
-    ledger = Ledger(readonly_url)
-
-    def page(request: Request, template: str, status_code: int = 200, **context) -> HTMLResponse:
-        return TEMPLATES.TemplateResponse(request, template, context, status_code=status_code)
-
-    def not_found(request: Request, what: str) -> HTMLResponse:
-        return page(request, "message.html", 404, title="not found", message=what)
-
-    @app.exception_handler(SqlFailed)
-    async def ledger_error(request: Request, exc: SqlFailed):
-        return page(request, "message.html", 400, title="the ledger refused the query", message=str(exc))
-
-    @app.get("/static/plotly.min.js")
-    def plotly_js() -> Response:
-        from plotly.offline import get_plotlyjs
-
-        return Response(get_plotlyjs(), media_type="application/javascript",
-                        headers={"Cache-Control": "max-age=86400"})
-
-    @app.get("/", response_class=HTMLResponse)
-    def runs(request: Request, offset: int = 0):
-        return page(request, "runs.html", runs=ledger.runs(100, offset), offset=offset)
-
-    def run_figures(run_id: str, compare: Optional[str], axis: str) -> tuple[dict[str, str], int]:
-        """The figures, and the run's own step count (read once, with its curves)."""
-        shown = [run_id] + ([compare] if compare and compare != run_id else [])
-        data = [(r, ledger.curves(r), ledger.validation(r)) for r in shown]
-        return figures(data, axis), len(data[0][1].rows)
-
-    @app.get("/runs/{run_id}", response_class=HTMLResponse)
-    def run(request: Request, run_id: str, compare: Optional[str] = None, x: str = Query("step", pattern="^(step|version)$"),
-            refresh: float = Query(5.0, ge=0.5)):
-        found = ledger.run(run_id)
-        if found is None:
-            return not_found(request, f"run {run_id} is not in the ledger")
-        if compare and ledger.run(compare) is None:
-            return not_found(request, f"run {compare} (compare) is not in the ledger")
-        shown, steps = run_figures(run_id, compare, x)
-        return page(request, "run.html", run=found, highlights=config_highlights(found["config"] or {}, found["parent_run_id"]),
-                    figures=shown, compare=compare or "", axis=x, refresh_ms=int(refresh * 1000),
-                    steps=steps, others=[r["run_id"] for r in ledger.runs(200) if r["run_id"] != run_id])
-
-    @app.get("/api/runs/{run_id}/figures")
-    def run_figures_json(run_id: str, compare: Optional[str] = None, x: str = Query("step", pattern="^(step|version)$")):
-        found = ledger.run(run_id)
-        if found is None:
-            return JSONResponse({"error": f"run {run_id} is not in the ledger"}, status_code=404)
-        return {"status": found["status"], "figures": {k: json.loads(v) for k, v in run_figures(run_id, compare, x)[0].items()}}
-
-    @app.get("/runs/{run_id}/rollouts", response_class=HTMLResponse)
-    def rollouts(request: Request, run_id: str, step: Optional[str] = None, group: Optional[str] = None,
-                 where: Optional[str] = None, after: int = 0):
-        found = ledger.run(run_id)
-        if found is None:
-            return not_found(request, f"run {run_id} is not in the ledger")
-        step_number = int(step) if step not in (None, "") else None
-        error, rows = None, []
-        try:
-            rows = ledger.rollouts(run_id, step_number, group or None, where or None, after)
-        except (SqlFailed, SqlRefused) as exc:  # a bad filter is shown beside the form
-            error = str(exc)
-        return page(request, "rollouts.html", run=found, rows=rows, step=step or "", group=group or "",
-                    where=where or "", error=error, next_after=rows[-1]["id"] if len(rows) == PAGE else None)
-
-    @app.get("/runs/{run_id}/rollouts/{trajectory_id}", response_class=HTMLResponse)
-    def trajectory(request: Request, run_id: str, trajectory_id: str):
-        found = ledger.run(run_id)
-        if found is None:
-            return not_found(request, f"run {run_id} is not in the ledger")
-        item, evaluation, sample = ledger.trajectory(run_id, trajectory_id)
-        if item is None:
-            return not_found(request, f"trajectory {trajectory_id} is not in run {run_id}")
-        model_path = ((found["config"] or {}).get("rollout_worker") or {}).get("model_path")
-        tokens = token_views(item, sample, model_path)
-        return page(request, "trajectory.html", run=found, item=item, evaluation=evaluation, sample=sample,
-                    turns=turn_views(item, tokens), trained=sum(t.trained for t in tokens), total=len(tokens))
-
-    def sql_result(query: str):
-        try:
-            return run_readonly(readonly_url, query), None
-        except (SqlRefused, SqlFailed) as exc:
-            return None, str(exc)
-
-    @app.get("/sql", response_class=HTMLResponse)
-    def sql(request: Request, q: str = ""):
-        result, error = sql_result(q) if q.strip() else (None, None)
-        rows = [[plain_value(v) for v in row] for row in result.rows[:SQL_ROW_LIMIT]] if result else []
-        return page(request, "sql.html", status_code=400 if error else 200, q=q, result=result, rows=rows,
-                    error=error, limit=SQL_ROW_LIMIT)
-
-    @app.get("/sql.csv")
-    def sql_csv(q: str):
-        result, error = sql_result(q)
-        if error:
-            return Response(error + "\n", status_code=400, media_type="text/plain")
-        buffer = io.StringIO()
-        writer = csv.writer(buffer)
-        writer.writerow(result.columns)
-        writer.writerows([[plain_value(v) for v in row] for row in result.rows])
-        return StreamingResponse(iter([buffer.getvalue()]), media_type="text/csv",
-                                 headers={"Content-Disposition": 'attachment; filename="streamrl-query.csv"'})
-
+    app.state.ledger, app.state.readonly_url = Ledger(readonly_url), readonly_url
+    app.add_exception_handler(SqlFailed, ledger_error)
+    app.include_router(router)
     return app
+
+
+router = APIRouter()
+
+
+def ledger_of(request: Request) -> Ledger:
+    """The app's ledger (its read-only role), for a route to depend on."""
+    return request.app.state.ledger
+
+
+def page(request: Request, template: str, status_code: int = 200, **context) -> HTMLResponse:
+    return TEMPLATES.TemplateResponse(request, template, context, status_code=status_code)
+
+
+def not_found(request: Request, what: str) -> HTMLResponse:
+    return page(request, "message.html", 404, title="not found", message=what)
+
+
+async def ledger_error(request: Request, exc: SqlFailed):
+    return page(request, "message.html", 400, title="the ledger refused the query", message=str(exc))
+
+
+@router.get("/static/plotly.min.js")
+def plotly_js() -> Response:
+    from plotly.offline import get_plotlyjs
+
+    return Response(get_plotlyjs(), media_type="application/javascript", headers={"Cache-Control": "max-age=86400"})
+
+
+@router.get("/", response_class=HTMLResponse)
+def runs(request: Request, offset: int = 0, ledger: Ledger = Depends(ledger_of)):
+    return page(request, "runs.html", runs=ledger.runs(100, offset), offset=offset)
+
+
+def run_figures(ledger: Ledger, run_id: str, compare: Optional[str], axis: str) -> tuple[dict[str, str], int]:
+    """The figures, and the run's own step count (read once, with its curves)."""
+    shown = [run_id] + ([compare] if compare and compare != run_id else [])
+    data = [(r, ledger.curves(r), ledger.validation(r)) for r in shown]
+    return figures(data, axis), len(data[0][1].rows)
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run(request: Request, run_id: str, compare: Optional[str] = None, x: str = Query("step", pattern="^(step|version)$"),
+        refresh: float = Query(5.0, ge=0.5), ledger: Ledger = Depends(ledger_of)):
+    found = ledger.run(run_id)
+    if found is None:
+        return not_found(request, f"run {run_id} is not in the ledger")
+    if compare and ledger.run(compare) is None:
+        return not_found(request, f"run {compare} (compare) is not in the ledger")
+    shown, steps = run_figures(ledger, run_id, compare, x)
+    return page(request, "run.html", run=found, highlights=config_highlights(found["config"] or {}, found["parent_run_id"]),
+                figures=shown, compare=compare or "", axis=x, refresh_ms=int(refresh * 1000),
+                steps=steps, others=[r["run_id"] for r in ledger.runs(200) if r["run_id"] != run_id])
+
+
+@router.get("/api/runs/{run_id}/figures")
+def run_figures_json(run_id: str, compare: Optional[str] = None, x: str = Query("step", pattern="^(step|version)$"),
+                     ledger: Ledger = Depends(ledger_of)):
+    found = ledger.run(run_id)
+    if found is None:
+        return JSONResponse({"error": f"run {run_id} is not in the ledger"}, status_code=404)
+    shown, _ = run_figures(ledger, run_id, compare, x)
+    return {"status": found["status"], "figures": {name: json.loads(figure) for name, figure in shown.items()}}
+
+
+@router.get("/runs/{run_id}/rollouts", response_class=HTMLResponse)
+def rollouts(request: Request, run_id: str, step: Optional[str] = None, group: Optional[str] = None,
+             where: Optional[str] = None, after: int = 0, ledger: Ledger = Depends(ledger_of)):
+    found = ledger.run(run_id)
+    if found is None:
+        return not_found(request, f"run {run_id} is not in the ledger")
+    step_number = int(step) if step not in (None, "") else None
+    error, rows = None, []
+    try:
+        rows = ledger.rollouts(run_id, step_number, group or None, where or None, after)
+    except (SqlFailed, SqlRefused) as exc:  # a bad filter is shown beside the form
+        error = str(exc)
+    return page(request, "rollouts.html", run=found, rows=rows, step=step or "", group=group or "",
+                where=where or "", error=error, next_after=rows[-1]["id"] if len(rows) == PAGE else None)
+
+
+@router.get("/runs/{run_id}/rollouts/{trajectory_id}", response_class=HTMLResponse)
+def trajectory(request: Request, run_id: str, trajectory_id: str, ledger: Ledger = Depends(ledger_of)):
+    found = ledger.run(run_id)
+    if found is None:
+        return not_found(request, f"run {run_id} is not in the ledger")
+    item, evaluation, sample = ledger.trajectory(run_id, trajectory_id)
+    if item is None:
+        return not_found(request, f"trajectory {trajectory_id} is not in run {run_id}")
+    model_path = ((found["config"] or {}).get("rollout_worker") or {}).get("model_path")
+    tokens = token_views(item, sample, model_path)
+    return page(request, "trajectory.html", run=found, item=item, evaluation=evaluation, sample=sample,
+                turns=turn_views(item, tokens), trained=sum(t.trained for t in tokens), total=len(tokens))
+
+
+def sql_result(request: Request, query: str):
+    try:
+        return run_readonly(request.app.state.readonly_url, query), None
+    except (SqlRefused, SqlFailed) as exc:
+        return None, str(exc)
+
+
+@router.get("/sql", response_class=HTMLResponse)
+def sql(request: Request, q: str = ""):
+    result, error = sql_result(request, q) if q.strip() else (None, None)
+    rows = [[plain_value(v) for v in row] for row in result.rows[:SQL_ROW_LIMIT]] if result else []
+    return page(request, "sql.html", status_code=400 if error else 200, q=q, result=result, rows=rows,
+                error=error, limit=SQL_ROW_LIMIT)
+
+
+@router.get("/sql.csv")
+def sql_csv(request: Request, q: str):
+    result, error = sql_result(request, q)
+    if error:
+        return Response(error + "\n", status_code=400, media_type="text/plain")
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(result.columns)
+    writer.writerows([[plain_value(v) for v in row] for row in result.rows])
+    return StreamingResponse(iter([buffer.getvalue()]), media_type="text/csv",
+                             headers={"Content-Disposition": 'attachment; filename="streamrl-query.csv"'})
