@@ -65,6 +65,16 @@ def count_rows(conn, table: str, run_id: str) -> int:
     return conn.execute(f"select count(*) from {table} where run_id = %s", (run_id,)).fetchone()[0]
 
 
+def free_port() -> int:
+    """A port the OS says is free now: tests never collide with each other, a second
+    suite or a user's services on a fixed port."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120, check: bool = False):
     """Run the real `streamrl` CLI in a subprocess."""
     result = subprocess.run([sys.executable, "-m", "streamrl.cli", *args], capture_output=True, text=True,

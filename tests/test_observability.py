@@ -26,12 +26,12 @@ import pytest
 from consumers.tracker import train_step_metrics, validation_metrics
 from runtime.recipe import RecipeError, load_recipe
 from schema.events import Evaluation, TrainStep, unpack_int32, unpack_mask
-from tests.conftest import REPO, run_cli, wait_for
+from tests.conftest import REPO, free_port, run_cli, wait_for
 from tests.helpers.tracker_files import mlflow_metrics, tensorboard_scalars, wandb_offline_history
 from tests.test_rl_loop import RECIPE, small_run_env
 
 ARTIFACTS = REPO / "test-artifacts" / "ui"
-UI_PORT = 18765
+UI_PORT = free_port()
 UI = f"http://127.0.0.1:{UI_PORT}"
 
 

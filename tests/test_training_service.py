@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from runtime.tiny_lm import build_tiny_model
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, free_port, run_cli
 from tests.test_rl_loop import assert_ledger_consistent, scalar, small_run_env
 
-PORT = 18140
+PORT = free_port()
 URL = f"http://127.0.0.1:{PORT}"
 RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
 ARITH_MODEL = REPO / "recipes" / "arith" / "generated" / "last_digit" / "model"
