@@ -8,7 +8,6 @@ by the producer (the baseline), for small and trajectory-sized records.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from common import bench_settings, fresh_run_id
@@ -17,16 +16,14 @@ from schema.topics import topic_name
 
 
 def broker_cpu_seconds() -> float:
-    """User + system CPU of the embedded broker process (tansu), from /proc."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if Path((entry / "cmdline").read_bytes().split(b"\0")[0].decode()).name.startswith("tansu"):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError):
-            continue
+    """User + system CPU of the embedded broker process (tansu)."""
+    import psutil
+
+    for process in psutil.process_iter(["cmdline", "cpu_times"]):
+        args = process.info["cmdline"]
+        if args and Path(args[0]).name.startswith("tansu"):
+            times = process.info["cpu_times"]
+            return times.user + times.system
     raise SystemExit("no embedded broker process found (tansu)")
 
 

@@ -3,7 +3,7 @@ table) beside the plain loop over assigned partitions (STREAMRL_PARTITION_ASSIGN
 shard, the baseline), each as the `streamrl processor` process on the same stream.
 
 Each processor is started, warmed up on one group, then fed GROUPS groups of SIZE
-(trajectory + evaluation per rollout); its CPU time (from /proc) is read before and
+(trajectory + evaluation per rollout); its CPU time (psutil) is read before and
 after, so start-up and imports are not counted.
 
     python bench/processor_cpu.py [--groups 400]
@@ -29,8 +29,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def wait_for_outputs(reader: RunReader, seen: set, expected: int, timeout_s: float = 300) -> None:

@@ -1,7 +1,7 @@
 """Where a training step's CPU goes: CPU seconds per step for each process of a run.
 
 Runs the built-in recipe (from the warmed model that bench/time_to_accuracy.py saves,
-so there is no warm-up) and samples /proc while it trains. Between the ledger's step A
+so there is no warm-up) and samples every process's CPU (psutil) while it trains. Between the ledger's step A
 and step B it charges every process's user+system CPU time to the steps in between:
 the run's own processes (publisher, sink, processor, learner, workers), the embedded
 broker and PostgreSQL. The baseline in the same run is the wall-clock time per step,
@@ -13,11 +13,12 @@ which on 2 cores can be no less than the total CPU per step / 2.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -29,7 +30,6 @@ from runtime.db import connect  # noqa: E402
 from runtime.recipe import prepare_recipe  # noqa: E402
 from time_to_accuracy import RECIPE, bench_recipe, warmed_model  # noqa: E402
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # The processes that move events (not the ones that generate or train)
 EVENT_PATH = ("publish", "broker", "processor", "sink", "postgresql")
 
@@ -49,18 +49,11 @@ def process_role(args: list[str], run_id: str) -> str | None:
 
 def cpu_by_role(run_id: str) -> dict[str, float]:
     totals: dict[str, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        role = process_role(args, run_id)
+    for process in psutil.process_iter(["cmdline", "cpu_times"]):
+        args, times = process.info["cmdline"], process.info["cpu_times"]
+        role = process_role(args, run_id) if args and times else None
         if role is not None:
-            # utime and stime are fields 14 and 15 of /proc/PID/stat (1-based)
-            totals[role] = totals.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+            totals[role] = totals.get(role, 0.0) + times.user + times.system
     return totals
 
 

@@ -4,7 +4,7 @@ in one process (the baseline; target ratio <= 1.3).
 The worker is the `streamrl worker` process of the built-in recipe (warmed model, one
 torch thread, as `streamrl run` starts it): it reads the tasks topic, rolls each task
 out through its batching engine, evaluates, publishes a trajectory and an evaluation
-and commits. It is warmed up on one group first; its CPU time (from /proc) is read
+and commits. It is warmed up on one group first; its CPU time (psutil) is read
 before the measured tasks are published and after their last evaluation arrives. The
 baseline tokenizes the same prompts and calls the same engine's `generate` in batches
 of the recipe's `max_batch_size` in this process (one torch thread), with the same

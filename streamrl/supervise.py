@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from runtime.backoff import backoff_delay
-
 EXIT_USAGE = 2    # the CLI's codes (streamrl.cli.common), repeated here to keep the CLI unimported
 EXIT_SERVICE = 3
 NOT_RETRIED = {EXIT_USAGE: "bad usage or input", EXIT_SERVICE: "a service it needs was lost"}
@@ -48,9 +46,10 @@ class RestartPolicy:
     max_backoff_s: float = 30.0
 
     def delay_s(self, crashes_in_window: int) -> float:
-        """backoff_s doubled for each further crash, jittered (processes that crashed
-        together do not restart in step), at most max_backoff_s."""
-        return backoff_delay(max(1, crashes_in_window), self.backoff_s, self.max_backoff_s)
+        """backoff_s doubled for each further crash, at most max_backoff_s. No jitter: one
+        supervisor restarts its own children, so there is no herd of clients to spread,
+        and the delay it prints is the delay it waits."""
+        return min(self.max_backoff_s, self.backoff_s * 2 ** max(0, crashes_in_window - 1))
 
 
 @dataclass

@@ -119,17 +119,12 @@ class SinkThread:
 
 
 def command_lines() -> dict[int, list[str]]:
-    """pid -> argv of every process, from /proc: `ps` cuts its output to the terminal
-    width, which hides the arguments of long command lines."""
-    lines = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                raw = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            lines[int(entry.name)] = [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
-    return lines
+    """pid -> argv of every process (psutil: `ps` cuts its output to the terminal width,
+    which hides the arguments of long command lines)."""
+    import psutil
+
+    return {process.info["pid"]: process.info["cmdline"]
+            for process in psutil.process_iter(["pid", "cmdline"]) if process.info["cmdline"]}
 
 
 # Tests that need a service (the embedded broker, PostgreSQL, an SGLang server, a
