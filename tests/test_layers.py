@@ -127,3 +127,17 @@ def test_the_cycle_check_sees_a_cycle(tmp_path, monkeypatch):
     (tmp_path / "learner" / "b.py").write_text("def f():\n    from learner import a\n")
     monkeypatch.setattr(sys.modules[__name__], "PROJECT", ("learner",))
     assert import_cycles(module_imports(tmp_path)) == [["learner.a", "learner.b"]]
+
+
+def test_a_project_shadowing_a_layer_name_is_named_before_anything_runs(tmp_path):
+    import os
+    import subprocess
+
+    assert subprocess.run([sys.executable, "-c", "from streamrl.layout import layer_problems; "
+                                                 "assert layer_problems() == []"], cwd=tmp_path).returncode == 0
+    (tmp_path / "schema").mkdir()
+    (tmp_path / "schema" / "__init__.py").write_text("")  # the PyPI project "schema", say
+    result = subprocess.run([sys.executable, "-m", "streamrl.cli", "--version"], cwd=tmp_path, capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 1
+    assert "the package 'schema' resolves to" in result.stderr and "another project named 'schema'" in result.stderr

@@ -14,8 +14,14 @@ codes in one place (`common.cli_command`).
 from __future__ import annotations
 
 import os
+import sys
 
-from runtime.quiet import quiet_library_progress
+from streamrl.layout import layer_problems
+
+if layer_problems():  # before any layer is imported: a clash would fail far from its cause
+    sys.exit("error: " + "\nerror: ".join(layer_problems()))
+
+from runtime.quiet import quiet_library_progress  # noqa: E402
 
 quiet_library_progress()
 
