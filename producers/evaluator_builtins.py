@@ -22,6 +22,8 @@ import os
 import re
 from typing import Any
 
+from producers.child_pool import ChildPool
+from producers.math_grading import grade
 from producers.evaluator import (
     BaseEvaluationTarget, EvaluationRunResult, Evaluator, ExactMatchEvaluator, run_evaluator,
 )
@@ -102,23 +104,25 @@ class FuzzyMatch(Evaluator):
 
 @register_evaluator("math")
 class MathEquivalence(Evaluator):
-    """Equivalence by math-verify: "\\boxed{0.5}" matches "1/2", "$\\frac{1}{2}$", ..."""
+    """Equivalence by math-verify: "\\boxed{0.5}" matches "1/2", "$\\frac{1}{2}$", ...
+    Graded in child processes (math-verify's own time limit needs the main thread; the
+    evaluators run on worker threads): `timeout_s` a grading at most, then an error."""
 
-    def __init__(self, answer_key: str = "answer"):
+    def __init__(self, answer_key: str = "answer", timeout_s: float = 10.0, processes: int = 2):
         self.answer_key = answer_key
+        self.pool = ChildPool(grade, size=processes, timeout_s=timeout_s)
 
     def evaluate(self, data, evaluation_target):
-        from math_verify import parse, verify
         truth = _answer(data, self.answer_key)
-        gold = parse(truth) or parse(f"${truth}$")
-        if not gold:
+        try:
+            correct, format_ok, parsed, truth_parsed = self.pool(truth, evaluation_target.final_answer)
+        except TimeoutError as exc:
+            raise TimeoutError(f"math: grading {evaluation_target.final_answer[:80]!r} {exc}") from None
+        if not truth_parsed:
             raise ValueError(f"math: the row's {self.answer_key!r} ({truth!r}) does not parse as math")
-        predicted = parse(evaluation_target.final_answer)
-        if not predicted:
-            return EvaluationRunResult(reward=0.0, ground_truth=truth, metrics={"accuracy": 0.0, "format_ok": 0.0})
-        correct = float(verify(gold, predicted))
-        return EvaluationRunResult(reward=correct, ground_truth=truth, metrics={"accuracy": correct, "format_ok": 1.0},
-                                   extra_info={"parsed": str(predicted[-1])})
+        extra = {"parsed": parsed} if parsed is not None else {}
+        return EvaluationRunResult(reward=correct, ground_truth=truth,
+                                   metrics={"accuracy": correct, "format_ok": format_ok}, extra_info=extra)
 
 
 CODE_BLOCK_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)

@@ -366,6 +366,10 @@ def task_dict(task: Task) -> dict[str, Any]:
 def build_events(task: Task, trajectory: Trajectory, logprobs: list[float], weight_version: int,
                  completions: list[Completion], worker_id: str, token_versions: list[int] | None = None
                  ) -> tuple[TrajectoryEvent, Evaluation]:
+    """The rollout's events. Its identity (ids, group, step) and whether it is a
+    validation rollout come from the task, whatever the worker's trajectory says: a
+    worker that forgets to copy `is_val` must not turn validation prompts into training
+    samples."""
     extra = dict(trajectory.extra_fields)
     # Per-token versions are kept only when the sampled tokens span more than one version.
     sampled_versions = {v for v, m in zip(token_versions or [], trajectory.loss_mask) if m}
@@ -381,12 +385,12 @@ def build_events(task: Task, trajectory: Trajectory, logprobs: list[float], weig
         token_versions=pack_int32(token_versions) if spans_versions else b"",
         prompt_text=str(task.prompt), response_text=str(extra.get("response", "")),
         finish_reason=str(extra.pop("finish_reason", completions[-1].finish_reason if completions else "")),
-        turns=[Turn(**turn) for turn in trajectory.turns or []], worker_id=worker_id, is_val=trajectory.is_val,
+        turns=[Turn(**turn) for turn in trajectory.turns or []], worker_id=worker_id, is_val=task.is_val,
         step=task.step, extra_fields=extra)
     evaluation = Evaluation(
         run_id=task.run_id, trajectory_id=task.task_id, task_id=task.task_id, group_id=task.group_id,
         reward=float(trajectory.reward), metrics=metrics, ground_truth=extra.get("ground_truth"),
-        extra_info=extra_info, evaluator="rollout", is_val=trajectory.is_val, step=task.step,
+        extra_info=extra_info, evaluator="rollout", is_val=task.is_val, step=task.step,
         error=extra.get("evaluator_error"))
     return event, evaluation
 

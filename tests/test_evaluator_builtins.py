@@ -194,3 +194,34 @@ def test_the_sandbox_runs_as_an_unprivileged_user_when_root():
     result = run_python("import os\nprint(os.getuid())")
     assert result.ok
     assert int(result.stdout) == (65534 if os.geteuid() == 0 else os.geteuid())
+
+
+def test_math_from_eight_threads_at_once_gives_the_hand_computed_rewards():
+    """math-verify's own time limit uses signal.alarm, which raises off the main thread
+    (every reward was 0 there); graded in child processes, each answer gets its reward."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from producers.evaluator import BaseEvaluationTarget
+    from producers.evaluator_builtins import make_evaluator
+
+    cases = [("\\boxed{\\frac{1}{2}}", "0.5", 1.0), ("$0.50$", "1/2", 1.0), ("\\boxed{3}", "4", 0.0),
+             ("\\boxed{12}", "12", 1.0), ("x = 7", "7", 1.0), ("\\boxed{0.25}", "1/4", 1.0),
+             ("\\boxed{-1}", "1", 0.0), ("\\boxed{\\sqrt{4}}", "2", 1.0)]
+    evaluator = make_evaluator("builtin:math", {})
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda case: evaluator.evaluate({"answer": case[1]}, BaseEvaluationTarget(case[0])),
+                                cases))
+    assert [r.reward for r in results] == [expected for _, _, expected in cases]
+
+
+def test_a_call_past_its_time_limit_is_an_error_and_the_next_call_works():
+    import time
+
+    from producers.child_pool import ChildPool
+
+    pool = ChildPool(time.sleep, size=1, timeout_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="took more than 0.5 s"):
+        pool(30)
+    assert time.monotonic() - started < 10
+    assert pool(0) is None  # a new child

@@ -136,3 +136,22 @@ def test_the_default_worker_samples_a_batch_of_tasks_as_one_engine_batch(server)
 def test_a_worker_with_its_own_rollout_takes_a_thread_a_task(server):
     tasks = [task()]
     assert make_worker(TwoCallWorker, server, []).run_tasks(tasks, max_retries=3) == [(tasks[0], 3)]
+
+
+class ForgetfulWorker(BaseRolloutWorker):
+    """Like the guide's ConditionalWorker: builds its trajectory without copying is_val."""
+
+    def rollout(self, task):
+        result = self._inference_client.completion(task["prompt"], max_tokens=2)
+        tokens = result["prompt_tokens"] + result["response_tokens"]
+        return self._put_trajectory({"tokens": tokens, "reward": 1.0, "is_val": False,
+                                     "loss_mask": [0] * len(result["prompt_tokens"]) + [1] * len(result["response_tokens"])})
+
+
+def test_a_validation_task_stays_validation_whatever_the_worker_returns(server):
+    """The stream processors skip is_val events, so this rollout never becomes a sample."""
+    published = []
+    validation = Task(run_id="r", task_id="v1", group_id="gv", prompt="12+34=", data={"answer": "6"}, is_val=True)
+    trajectory, evaluation = make_worker(ForgetfulWorker, server, published).run_task(validation)
+    assert trajectory.is_val and evaluation.is_val
+    assert trajectory.trajectory_id == evaluation.trajectory_id == "v1" and trajectory.group_id == "gv"

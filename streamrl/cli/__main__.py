@@ -2,4 +2,5 @@
 
 from streamrl.cli import app
 
-app()
+if __name__ == "__main__":  # not in a child process that multiprocessing spawns
+    app()
