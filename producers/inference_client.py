@@ -4,10 +4,13 @@ how a trajectory's behaviour logprobs are recovered from the completions it reco
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from typing import Any
 
 from producers.inference import Completion, SamplingParams
+
+log = logging.getLogger("streamrl.worker")
 
 
 class InferenceClient:
@@ -23,6 +26,7 @@ class InferenceClient:
         self._train_defaults = defaults
         self._val_defaults = val_defaults or defaults
         self._local = threading.local()
+        self._warned_max_tokens = False
         # A group's rollouts share their prompt, so most prompts are tokenised again
         # and again; the tokenizer's call costs more than a small model's sampling step.
         self._prompt_ids = functools.lru_cache(maxsize=4096)(
@@ -50,7 +54,22 @@ class InferenceClient:
     def completion(self, prompt: str | list[int], temperature: float | None = None,
                    max_tokens: int | None = None, top_p: float | None = None,
                    stop_token_ids: list[int] | tuple[int, ...] = ()) -> dict[str, Any]:
+        """Sample after `prompt`, for any worker: the rollout's first prompt may not pass
+        `max_prompt_length` (the rollout fails, with the numbers) and no completion samples
+        more than `max_response_length` tokens (a larger `max_tokens` is lowered to it,
+        said once in the log)."""
         prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        first_call = not getattr(self._local, "completions", None)
+        if first_call and self.max_prompt_tokens is not None and len(prompt_ids) > self.max_prompt_tokens:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens, more than max_prompt_length "
+                             f"({self.max_prompt_tokens})")
+        limit = self._defaults.max_new_tokens
+        if max_tokens is not None and max_tokens > limit:
+            if not self._warned_max_tokens:
+                self._warned_max_tokens = True
+                log.warning("a worker asked for max_tokens=%d: completions are capped at max_response_length (%d)",
+                            max_tokens, limit)
+            max_tokens = limit
         params = SamplingParams(
             max_new_tokens=max_tokens if max_tokens is not None else self._defaults.max_new_tokens,
             temperature=temperature if temperature is not None else self._defaults.temperature,

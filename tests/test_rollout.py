@@ -155,3 +155,26 @@ def test_a_validation_task_stays_validation_whatever_the_worker_returns(server):
     trajectory, evaluation = make_worker(ForgetfulWorker, server, published).run_task(validation)
     assert trajectory.is_val and evaluation.is_val
     assert trajectory.trajectory_id == evaluation.trajectory_id == "v1" and trajectory.group_id == "gv"
+
+
+class LongPromptWorker(BaseRolloutWorker):
+    """A custom worker that pads its prompt and asks for more tokens than the recipe allows."""
+
+    def rollout(self, task):
+        result = self._inference_client.completion(task["prompt"] * self._config["repeat"], max_tokens=100)
+        tokens = result["prompt_tokens"] + result["response_tokens"]
+        return self._put_trajectory({"tokens": tokens, "reward": 1.0,
+                                     "loss_mask": [0] * len(result["prompt_tokens"]) + [1] * len(result["response_tokens"])})
+
+
+def test_length_limits_hold_for_a_custom_worker(server):
+    published = []
+    client = InferenceClient(server, SamplingParams(max_new_tokens=4), max_prompt_tokens=10)
+    worker = LongPromptWorker({"repeat": 10}, client, ExactMatchEvaluator(), published.append)
+    trajectory, evaluation = worker.run_task(task())
+    prompt_tokens = len(server.tokenizer("12+34=" * 10)["input_ids"])
+    assert trajectory.error == f"ValueError: the prompt has {prompt_tokens} tokens, more than max_prompt_length (10)"
+    assert evaluation.reward == 0.0 and evaluation.error == trajectory.error
+    worker = LongPromptWorker({"repeat": 1}, client, ExactMatchEvaluator(), published.append)
+    trajectory, _ = worker.run_task(task())
+    assert trajectory.error is None and 0 < len(unpack_int32(trajectory.tokens)) - trajectory.prompt_length <= 4
