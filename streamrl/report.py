@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from runtime.db import connect
 from runtime.sql import plain_value
@@ -215,7 +216,7 @@ def story_sections(database_url: str, run_id: str) -> dict[str, tuple[list[str],
 
 
 def summary_table(summary: RunSummary, wall_s: float) -> Table:
-    table = Table(title=f"run {summary.run_id}")
+    table = Table(title=Text(f"run {summary.run_id}"))
     table.add_column("measure")
     table.add_column("value", justify="right")
     if "warmup_steps" in summary.warmup:
@@ -247,14 +248,17 @@ def write_story(database_url: str, run_id: str, config: dict, parent: str | None
     recorder = Console(record=True, width=max(width, 100))
     table = Table("setting", "value", title=f"run {run_id}: config")
     for key, value in config_highlights(config, parent):
-        table.add_row(key, value)
+        table.add_row(Text(str(key)), Text(str(value)))  # ledger text is text, not markup
     recorder.print(table)
     recorder.print(summary_table(summary, summary.totals.get("first to last step (s)", 0.0)))
     for name, (columns, rows) in story_sections(database_url, run_id).items():
-        section = Table(*columns, title=name)
+        section = Table(title=name)
+        for column in columns:
+            section.add_column(Text(column))
         for row in rows:
             cells = [plain_value(v) for v in row]
-            section.add_row(*("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v) for v in cells))
+            section.add_row(*(Text("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v))
+                              for v in cells))
         if not rows:
             section.caption = "none"
         recorder.print(section)

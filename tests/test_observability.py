@@ -297,3 +297,13 @@ def test_the_sql_box_refuses_a_write_and_downloads_csv(observed, browser, tmp_pa
     rows = list(csv.reader(saved.open()))
     assert rows[0] == ["step", "loss"] and [int(r[0]) for r in rows[1:]] == [1, 2, 3, 4, 5, 6]
     page.close()
+
+
+def test_an_out_of_range_refresh_is_a_400_class_answer_not_a_500():
+    from fastapi.testclient import TestClient
+
+    from streamrl.ui.app import make_app
+
+    client = TestClient(make_app("postgresql://nobody@127.0.0.1:1/none"))  # refused before the ledger is asked
+    for value in ("1e400", "nan", "0.1"):
+        assert client.get(f"/runs/any?refresh={value}").status_code == 422, value

@@ -106,3 +106,9 @@ def test_users_sql_runs_as_the_least_privileged_reader(loaded_run, ledger):
     assert not os.path.exists("/tmp/streamrl-lo-export") and not os.path.exists("/tmp/streamrl-copy")
     slept = run_cli("sql", "select pg_sleep(600)", "--timeout", "2", timeout=60)
     assert slept.returncode == 1 and "statement timed out after 2 s" in slept.stderr
+
+
+def test_ledger_text_is_printed_as_text_not_markup(stack):
+    result = run_cli("sql", "select '[/bold]' as markup, ':train: [red]x[/red]' as emoji")
+    assert result.returncode == 0, result.stderr
+    assert "[/bold]" in result.stdout and ":train: [red]x[/red]" in result.stdout and "\U0001F686" not in result.stdout

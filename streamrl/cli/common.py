@@ -24,6 +24,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from runtime.sql import plain_value as plain
 
@@ -238,10 +239,14 @@ def prepared_recipe(file: Path, overrides: list[str] | None = None):
 
 
 def print_table(columns: list[str], rows: list[tuple]) -> None:
-    table = Table(*columns)
+    """Rows as a table; every cell is text, never markup (a model's response may hold
+    "[/bold]" or ":train:")."""
+    table = Table()
+    for column in columns:
+        table.add_column(Text(str(column)))
     for row in rows:
         table.add_row(*(
-            "" if v is None else (json.dumps(v) if isinstance(v, (dict, list)) else str(plain(v)))
+            Text("" if v is None else (json.dumps(v) if isinstance(v, (dict, list)) else str(plain(v))))
             for v in row))
     console.print(table)
     console.print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", style="dim")

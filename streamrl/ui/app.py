@@ -84,7 +84,7 @@ def run_figures(ledger: Ledger, run_id: str, compare: Optional[str], axis: str) 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 def run(request: Request, run_id: str, compare: Optional[str] = None, x: str = Query("step", pattern="^(step|version)$"),
-        refresh: float = Query(5.0, ge=0.5), ledger: Ledger = Depends(ledger_of)):
+        refresh: float = Query(5.0, ge=0.5, le=3600.0), ledger: Ledger = Depends(ledger_of)):
     found = ledger.run(run_id)
     if found is None:
         return not_found(request, f"run {run_id} is not in the ledger")
