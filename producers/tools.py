@@ -78,10 +78,28 @@ def load_callable(spec: str, base_dir: Path) -> Callable[..., Any]:
             module = importlib.import_module(module_text)
         except ImportError as exc:
             raise LoadError(f"{spec!r}: cannot import {module_text}: {exc}") from exc
-    function = getattr(module, name, None)
-    if not callable(function):
+    target = getattr(module, name, None)
+    if inspect.isclass(target):  # the guide's class form: an instance's execute (or __call__) is the tool
+        return tool_method(target, spec)
+    if not callable(target):
         raise LoadError(f"{spec!r}: {module_text} has no function {name!r}")
-    return function
+    return target
+
+
+def tool_method(cls: type, spec: str) -> Callable[..., Any]:
+    """A tool class, instantiated without arguments: its `execute` method, or the
+    instance itself when the class defines `__call__`."""
+    try:
+        instance = cls()
+    except TypeError as exc:
+        raise LoadError(f"{spec!r}: the tool class {cls.__name__} must be constructible without arguments "
+                        f"({exc})") from None
+    method = getattr(instance, "execute", None)
+    if callable(method):
+        return method
+    if callable(instance):
+        return instance.__call__
+    raise LoadError(f"{spec!r}: the tool class {cls.__name__} has neither an execute method nor __call__")
 
 
 JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "list": "array",
@@ -128,7 +146,7 @@ class ToolRegistry:
                     function = load_callable(str(entry["binding"]), base_dir)
                 except LoadError as exc:
                     raise ToolConfigError(f"{where}.binding: {exc}") from None
-                name = entry.get("name") or function.__name__
+                name = entry.get("name") or getattr(function, "__name__", None) or str(entry["binding"])
                 tools.append(Tool(name, schema_from_function(name, entry.get("description"), function), function))
                 continue
             unknown = set(entry) - {"callable", "tool_schema"}

@@ -325,3 +325,30 @@ def test_per_turn_rewards_are_in_the_ledger_and_turn_credit_uses_them(stack, led
         per_token = unpack_float32(sample.token_advantages)
         spans = [(turn.start, turn.end) for turn in trajectory.turns if turn.role == "assistant"]
         assert [sorted(set(per_token[start:end].tolist())) for start, end in spans] == [[v] for v in expected]
+
+
+def test_tools_given_as_classes_run_their_execute_or_call_and_anything_else_is_refused(tmp_path):
+    (tmp_path / "class_tools.py").write_text(textwrap.dedent('''
+        class Calculator:
+            """Evaluate an arithmetic expression."""
+            def execute(self, expression: str) -> str:
+                return str(eval(expression, {"__builtins__": {}}))
+
+        class Doubler:
+            def __call__(self, value: int) -> int:
+                return 2 * value
+
+        class Nothing:
+            pass
+
+        LIMIT = 3
+    '''))
+    tools = ToolRegistry.from_config([{"name": "calculator", "binding": "class_tools.py:Calculator"},
+                                      {"name": "double", "binding": "class_tools.py:Doubler"}], tmp_path)
+    assert tools.call("calculator", {"expression": "6*7"}).output == "42"
+    assert tools.call("double", {"value": 21}).output == "42"
+    assert tools.tools["calculator"].parameters["required"] == ["expression"]
+    with pytest.raises(ToolConfigError, match="the tool class Nothing has neither an execute method nor __call__"):
+        ToolRegistry.from_config([{"name": "n", "binding": "class_tools.py:Nothing"}], tmp_path)
+    with pytest.raises(ToolConfigError, match="has no function 'LIMIT'"):
+        ToolRegistry.from_config([{"name": "n", "binding": "class_tools.py:LIMIT"}], tmp_path)
