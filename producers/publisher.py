@@ -98,9 +98,9 @@ def run_publisher(settings: Settings, run_id: str, recipe: Recipe, stop: threadi
     skip = skip_task_ids or set()
     stop = stop or threading.Event()
     data = recipe.data
-    rows = read_rows(data.data_files, data.type, (data.prompt_key,))
+    rows = read_rows(data.data_files, data.type, text_keys=(data.prompt_key,))
     val_cfg = recipe.validate.data
-    val_rows = read_rows(val_cfg.data_files, val_cfg.type, (val_cfg.prompt_key,)) if val_cfg.data_files else []
+    val_rows = read_rows(val_cfg.data_files, val_cfg.type, text_keys=(val_cfg.prompt_key,)) if val_cfg.data_files else []
     if val_cfg.max_rows:
         val_rows = val_rows[:val_cfg.max_rows]
     pacing = pacing_for(recipe, len(rows))

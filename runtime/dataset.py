@@ -12,7 +12,9 @@ class DatasetError(ValueError):
     pass
 
 
-def read_rows(files: list[str], kind: str = "jsonl", required_keys: tuple[str, ...] = ()) -> list[dict]:
+def read_rows(files: list[str], kind: str = "jsonl", required_keys: tuple[str, ...] = (),
+              text_keys: tuple[str, ...] = ()) -> list[dict]:
+    """Every row of `files`; each must hold `required_keys`, and `text_keys` as strings."""
     rows: list[dict] = []
     for name in files:
         path = Path(name)
@@ -28,12 +30,12 @@ def read_rows(files: list[str], kind: str = "jsonl", required_keys: tuple[str, .
                     raise DatasetError(f"{path}:{number}: not valid JSON: {exc.msg}") from None
                 if not isinstance(row, dict):
                     raise DatasetError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
-                _check_keys(row, required_keys, f"{path}:{number}")
+                _check_keys(row, required_keys, text_keys, f"{path}:{number}")
                 rows.append(row)
         elif kind == "parquet":
             import pyarrow.parquet as pq  # noqa: PLC0415  (only parquet recipes pay for pyarrow)
             for number, row in enumerate(pq.read_table(path).to_pylist(), start=1):
-                _check_keys(row, required_keys, f"{path}: row {number}")
+                _check_keys(row, required_keys, text_keys, f"{path}: row {number}")
                 rows.append(row)
         else:
             raise DatasetError(f"data.type: expected jsonl or parquet, got {kind!r}")
@@ -42,11 +44,19 @@ def read_rows(files: list[str], kind: str = "jsonl", required_keys: tuple[str, .
     return rows
 
 
-def _check_keys(row: dict, keys: tuple[str, ...], where: str) -> None:
-    missing = [k for k in keys if k not in row]
+def _check_keys(row: dict, keys: tuple[str, ...], text_keys: tuple[str, ...], where: str) -> None:
+    """The required keys are there, and the text keys hold text: the prompt a task
+    carries is the column's text, and anything else (a list of chat messages, a number)
+    is refused here rather than turned into its Python repr and trained on."""
+    missing = [k for k in (*keys, *text_keys) if k not in row]
     if missing:
         raise DatasetError(f"{where}: row has no {', '.join(repr(k) for k in missing)} "
                            f"(keys: {', '.join(sorted(row)) or 'none'})")
+    not_text = [k for k in text_keys if not isinstance(row[k], str)]
+    if not_text:
+        key = not_text[0]
+        raise DatasetError(f"{where}: {key!r} holds a {type(row[key]).__name__}, not text: the prompt column must "
+                           "be a string (chat-message prompts are not rendered with a chat template yet)")
 
 
 def epoch_batches(rows: list[dict], batch_size: int, shuffle: bool, seed: int) -> Iterator[tuple[int, list[dict]]]:

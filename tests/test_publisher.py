@@ -78,3 +78,13 @@ def test_a_runs_length_is_one_function_that_counts_epochs(tmp_path):
     assert total_train_steps(recipe) == 5  # ceil(20 / 4)
     recipe.trainer.total_epochs = None
     assert total_train_steps(recipe) == 100
+
+
+def test_a_prompt_that_is_not_text_is_refused_with_its_file_row_and_key(tmp_path):
+    """A verl-style row whose prompt is a list of chat messages was stringified into its
+    Python repr and trained on; it is refused until chat templates render it."""
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"prompt": [[{"role": "user", "content": "1+1="}]], "answer": ["2"]}), path)
+    with pytest.raises(DatasetError, match=r"train.parquet: row 1: 'prompt' holds a list, not text"):
+        read_rows([str(path)], "parquet", text_keys=("prompt",))
+    assert read_rows([str(path)], "parquet", ("prompt",))[0]["answer"] == "2"  # a key that needs no text
