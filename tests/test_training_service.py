@@ -259,3 +259,31 @@ def test_the_built_in_recipe_learns_through_the_service_killed_mid_run(stack, se
                    run_id, STEPS)
     print(f"held-out accuracy {before:.3f} -> {after:.3f}")
     assert after >= before + 0.5, f"held-out accuracy {before:.3f} -> {after:.3f}"
+
+
+def test_a_checkpoint_name_is_a_name_never_a_path(stack, service, api_key, ledger, tmp_path):
+    """save_weights / save_weights_for_sampler with `../` or an absolute path are refused
+    (400, naming the field) before they are recorded; the folder they aimed at is untouched."""
+    import tinker
+    from tinker import types
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("mine")
+    trainer = tinker.ServiceClient(base_url=URL, api_key=api_key).create_lora_training_client(
+        base_model="tiny", rank=4).result()
+    before = scalar(ledger, "select count(*) from service_requests where model_id = %s", trainer.model_id)
+    attacks = [str(victim), "../../../../../../../../" + str(victim).lstrip("/"), "..", "a/b", ".hidden", "x" * 200]
+    for request_type in (types.SaveWeightsRequest, types.SaveWeightsForSamplerRequest):
+        for name in attacks:
+            body = request_type(model_id=trainer.model_id, path=name, seq_id=before + 1).model_dump_json()
+            kind = "save_weights" if request_type is types.SaveWeightsRequest else "save_weights_for_sampler"
+            response = httpx.post(f"{URL}/api/v1/{kind}", headers={"X-API-Key": api_key,
+                                                                  "Content-Type": "application/json"}, content=body)
+            assert response.status_code == 400, (name, response.text)
+            assert f"{request_type.__name__}.path" in response.json()["detail"]
+    assert (victim / "keep.txt").read_text() == "mine" and sorted(p.name for p in victim.iterdir()) == ["keep.txt"]
+    assert scalar(ledger, "select count(*) from service_requests where model_id = %s", trainer.model_id) == before
+    # a name is fine, and lands under the model's own folder
+    saved = trainer.save_state("step-1.ok").result()
+    assert saved.path == f"tinker://{trainer.model_id}/weights/step-1.ok"

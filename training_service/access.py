@@ -81,3 +81,4 @@ def parse(model: type[pydantic.BaseModel], body: bytes):
     except pydantic.ValidationError as error:
         fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:5])
         raise HTTPException(400, f"{model.__name__}: {fields}") from None
+

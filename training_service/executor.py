@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from training_service.names import CHECKPOINT_NAME
 from training_service.model import TrainableModel
 from training_service.sampler import Sampler
 from training_service.store import ServiceStore
@@ -175,8 +176,13 @@ class Executor:
     def _save(self, row: dict, kind: str, name: str | None):
         model_id, seq = row["model_id"], row["seq_id"]
         name = name or f"seq-{seq:08d}"
+        if not CHECKPOINT_NAME.fullmatch(name) or ".." in name:  # the route refused it; a replay may not skip that
+            raise ValueError(f"path: {name[:80]!r} is not a checkpoint name")
         section = "weights" if kind == "state" else "sampler_weights"
-        folder = self.root / "models" / folder_name(model_id) / section / name
+        own = (self.root / "models" / folder_name(model_id) / section).resolve()
+        folder = (own / name).resolve()
+        if folder.parent != own:
+            raise ValueError(f"path: {name[:80]!r} leaves the model's own folder")
         model = self._model(model_id)
         folder = model.save_state(folder) if kind == "state" else model.export_for_sampler(folder)
         path = f"tinker://{model_id}/{section}/{name}"

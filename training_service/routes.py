@@ -17,6 +17,7 @@ from fastapi.responses import Response, StreamingResponse
 from tinker import types
 
 from training_service.access import Service, caller, parse, service_of
+from training_service.names import checkpoint_name
 from training_service.wire import PROTO_CONTENT_TYPE, decode_forward_backward, plain_body
 
 LONG_POLL_S = 10.0
@@ -143,6 +144,8 @@ async def accept_sequenced(kind: str, model: type[pydantic.BaseModel], request: 
     if body.seq_id is None:
         raise HTTPException(400, f"{model.__name__}.seq_id: required (requests run in their sequence order)")
     request_id = f"{body.model_id}:{body.seq_id}"
+    if kind in ("save_weights", "save_weights_for_sampler"):
+        checkpoint_name(body.path, f"{model.__name__}.path")  # before it is recorded: a restart replays it
     payload = json.loads(body.model_dump_json())
     if kind == "optim_step":
         payload = {"adam_params": body.optim_params.model_dump()}
