@@ -287,3 +287,41 @@ def test_a_checkpoint_name_is_a_name_never_a_path(stack, service, api_key, ledge
     # a name is fine, and lands under the model's own folder
     saved = trainer.save_state("step-1.ok").result()
     assert saved.path == f"tinker://{trainer.model_id}/weights/step-1.ok"
+
+
+def test_another_keys_models_sessions_weights_and_futures_are_not_found(stack, service, api_key, ledger):
+    """Key B, on every route that names something of key A's: the same 404 (or 400 for a
+    sampler path) as for something that does not exist, and nothing of A's changes."""
+    import tinker
+    from tinker import types
+
+    other = run_cli("training-key", "create", "other-tenant", check=True).stdout.split()[1]
+    owner = tinker.ServiceClient(base_url=URL, api_key=api_key)
+    trainer = owner.create_lora_training_client(base_model="tiny", rank=4).result()
+    sampler_path = trainer.save_weights_for_sampler("for-a").result().path
+    sampling = owner.create_sampling_client(model_path=sampler_path)
+    future = sampling.sample(types.ModelInput.from_ints([5, 6, 7]), 1,
+                             types.SamplingParams(max_tokens=2, temperature=1.0))
+    future.result()
+    sample_request = scalar(ledger, "select request_id from service_requests where kind = 'sample' "
+                                    "order by created_at desc limit 1")
+    session_of_a = trainer.model_id.split(":")[0]
+    headers = {"X-API-Key": other}
+
+    def post(route, body):
+        return httpx.post(f"{URL}/api/v1/{route}", headers=headers, json=body)
+
+    missing = post("get_info", {"model_id": "session-nope:train:0"})
+    for response in (post("get_info", {"model_id": trainer.model_id}), missing,
+                     post("retrieve_future", {"request_id": sample_request}),
+                     post("retrieve_future", {"request_id": f"{trainer.model_id}:0"}),
+                     httpx.get(f"{URL}/api/v1/samplers/{session_of_a}:sample:0", headers=headers)):
+        assert response.status_code == 404, response.text
+    assert "for this API key" in post("get_info", {"model_id": trainer.model_id}).text
+    session_of_b = post("create_session", {"tags": [], "user_metadata": None, "sdk_version": "x"}).json()["session_id"]
+    stolen = post("create_sampling_session", {"session_id": session_of_b, "sampling_session_seq_id": 0,
+                                              "model_path": sampler_path})
+    assert stolen.status_code == 400 and "model_path" in stolen.text
+    sample = post("asample", {"num_samples": 1, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5]}]},
+                              "sampling_params": {"max_tokens": 1}, "model_path": sampler_path})
+    assert sample.status_code == 400 and "model_path" in sample.text

@@ -44,12 +44,18 @@ class Access:
             raise HTTPException(404, f"session_id: no session {session_id!r} for this API key")
 
     def own_model(self, model_id: str, key_id: str) -> dict:
+        """The model's row, or 404: "not yours" and "does not exist" are one answer, so a
+        caller learns nothing of other keys' models."""
         row = self.store.model(model_id)
-        if row is None:
-            raise HTTPException(404, f"model_id: no model {model_id!r} on this service")
-        if self.owner(row["session_id"]) != key_id:
-            raise HTTPException(403, f"model {model_id} belongs to another API key")
+        if row is None or self.owner(row["session_id"]) != key_id:
+            raise HTTPException(404, f"model_id: no model {model_id!r} for this API key")
         return row
+
+    def own_sampling_session(self, sampling_session_id: str, key_id: str) -> None:
+        """A sampling session is `SESSION:sample:N`: the caller must own SESSION (else 404)."""
+        session_id = sampling_session_id.split(":sample:", 1)[0]
+        if ":sample:" not in sampling_session_id or self.owner(session_id) != key_id:
+            raise HTTPException(404, f"sampling_session_id: no session {sampling_session_id!r} for this API key")
 
 
 @dataclass

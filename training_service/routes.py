@@ -171,19 +171,25 @@ async def save_weights_for_sampler(request: Request, key_id: str = Depends(calle
 
 
 # --- sampling ------------------------------------------------------------------------------------------
-def sampler_folder(service: Service, model_path: str | None, base_model: str | None) -> tuple[str, str]:
-    """(folder, base model name) of what a sampling request samples from."""
+def sampler_folder(service: Service, model_path: str | None, base_model: str | None, key_id: str) -> tuple[str, str]:
+    """(folder, base model name) of what a sampling request samples from: the caller's own
+    sampler weights, or a served base model."""
     if model_path:
         checkpoint = service.store.checkpoint(model_path)
         if checkpoint is None or checkpoint["kind"] != "sampler":
             raise HTTPException(400, f"model_path: {model_path!r} is not sampler weights saved on this service")
-        return checkpoint["folder"], service.store.model(checkpoint["model_id"])["base_model"]
+        try:
+            row = service.access.own_model(checkpoint["model_id"], key_id)
+        except HTTPException:
+            raise HTTPException(400, f"model_path: {model_path!r} is not sampler weights saved on this service")
+        return checkpoint["folder"], row["base_model"]
     if base_model not in service.executor.base_models:
         raise HTTPException(400, f"base_model: {base_model!r} is not served here")
     return service.executor.base_models[base_model], base_model
 
 
-def sampling_session(service: Service, sampling_session_id: str) -> dict:
+def sampling_session(service: Service, sampling_session_id: str, key_id: str) -> dict:
+    service.access.own_sampling_session(sampling_session_id, key_id)
     session = service.store.request(sampling_session_id)
     if session is None or session["kind"] != "sampling_session":
         raise HTTPException(404, f"sampling_session_id: no session {sampling_session_id!r}")
@@ -192,7 +198,7 @@ def sampling_session(service: Service, sampling_session_id: str) -> dict:
 
 @router.get("/samplers/{sampling_session_id}")
 def sampler(sampling_session_id: str, key_id: str = Depends(caller), service: Service = Depends(service_of)):
-    payload = json.loads(sampling_session(service, sampling_session_id)["payload"])
+    payload = json.loads(sampling_session(service, sampling_session_id, key_id)["payload"])
     return {"sampler_id": sampling_session_id, "base_model": payload["base_model"],
             "model_path": payload.get("model_path")}
 
@@ -203,7 +209,7 @@ async def create_sampling_session(request: Request, key_id: str = Depends(caller
     body = parse(types.CreateSamplingSessionRequest, await request.body())
     service.access.own_session(body.session_id, key_id)
     session = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
-    folder, base_model = sampler_folder(service, body.model_path, body.base_model)
+    folder, base_model = sampler_folder(service, body.model_path, body.base_model, key_id)
     service.store.add_sampling_session(session, folder, base_model, body.model_path)
     return {"type": "create_sampling_session", "sampling_session_id": session}
 
@@ -221,24 +227,36 @@ async def asample(request: Request, key_id: str = Depends(caller), service: Serv
     if any(getattr(chunk, "type", None) != "encoded_text" for chunk in body.prompt.chunks):
         raise HTTPException(400, "SampleRequest.prompt: only text (token) chunks are served")
     if body.sampling_session_id:
-        folder = json.loads(sampling_session(service, body.sampling_session_id)["payload"])["folder"]
+        folder = json.loads(sampling_session(service, body.sampling_session_id, key_id)["payload"])["folder"]
     else:
-        folder, _ = sampler_folder(service, body.model_path, body.base_model)
-    payload = {**json.loads(body.model_dump_json()), "folder": folder}
+        folder, _ = sampler_folder(service, body.model_path, body.base_model, key_id)
+    payload = {**json.loads(body.model_dump_json()), "folder": folder, "key_id": key_id}
     request_id = "sample-" + uuid.uuid4().hex
     service.store.accept(request_id, "sample", json.dumps(payload).encode())
     return service.future(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(body.num_samples)])
 
 
 # --- futures --------------------------------------------------------------------------------------------
+def owns_request(service: Service, row: dict, key_id: str) -> bool:
+    """A model's request by the model's owner; a sample request by the key that made it."""
+    try:
+        if row["model_id"]:
+            service.access.own_model(row["model_id"], key_id)
+            return True
+    except HTTPException:
+        return False
+    try:
+        return json.loads(row["payload"] or b"{}").get("key_id") == key_id
+    except (ValueError, AttributeError):
+        return False
+
+
 @router.post("/retrieve_future")
 async def retrieve_future(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
     body = parse(types.FutureRetrieveRequest, await request.body())
     row = service.store.request(body.request_id)
-    if row is None:
-        raise HTTPException(404, f"request_id: no request {body.request_id!r} on this service")
-    if row["model_id"]:
-        service.access.own_model(row["model_id"], key_id)
+    if row is None or not owns_request(service, row, key_id):
+        raise HTTPException(404, f"request_id: no request {body.request_id!r} for this API key")
     if row["status"] == "pending":
         import anyio
         await anyio.to_thread.run_sync(service.executor.wait, body.request_id, LONG_POLL_S)
