@@ -304,6 +304,28 @@ def test_an_out_of_range_refresh_is_a_400_class_answer_not_a_500():
 
     from streamrl.ui.app import make_app
 
-    client = TestClient(make_app("postgresql://nobody@127.0.0.1:1/none"))  # refused before the ledger is asked
+    client = TestClient(make_app("postgresql://nobody@127.0.0.1:1/none"),  # refused before the ledger is asked
+                        base_url="http://127.0.0.1")
     for value in ("1e400", "nan", "0.1"):
         assert client.get(f"/runs/any?refresh={value}").status_code == 422, value
+
+
+def test_the_browser_answers_only_its_own_host_names_and_with_a_token_only_to_its_holder():
+    """DNS rebinding: a page on evil.example that resolves its name to 127.0.0.1 sends
+    Host: evil.example, and gets nothing. Bound beyond loopback, a token is required."""
+    from fastapi.testclient import TestClient
+
+    from streamrl.ui.app import make_app
+
+    asset = "/static/plotly.min.js"  # a page that needs no ledger
+    local = TestClient(make_app("postgresql://nobody@127.0.0.1:1/none"), base_url="http://127.0.0.1:8765")
+    assert local.get(asset).status_code == 200
+    assert local.get(asset, headers={"host": "evil.example:8765"}).status_code == 400
+    shared = TestClient(make_app("postgresql://nobody@127.0.0.1:1/none", ("10.0.0.5",), token="s3cret"),
+                        base_url="http://10.0.0.5:8765")
+    assert shared.get(asset).status_code == 401
+    assert shared.get(asset + "?token=wrong").status_code == 401
+    assert shared.get(asset + "?token=s3cret").status_code == 200
+    assert shared.get(asset).status_code == 200  # the cookie the first visit set
+    assert TestClient(shared.app, base_url="http://10.0.0.5:8765").get(
+        asset, headers={"authorization": "Bearer s3cret"}).status_code == 200

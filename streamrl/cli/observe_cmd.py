@@ -83,14 +83,24 @@ def export(
 def ui(
     host: Annotated[str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
+    allowed_host: Annotated[Optional[list[str]], typer.Option(
+        "--allowed-host", help="A Host name the browser answers to (repeat for several); default: the loopback "
+        "names, and --host when it is another address.")] = None,
 ) -> None:
     """The run browser: runs and their lineage, curves (two runs overlaid), every rollout
     with its tokens, mask, logprobs and advantages, and a read-only SQL box. It reads
-    the ledger as the read-only role."""
+    the ledger as the read-only role. Bound beyond this machine, it asks for a token,
+    printed here."""
+    import secrets
+
     import uvicorn
 
-    from streamrl.ui.app import make_app
+    from streamrl.ui.app import LOOPBACK_HOSTS, make_app
 
     url = readonly_url()
-    console.print(f"StreamRL run browser on http://{host}:{port} (Ctrl-C stops it)", highlight=False)
-    uvicorn.run(make_app(url), host=host, port=port, log_level="warning")
+    loopback = host in LOOPBACK_HOSTS
+    hosts = tuple(allowed_host or (LOOPBACK_HOSTS if loopback else (*LOOPBACK_HOSTS, host)))
+    token = None if loopback else secrets.token_urlsafe(24)
+    shown = f"http://{host}:{port}/" + (f"?token={token}" if token else "")
+    console.print(f"StreamRL run browser on {shown} (Ctrl-C stops it)", highlight=False, markup=False)
+    uvicorn.run(make_app(url, hosts, token), host=host, port=port, log_level="warning")

@@ -21,7 +21,11 @@ import json
 from pathlib import Path
 from typing import Optional
 
+import secrets
+
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
@@ -35,12 +39,41 @@ TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 SQL_ROW_LIMIT = 1000  # rows shown on the page; the CSV has them all
 
 
-def make_app(readonly_url: str) -> FastAPI:
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def make_app(readonly_url: str, allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS, token: str | None = None) -> FastAPI:
+    """The browser. It answers only requests whose Host is one of `allowed_hosts` (a page
+    elsewhere cannot rebind its own name to this machine and read the ledger through the
+    user's browser), and with `token`, only requests that carry it (`?token=`, then a
+    cookie; or `Authorization: Bearer`)."""
     app = FastAPI(title="StreamRL run browser", docs_url=None, redoc_url=None)
     app.state.ledger, app.state.readonly_url = Ledger(readonly_url), readonly_url
     app.add_exception_handler(SqlFailed, ledger_error)
     app.include_router(router)
+    if token:
+        app.add_middleware(TokenAuth, token=token)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
     return app
+
+
+class TokenAuth(BaseHTTPMiddleware):
+    """Jupyter's scheme: the token printed at start, once in the URL, then a cookie."""
+
+    def __init__(self, app, token: str):
+        super().__init__(app)
+        self.token = token
+
+    async def dispatch(self, request: Request, call_next):
+        given = (request.query_params.get("token") or request.cookies.get("streamrl_ui_token")
+                 or request.headers.get("authorization", "").removeprefix("Bearer "))
+        if not secrets.compare_digest(given or "", self.token):
+            return Response("a token is required: open the URL `streamrl ui` printed\n", status_code=401,
+                            media_type="text/plain")
+        response = await call_next(request)
+        if request.query_params.get("token"):
+            response.set_cookie("streamrl_ui_token", self.token, httponly=True, samesite="strict")
+        return response
 
 
 router = APIRouter()
