@@ -112,3 +112,26 @@ def test_ledger_text_is_printed_as_text_not_markup(stack):
     result = run_cli("sql", "select '[/bold]' as markup, ':train: [red]x[/red]' as emoji")
     assert result.returncode == 0, result.stderr
     assert "[/bold]" in result.stdout and ":train: [red]x[/red]" in result.stdout and "\U0001F686" not in result.stdout
+
+
+@pytest.mark.parametrize("attack", [
+    "true) union all select key_sha256 from service_api_keys --",  # closes the parenthesis, ends the statement
+    "E'\\'' ) union select 1 -- '",  # an escape string where a simple lexer and PostgreSQL's part
+    "$$'$$) or (true",  # dollar quoting, likewise
+    "true; select 1", "true /* ) */", "(true",
+])
+def test_the_rollout_filter_cannot_leave_its_condition(stack, attack):
+    from streamrl.ui.queries import FilterRefused, Ledger
+
+    with pytest.raises(FilterRefused):
+        Ledger(stack.readonly_database_url).rollouts("any-run", where=attack)
+
+
+def test_a_filter_that_is_one_condition_runs_and_the_reader_cannot_read_service_secrets(stack):
+    from streamrl.ui.queries import Ledger
+
+    assert Ledger(stack.readonly_database_url).rollouts("no-such-run", where="t.response_text like '%)%' "
+                                                         "and e.reward >= 0") == []
+    for table in ("service_api_keys", "service_requests"):
+        result = run_cli("sql", f"select count(*) from {table}")
+        assert result.returncode == 1 and "permission denied" in result.stderr, result.stderr

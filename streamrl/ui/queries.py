@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.sql import run_readonly
+from runtime.sql import SqlRefused, run_readonly
 
 PAGE = 50  # trajectories per rollout-browser page
 
@@ -106,7 +106,8 @@ class Ledger:
         if group:
             conditions.append("t.group_id = %(group)s")
         if where:
-            conditions.append(f"({where})")
+            # % doubled: the query has parameters, so psycopg reads a lone % as a placeholder
+            conditions.append(f"({one_condition(where).replace('%', '%%')})")
         sql = (f"select {ROLLOUT_COLUMNS} {ROLLOUT_JOINS} where {' and '.join(conditions)} "
                f"order by t.id limit %(limit)s")
         return self.query(sql, {"run": run_id, "step": step, "group": group, "after": after, "limit": limit}).dicts()
@@ -117,3 +118,41 @@ class Ledger:
         first = lambda rows: rows[0] if rows else None  # noqa: E731
         return (first(self.query(TRAJECTORY, params).dicts()), first(self.query(EVALUATION, params).dicts()),
                 first(self.query(SAMPLE, params).dicts()))
+
+
+class FilterRefused(SqlRefused):
+    pass
+
+
+def one_condition(text: str) -> str:
+    """`text` if it is one boolean expression that cannot leave the parentheses it is put
+    in: its parentheses balance outside string literals and quoted names, and it holds no
+    `;`, comment, `$` (dollar quoting) or backslash (escape strings), the places where a
+    lexer this small could disagree with PostgreSQL's about where a string ends. Else
+    FilterRefused, saying which."""
+    depth, index, quote = 0, 0, None
+    while index < len(text):
+        char, pair = text[index], text[index:index + 2]
+        if char == "\\":  # anywhere: in an E'' string it escapes a quote, and the two lexers would part
+            raise FilterRefused("the filter may not contain a backslash")
+        if quote:
+            if char == quote:
+                if text[index + 1:index + 2] == quote:  # a doubled quote stays inside
+                    index += 1
+                else:
+                    quote = None
+        elif char in "'\"":
+            quote = char
+        elif char in ";$" or pair in ("--", "/*"):
+            raise FilterRefused(f"the filter may not contain {pair if pair in ('--', '/*') else char!r}")
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+            if depth < 0:
+                raise FilterRefused("the filter closes a parenthesis it did not open")
+        index += 1
+    if quote or depth:
+        raise FilterRefused("the filter leaves a quote or a parenthesis open")
+    return text
+
