@@ -2,12 +2,15 @@
 
 import json
 import re
+import subprocess
+import sys
+import time
 
 import pytest
 
 from producers.synthetic import synthetic_events
 from runtime.bus import create_run_topics
-from tests.conftest import SinkThread, count_rows, run_cli, wait_for
+from tests.conftest import REPO, SinkThread, count_rows, run_cli, wait_for
 from tests.test_ledger_sink import publish
 
 LEDGER_TABLES = ["runs", "run_events", "tasks", "trajectories", "evaluations", "samples", "train_steps",
@@ -135,3 +138,26 @@ def test_a_filter_that_is_one_condition_runs_and_the_reader_cannot_read_service_
     for table in ("service_api_keys", "service_requests"):
         result = run_cli("sql", f"select count(*) from {table}")
         assert result.returncode == 1 and "permission denied" in result.stderr, result.stderr
+
+
+def test_a_ten_million_row_query_stops_at_its_limit_in_bounded_memory(stack, tmp_path):
+    """Rows come from a server-side cursor; the table stops at --max-rows and says so.
+    Before, every row was fetched first (a 10^9-row query took the client to 5.3 GB)."""
+    import psutil
+
+    process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "sql", "select g, repeat('x', 20) as pad "
+                                "from generate_series(1, 10000000) g", "--max-rows", "50000", "--json"], cwd=REPO,
+                               stdout=open(tmp_path / "out.json", "w"), stderr=open(tmp_path / "err.txt", "w"))
+    watched, peak = psutil.Process(process.pid), 0
+    while process.poll() is None:
+        try:
+            peak = max(peak, watched.memory_info().rss)
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    process.wait()
+    out, err = (tmp_path / "out.json").read_text(), (tmp_path / "err.txt").read_text()
+    assert process.returncode == 0, err
+    assert len(json.loads(out)) == 50000
+    assert "stopped at the first 50,000 rows (--max-rows, --max-bytes)" in " ".join(err.split())
+    assert peak < 600 * 2**20, f"{peak / 2**20:.0f} MB"

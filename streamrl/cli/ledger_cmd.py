@@ -101,10 +101,16 @@ def sql(
     parquet: Annotated[Optional[Path], typer.Option("--parquet", dir_okay=False, help="Write the result to this "
         "Parquet file.")] = None,
     timeout: Annotated[float, typer.Option(help="Statement timeout in seconds.")] = 30.0,
+    max_rows: Annotated[int, typer.Option(help="Rows shown at most (the table, --json, --parquet); --csv streams "
+        "them all.", min=1)] = 10_000,
+    max_bytes: Annotated[int, typer.Option(help="Bytes of rows held at most, roughly (the table, --json, --parquet).",
+                                           min=1)] = 64 * 2**20,
 ) -> None:
     """Run one read-only SQL statement against the ledger (a read-only transaction with a
-    statement timeout; writes and multiple statements are refused)."""
-    from runtime.sql import run_readonly
+    statement timeout; writes and multiple statements are refused). Rows come from a
+    server-side cursor: --csv streams every row; the other forms stop at --max-rows or
+    --max-bytes and say so."""
+    from runtime.sql import readonly_rows, run_readonly
 
     if (query is None) == (file is None):
         raise UsageError("give a QUERY or --file, not both or neither")
@@ -112,7 +118,17 @@ def sql(
         raise UsageError("choose one of --csv, --json and --parquet")
     params = parse_params(param or [])
     text = file.read_text() if file else query
-    result = run_readonly(readonly_url(), text, params, timeout)
+    if as_csv:
+        with readonly_rows(readonly_url(), text, params, timeout) as (columns, rows):
+            writer = csv.writer(sys.stdout)
+            writer.writerow(columns)
+            for row in rows:
+                writer.writerow([plain(v) for v in row])
+        return
+    result = run_readonly(readonly_url(), text, params, timeout, max_rows=max_rows, max_bytes=max_bytes)
+    if result.stopped:
+        err_console.print(f"stopped at {result.stopped} (--max-rows, --max-bytes); --csv streams every row",
+                          highlight=False, markup=False)
     if parquet is not None:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -123,10 +139,6 @@ def sql(
                    for c, values in columns.items()}  # JSON columns travel as JSON text
         pq.write_table(pa.table(columns), parquet)
         err_console.print(f"{len(result.rows)} rows -> {parquet}", highlight=False)
-    elif as_csv:
-        writer = csv.writer(sys.stdout)
-        writer.writerow(result.columns)
-        writer.writerows([[plain(v) for v in row] for row in result.rows])
     elif as_json:
         records = [{c: plain(v) for c, v in zip(result.columns, row)} for row in result.rows]
         sys.stdout.write(json.dumps(records, default=str) + "\n")

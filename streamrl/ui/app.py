@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 from pathlib import Path
 from typing import Optional
@@ -29,7 +30,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
-from runtime.sql import SqlFailed, SqlRefused, plain_value, run_readonly
+from runtime.sql import SqlFailed, SqlRefused, plain_value, readonly_rows, run_readonly
 from streamrl.report import config_highlights
 from streamrl.ui.charts import figures
 from streamrl.ui.queries import PAGE, Ledger
@@ -169,9 +170,13 @@ def trajectory(request: Request, run_id: str, trajectory_id: str, ledger: Ledger
                 turns=turn_views(item, tokens), trained=sum(t.trained for t in tokens), total=len(tokens))
 
 
+SQL_PAGE_BYTES = 16 * 2**20  # what the SQL box holds of a result at most, roughly
+
+
 def sql_result(request: Request, query: str):
     try:
-        return run_readonly(request.app.state.readonly_url, query), None
+        return run_readonly(request.app.state.readonly_url, query, max_rows=SQL_ROW_LIMIT,
+                            max_bytes=SQL_PAGE_BYTES), None
     except (SqlRefused, SqlFailed) as exc:
         return None, str(exc)
 
@@ -179,19 +184,37 @@ def sql_result(request: Request, query: str):
 @router.get("/sql", response_class=HTMLResponse)
 def sql(request: Request, q: str = ""):
     result, error = sql_result(request, q) if q.strip() else (None, None)
-    rows = [[plain_value(v) for v in row] for row in result.rows[:SQL_ROW_LIMIT]] if result else []
+    rows = [[plain_value(v) for v in row] for row in result.rows] if result else []
     return page(request, "sql.html", status_code=400 if error else 200, q=q, result=result, rows=rows,
                 error=error, limit=SQL_ROW_LIMIT)
 
 
+def csv_chunks(readonly_url: str, query: str):
+    """The result as CSV text, a batch of rows at a time; the first chunk (the header)
+    comes once the statement has run, so a refused or failed one raises before any."""
+    with readonly_rows(readonly_url, query) as (columns, rows):
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow(columns)
+        yield buffer.getvalue()
+        for count, row in enumerate(rows, start=1):
+            if count % 1000 == 1:
+                buffer.seek(0)
+                buffer.truncate()
+            writer.writerow([plain_value(v) for v in row])
+            if count % 1000 == 0:
+                yield buffer.getvalue()
+        if buffer.tell():
+            yield buffer.getvalue()
+
+
 @router.get("/sql.csv")
 def sql_csv(request: Request, q: str):
-    result, error = sql_result(request, q)
-    if error:
-        return Response(error + "\n", status_code=400, media_type="text/plain")
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(result.columns)
-    writer.writerows([[plain_value(v) for v in row] for row in result.rows])
-    return StreamingResponse(iter([buffer.getvalue()]), media_type="text/csv",
+    """Every row, streamed from a server-side cursor (the page holds at most a page's)."""
+    chunks = csv_chunks(request.app.state.readonly_url, q)
+    try:
+        header = next(chunks)
+    except (SqlRefused, SqlFailed) as exc:
+        return Response(str(exc) + "\n", status_code=400, media_type="text/plain")
+    return StreamingResponse(itertools.chain([header], chunks), media_type="text/csv",
                              headers={"Content-Disposition": 'attachment; filename="streamrl-query.csv"'})
