@@ -126,6 +126,14 @@ def reinforce_advantages(rewards: np.ndarray) -> np.ndarray:
     return _as_rewards(rewards).copy()
 
 
+def group_advantages(estimator: str, rewards: np.ndarray, std_epsilon: float = GRPO_EPSILON) -> np.ndarray:
+    """A group-scope estimator on one group's rewards (grpo with the recipe's std epsilon):
+    the one place `algorithm.grpo_std_epsilon` reaches an estimator."""
+    if estimator == "grpo":
+        return grpo_advantages(rewards, std_epsilon)
+    return get_advantage_estimator(estimator)(rewards)
+
+
 def is_zero_variance(rewards: Sequence[float]) -> bool:
     """A group whose samples all scored the same teaches nothing group-relative."""
     return len(rewards) == 0 or float(np.ptp(np.asarray(rewards, dtype=np.float64))) == 0.0
@@ -151,10 +159,8 @@ def turn_advantages(group_turn_rewards: list[Sequence[float]], estimator: str,
                          f"({', '.join(sorted(GROUP_BASELINES))}), not {estimator!r}")
     returns = [returns_to_go(rewards) for rewards in group_turn_rewards]
     episode_returns = np.array([g[0] if len(g) else 0.0 for g in returns])
-    if estimator == "grpo":
-        baselines, scale = grpo_baseline(episode_returns, epsilon)
-    else:
-        baselines, scale = GROUP_BASELINES[estimator](episode_returns)
+    baselines, scale = (grpo_baseline(episode_returns, epsilon) if estimator == "grpo"
+                        else GROUP_BASELINES[estimator](episode_returns))
     return [(g - b) / scale for g, b in zip(returns, baselines)]
 
 
@@ -210,13 +216,11 @@ def advantages_by_group(group_ids: Sequence[str], rewards: Sequence[float], toke
     rewards = np.asarray(rewards, dtype=np.float64)
     counts = np.asarray(token_counts, dtype=np.float64)
     groups = list(rows_of.values())
-    estimate = get_advantage_estimator(estimator)
     if advantage_scope(estimator) == "batch":
-        values = estimate([rewards[rows] for rows in groups], [counts[rows] for rows in groups])
-    elif estimator == "grpo":
-        values = [grpo_advantages(rewards[rows], std_epsilon) for rows in groups]
+        values = get_advantage_estimator(estimator)([rewards[rows] for rows in groups],
+                                                    [counts[rows] for rows in groups])
     else:
-        values = [estimate(rewards[rows]) for rows in groups]
+        values = [group_advantages(estimator, rewards[rows], std_epsilon) for rows in groups]
     advantages = np.zeros(len(rewards))
     for rows, group_values in zip(groups, values):
         advantages[rows] = group_values

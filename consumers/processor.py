@@ -26,7 +26,7 @@ from kafka import TopicPartition
 
 from consumers.open_group import OpenGroup
 from algos.advantages import (
-    GRPO_EPSILON, advantage_scope, get_advantage_estimator, group_std, grpo_advantages, is_zero_variance,
+    GRPO_EPSILON, advantage_scope, get_advantage_estimator, group_advantages, group_std, is_zero_variance,
     turn_advantages,
 )
 from schema.events import Evaluation, GroupFiltered, Sample, Trajectory, pack_float32, unpack_int32
@@ -72,10 +72,8 @@ def group_outcome(run_id: str, group_id: str, step: int, group_size: int,
         advantages = np.array([values[0] if len(values) else 0.0 for values in turn_values])
         token_advantages = [per_token_advantages(len(unpack_int32(t.tokens)), spans, values)
                             for (t, _), (_, spans), values in zip(usable, by_turn, turn_values)]
-    elif estimator == "grpo":
-        advantages = grpo_advantages(rewards, std_epsilon)
     else:
-        advantages = get_advantage_estimator(estimator)(rewards)
+        advantages = group_advantages(estimator, rewards, std_epsilon)
     mean, std = float(rewards.mean()), group_std(rewards)
     return [
         Sample(run_id=run_id, trajectory_id=t.trajectory_id, group_id=group_id, advantage=float(a),
