@@ -45,6 +45,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from learner.warmup import cross_entropy_warmup, greedy_exact_match, supervised_items  # noqa: E402
+from runtime.chat_template import recipe_renderer  # noqa: E402
 from producers.evaluator import BaseEvaluationTarget, run_evaluator  # noqa: E402
 from producers.worker_loop import make_evaluator  # noqa: E402
 from runtime.config import Recipe  # noqa: E402
@@ -68,7 +69,7 @@ def warmed_model(recipe: Recipe, directory: Path) -> Path:
     torch.manual_seed(cfg.seed)
     tokenizer, model = load(recipe.rollout_worker.model_path)
     rows = read_rows(data.data_files, data.type, [data.prompt_key, data.answer_key])
-    items = supervised_items(rows, tokenizer, data.prompt_key, data.answer_key)
+    items = supervised_items(rows, recipe_renderer(recipe, tokenizer), data.prompt_key, data.answer_key)
     cross_entropy_warmup(model, tokenizer, items, cfg.warmup_cross_entropy_steps, cfg.warmup_batch_size,
                          dataclasses.replace(cfg, lr=cfg.warmup_lr or cfg.lr), cfg.seed)
     model.save_pretrained(directory)
@@ -143,7 +144,8 @@ def run_trl(recipe: Recipe, model_dir: Path, steps: int, target: float) -> dict:
     class GreedyCheck(TrainerCallback):
         def check(self, step, model):
             began = time.perf_counter()
-            acc = greedy_exact_match(model, tokenizer, val, prompt_key, answer_key, worker.max_response_length)
+            acc = greedy_exact_match(model, recipe_renderer(recipe, tokenizer), val, prompt_key, answer_key,
+                                     worker.max_response_length)
             model.train()
             clock["eval"] += time.perf_counter() - began
             curve.append((time.perf_counter() - clock["start"] - clock["eval"], step, acc))

@@ -24,6 +24,7 @@ from learner.checkpoint import (
 from learner.trainers import StepResult, Trainer, plan_step
 from learner.warmup import cross_entropy_warmup, demonstration_items, greedy_exact_match, supervised_items
 from runtime.config import Recipe
+from runtime.chat_template import recipe_renderer
 from runtime.dataset import read_rows
 
 STOP = "stop"
@@ -108,10 +109,11 @@ class Policy:
         before = self.val_accuracy()
         if cfg.warmup_messages_key:  # multi-turn demonstrations (agent recipes)
             rows = read_rows(data.data_files, data.type, (cfg.warmup_messages_key,))
-            items = demonstration_items(rows, self.tokenizer, cfg.warmup_messages_key)
+            items = demonstration_items(rows, recipe_renderer(self.recipe, self.tokenizer), cfg.warmup_messages_key)
         else:
             rows = read_rows(data.data_files, data.type, (data.prompt_key, data.answer_key))
-            items = supervised_items(rows, self.tokenizer, data.prompt_key, data.answer_key)
+            items = supervised_items(rows, recipe_renderer(self.recipe, self.tokenizer), data.prompt_key,
+                                     data.answer_key)
         details = cross_entropy_warmup(self.model, self.tokenizer, items, cfg.warmup_cross_entropy_steps,
                                        cfg.warmup_batch_size, dataclasses.replace(cfg, lr=cfg.warmup_lr or cfg.lr),
                                        cfg.seed, self.placement)
@@ -128,7 +130,7 @@ class Policy:
         val_rows = read_rows(val_cfg.data_files, val_cfg.type)
         val_rows = val_rows[:val_cfg.max_rows] if val_cfg.max_rows else val_rows
         with self.placement.autocast():
-            accuracy = greedy_exact_match(self.model, self.tokenizer, val_rows, val_cfg.prompt_key,
+            accuracy = greedy_exact_match(self.model, recipe_renderer(self.recipe, self.tokenizer), val_rows, val_cfg.prompt_key,
                                           val_cfg.answer_key, worker.max_response_length)
         parallel.reshard(self.model, self.placement)
         return accuracy

@@ -122,6 +122,7 @@ class RemotePolicy:
         from transformers import AutoTokenizer
 
         from learner.warmup import demonstration_items, supervised_items
+        from runtime.chat_template import recipe_renderer
         from runtime.dataset import read_rows
 
         cfg, data = self.recipe.trainer, self.recipe.data
@@ -131,10 +132,10 @@ class RemotePolicy:
         tokenizer = AutoTokenizer.from_pretrained(self.recipe.rollout_worker.model_path)
         if cfg.warmup_messages_key:
             rows = read_rows(data.data_files, data.type, (cfg.warmup_messages_key,))
-            items = demonstration_items(rows, tokenizer, cfg.warmup_messages_key)
+            items = demonstration_items(rows, recipe_renderer(self.recipe, tokenizer), cfg.warmup_messages_key)
         else:
             rows = read_rows(data.data_files, data.type, (data.prompt_key, data.answer_key))
-            items = supervised_items(rows, tokenizer, data.prompt_key, data.answer_key)
+            items = supervised_items(rows, recipe_renderer(self.recipe, tokenizer), data.prompt_key, data.answer_key)
         rng = np.random.default_rng(cfg.seed)
         adam = self._adam(cfg.warmup_lr or cfg.lr)
         pending, losses = [], []
@@ -180,7 +181,8 @@ class RemotePolicy:
         from tinker import types
         from transformers import AutoTokenizer
 
-        from runtime.dataset import read_rows
+        from runtime.chat_template import recipe_renderer
+        from runtime.dataset import lookup, read_rows
 
         val_cfg, worker = self.recipe.validate.data, self.recipe.rollout_worker
         if not val_cfg.data_files or worker.type != "single_turn" or worker.custom_rollout_worker_module_path:
@@ -193,11 +195,12 @@ class RemotePolicy:
                              "did not save sampler weights")
         sampler = self._result(self.service.create_sampling_client(model_path=saved.path), "did not start sampling")
         params = types.SamplingParams(max_tokens=worker.max_response_length, temperature=0.0)
-        futures = [sampler.sample(prompt=types.ModelInput.from_ints(tokenizer(str(row[val_cfg.prompt_key]))["input_ids"]),
+        renderer = recipe_renderer(self.recipe, tokenizer)
+        futures = [sampler.sample(prompt=types.ModelInput.from_ints(renderer.prompt_ids(lookup(row, val_cfg.prompt_key))),
                                   num_samples=1, sampling_params=params) for row in rows]
         answers = [tokenizer.decode(self._result(f, "did not sample").sequences[0].tokens, skip_special_tokens=True)
                    for f in futures]
-        return float(np.mean([a.strip() == str(row[val_cfg.answer_key]).strip() for a, row in zip(answers, rows)]))
+        return float(np.mean([a.strip() == str(lookup(row, val_cfg.answer_key)).strip() for a, row in zip(answers, rows)]))
 
     def train(self, lr: float, items: list[TrainItem] | None = None) -> StepResult:
         started = time.perf_counter()

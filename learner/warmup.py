@@ -11,29 +11,33 @@ import torch
 from learner.batching import TrainItem
 from learner.parallel import Placement
 from learner.trainers import CrossEntropyTrainer, plan_step
-from runtime.chat_format import demonstration_tokens
+from runtime.chat_template import ChatRenderer, demonstration_tokens, stop_token_ids
 from runtime.config import Trainer as TrainerConfig
+from runtime.dataset import lookup
 
 
-def demonstration_items(rows: list[dict], tokenizer, messages_key: str) -> list[TrainItem]:
+def demonstration_items(rows: list[dict], renderer: ChatRenderer, messages_key: str) -> list[TrainItem]:
     """Multi-turn demonstrations (a list of chat messages per row): only the assistant's
-    turns train, laid out exactly as the agent loop lays out its episodes."""
+    turns train, laid out exactly as the agent loop lays out its episodes (the model's
+    chat template between the assistant turns)."""
     items = []
     for i, row in enumerate(rows):
-        if not isinstance(row.get(messages_key), list):
+        if not isinstance(lookup(row, messages_key), list):
             raise ValueError(f"warm-up row {i}: {messages_key!r} must be a list of chat messages")
-        tokens, mask = demonstration_tokens(tokenizer, row[messages_key])
+        tokens, mask = demonstration_tokens(renderer, lookup(row, messages_key))
         items.append(TrainItem(tokens=np.array(tokens, dtype=np.int32), mask=np.array(mask, dtype=np.uint8),
                                behaviour_logprobs=np.zeros(len(tokens), np.float32)))
     return items
 
 
-def supervised_items(rows: list[dict], tokenizer, prompt_key: str, answer_key: str) -> list[TrainItem]:
-    """Prompt, then answer and end of sequence; only the answer and the end train."""
+def supervised_items(rows: list[dict], renderer: ChatRenderer, prompt_key: str, answer_key: str) -> list[TrainItem]:
+    """Prompt (as the rollouts send it), then answer and the end of the turn; only the
+    answer and its end train."""
     items = []
+    tokenizer = renderer.tokenizer
     for row in rows:
-        prompt = tokenizer(str(row[prompt_key]))["input_ids"]
-        answer = tokenizer(str(row[answer_key]))["input_ids"] + [tokenizer.eos_token_id]
+        prompt = renderer.prompt_ids(lookup(row, prompt_key))
+        answer = tokenizer(str(lookup(row, answer_key)), add_special_tokens=False)["input_ids"] + [renderer.turn_end_id()]
         tokens = np.array(prompt + answer, dtype=np.int32)
         mask = np.array([0] * len(prompt) + [1] * len(answer), dtype=np.uint8)
         items.append(TrainItem(tokens=tokens, mask=mask, behaviour_logprobs=np.zeros(len(tokens), np.float32)))
@@ -41,21 +45,22 @@ def supervised_items(rows: list[dict], tokenizer, prompt_key: str, answer_key: s
 
 
 @torch.no_grad()
-def greedy_exact_match(model, tokenizer, rows: list[dict], prompt_key: str, answer_key: str,
+def greedy_exact_match(model, renderer: ChatRenderer, rows: list[dict], prompt_key: str, answer_key: str,
                        max_new_tokens: int = 16) -> float:
     """Fraction of rows whose greedy completion, stripped, equals the answer."""
     if not rows:
         return float("nan")
     model.eval()
-    prompts = [tokenizer(str(r[prompt_key]))["input_ids"] for r in rows]
+    tokenizer = renderer.tokenizer
+    prompts = [renderer.prompt_ids(lookup(r, prompt_key)) for r in rows]
     width = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-                         do_sample=False, pad_token_id=pad, eos_token_id=tokenizer.eos_token_id)
+                         do_sample=False, pad_token_id=pad, eos_token_id=stop_token_ids(tokenizer))
     texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-    return float(np.mean([t.strip() == str(r[answer_key]).strip() for t, r in zip(texts, rows)]))
+    return float(np.mean([t.strip() == str(lookup(r, answer_key)).strip() for t, r in zip(texts, rows)]))
 
 
 def cross_entropy_warmup(model, tokenizer, items: list[TrainItem], steps: int, batch_size: int,

@@ -4,13 +4,15 @@ observations -> repeat, with an interaction for scripted user turns.
 Everything is kept as token ids in one growing sequence, segment by segment:
 
     segment   role        trained  where its tokens come from
-    prompt    system/user  no      rendered and tokenised (chat_format)
+    prompt    system/user  no      the model's chat template, with the tool schemas (tools=)
     turn k    assistant    yes     exactly the ids the engine sampled, with their logprobs
-    results   tool         no      rendered and tokenised
-    reply     user         no      rendered and tokenised
+    results   tool         no      the template's rendering of the tool messages
+    reply     user         no      the template's rendering of the user message
 
 so the trajectory's trained tokens are the sampled ones (no re-tokenisation of the
-model's own words; thinking kept), and every segment is recorded as a Turn.
+model's own words; thinking kept), everything else is what the model's own template
+renders (runtime/chat_template.py), and every segment is recorded as a Turn. Tool calls
+are found in a turn's text by the model family's format (runtime/tool_call_formats.py).
 
 Limits (AgentLimits) and the termination reason each gives:
     max_assistant_turns    "max_assistant_turns"  turns the model takes
@@ -27,11 +29,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
-from runtime.chat_format import (
-    encode, parse_tool_calls, render_prompt, render_tool_results, render_user_turn, stop_token_ids,
-)
+from runtime.chat_template import ChatRenderer, stop_token_ids
+from runtime.tool_call_formats import ParsedTurn, tool_call_parser, without_turn_end
 from producers.interaction import Interaction
 from producers.tools import ToolRegistry
 
@@ -99,15 +100,21 @@ class Episode:
 def run_agent_loop(client: CompletionClient, messages: list[dict[str, str]], tools: ToolRegistry | None = None,
                    interaction: Interaction | None = None, task: dict[str, Any] | None = None,
                    limits: AgentLimits | None = None, temperature: float | None = None,
-                   top_p: float | None = None) -> Episode:
-    """Run one episode from the opening `messages` (system/few-shot/user)."""
+                   top_p: float | None = None, parse: Callable[[str], ParsedTurn] | None = None,
+                   list_tools: bool = True) -> Episode:
+    """Run one episode from the opening `messages` (system/few-shot/user). The client's
+    `chat` renderer lays out every turn but the model's; `parse` finds tool calls (the
+    template's family's format by default); `list_tools` gives the template the schemas."""
     limits = limits or AgentLimits()
     task = task or {}
     tokenizer = client.tokenizer
+    renderer: ChatRenderer = getattr(client, "chat", None) or ChatRenderer(tokenizer)
+    parse = parse or tool_call_parser("auto", renderer.template)
     stops = stop_token_ids(tokenizer)
     tools = tools or ToolRegistry([])
-    prompt_text = render_prompt(messages)
-    segments = [Segment("prompt", encode(tokenizer, prompt_text), prompt_text)]
+    schemas = tools.schemas if list_tools and tools.tools else None
+    prompt_text = renderer.prompt_text(messages, schemas)
+    segments = [Segment("prompt", renderer.prompt_ids(messages, schemas), prompt_text)]
     chat = [dict(m) for m in messages]
     trace: list[dict[str, Any]] = []
     versions: list[int] = []
@@ -131,13 +138,13 @@ def run_agent_loop(client: CompletionClient, messages: list[dict[str, str]], too
         response = list(result["response_tokens"])
         text = tokenizer.decode(response, skip_special_tokens=False)
         versions.append(int(result.get("weight_version", 0)))
-        parsed = parse_tool_calls(text)
+        parsed = parse(text)
         segments.append(Segment("assistant", response, text, logprobs=list(result["logprobs"]),
                                 versions=list(result.get("token_versions") or [versions[-1]] * len(response)),
                                 meta={"finish_reason": result["finish_reason"],
                                       "weight_version": versions[-1],
                                       "tool_calls": [c.name for c in parsed.tool_calls]}))
-        chat.append({"role": "assistant", "content": text})
+        chat.append({"role": "assistant", "content": without_turn_end(text)})
         trace.append({"type": "llm", "turn": assistant_turns, "prompt_tokens": used() - len(response),
                       "response_tokens": len(response), "finish_reason": result["finish_reason"],
                       "seconds": round(time.perf_counter() - started, 4)})
@@ -161,14 +168,14 @@ def run_agent_loop(client: CompletionClient, messages: list[dict[str, str]], too
                 trace.append({"type": "tool", "turn": assistant_turns, "name": call.name,
                               "arguments": call.arguments, "ok": outcome.ok, "output": outcome.output[:500],
                               "seconds": round(outcome.seconds, 4)})
-            observation = render_tool_results(outputs)
-            observation_tokens = encode(tokenizer, observation)
+            results = [{"role": "tool", "content": output} for output in outputs]
+            observation, observation_tokens = renderer.continuation(chat, results, response, schemas)
             if used() + len(observation_tokens) > limits.max_total_tokens:
                 termination = "length"  # the observation would not fit: end on the assistant's turn
                 break
             segments.append(Segment("tool", observation_tokens, observation,
                                     meta={"tools": [c.name for c in parsed.tool_calls]}))
-            chat.append({"role": "user", "content": "\n".join(outputs), "tool_results": True})
+            chat += results
             continue
 
         if interaction is None:
@@ -184,14 +191,14 @@ def run_agent_loop(client: CompletionClient, messages: list[dict[str, str]], too
         if user_turns >= limits.max_user_turns:
             termination = "max_user_turns"
             break
-        turn_text = render_user_turn(reply.reply or "")
-        turn_tokens = encode(tokenizer, turn_text)
+        user_message = {"role": "user", "content": reply.reply or ""}
+        turn_text, turn_tokens = renderer.continuation(chat, [user_message], response, schemas)
         if used() + len(turn_tokens) > limits.max_total_tokens:
             termination = "length"
             break
         user_turns += 1
         segments.append(Segment("user", turn_tokens, turn_text, meta=dict(reply.meta or {})))
-        chat.append({"role": "user", "content": reply.reply or ""})
+        chat.append(user_message)
 
     return Episode(segments=segments, messages=chat, termination=termination, final_answer=final_answer,
                    assistant_turns=assistant_turns, user_turns=user_turns, tool_calls=calls_made,

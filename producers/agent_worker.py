@@ -16,7 +16,10 @@ Agent config (paths relative to the agent config's folder):
       - {role: assistant, content: "..."}
     query_template: "Q: {prompt}"               # the user message, from the task's row
     tools: tools.yaml                           # a tool config file, or the list inline
-    tools_in_system_prompt: true                # Qwen-style tool listing in the system prompt
+    tools_in_system_prompt: true                # the schemas go to the chat template (tools=), listed as
+                                                # the model's family lists them; false: the prompt does it
+    tool_call_format: auto                      # how calls are parsed: auto (from the chat template),
+                                                # hermes, llama3_json, mistral, or file.py:function
     llm_config: {temperature: 1.0, top_p: 1.0, max_tokens: 64}   # per turn; validation is greedy
     limits: {max_assistant_turns: 8, max_user_turns: 0, max_tool_calls_per_turn: 4, max_total_tokens: 1024}
     interaction: {module_path: "interaction.py:MyUser", kwargs: {}}
@@ -42,14 +45,14 @@ import yaml
 
 from producers.agent_facade import LoopAgent
 from producers.agent_loop import AgentLimits, Episode, episode_turns, run_agent_loop
-from runtime.chat_format import tools_system_text
 from producers.evaluator import BaseEvaluationTarget, EvaluationOutcome, run_evaluator
 from producers.interaction import Interaction
 from producers.rollout import BaseRolloutWorker, Trajectory, register_rollout_worker, token_loss_mask
 from producers.tools import ToolConfigError, ToolRegistry
 from runtime.plugins import load_class
+from runtime.tool_call_formats import TOOL_CALL_FORMATS, tool_call_parser
 
-AGENT_CONFIG_KEYS = {"system_prompt", "few_shot", "query_template", "tools", "tools_in_system_prompt",
+AGENT_CONFIG_KEYS = {"system_prompt", "few_shot", "query_template", "tools", "tools_in_system_prompt", "tool_call_format",
                      "llm_config", "limits", "interaction", "max_tool_output_chars",
                      # the guide's agent-config keys (checked by `guide_key_problems`)
                      "type", "name", "max_context_tokens", "system_prompt_type", "tool_call_mode", "tracers"}
@@ -109,6 +112,10 @@ def load_agent_config(path: str | Path) -> dict[str, Any]:
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system") \
                 or not isinstance(message.get("content"), str):
             problems.append(f"few_shot[{i}]: expected {{role: user|assistant|system, content: text}}")
+    call_format = str(config.get("tool_call_format", "auto"))
+    if call_format != "auto" and ":" not in call_format and call_format not in TOOL_CALL_FORMATS:
+        problems.append(f"tool_call_format: {call_format!r} is none of auto, {', '.join(TOOL_CALL_FORMATS.names())}, "
+                        "or file.py:function")
     interaction = config.get("interaction")
     if interaction is not None and (not isinstance(interaction, dict) or not interaction.get("module_path")):
         problems.append("interaction.module_path: required ('file.py:Class')")
@@ -117,6 +124,12 @@ def load_agent_config(path: str | Path) -> dict[str, Any]:
         raise AgentConfigError(f"{path}: " + "; ".join(problems))
     config["_dir"] = str(path.resolve().parent)
     return config
+
+
+def client_template(client) -> str | None:
+    """The chat template `client` renders with (its renderer's, else its tokenizer's)."""
+    renderer = getattr(client, "chat", None)
+    return renderer.template if renderer is not None else getattr(client.tokenizer, "chat_template", None)
 
 
 def add_workspace_to_path(workspace: str | Path | None) -> None:
@@ -171,14 +184,19 @@ class AgentRolloutWorker(BaseRolloutWorker):
 
     # --- override points ------------------------------------------------------------------
     def format_query(self, task: dict[str, Any]) -> list[dict[str, str]]:
-        """The opening messages: system prompt (with the tool listing), few-shot turns, the question."""
+        """The opening messages: system prompt, few-shot turns, the question (a task whose
+        prompt is chat messages brings its own; the config's system prompt goes first
+        unless they hold one). The chat template lists the tools."""
         cfg = self.agent_config
         system = cfg.get("system_prompt") or ""
-        if self.tools.tools and cfg.get("tools_in_system_prompt", True):
-            system += tools_system_text(self.tools.schemas)
+        few_shot = [dict(m) for m in cfg.get("few_shot") or []]
+        prompt = task.get("prompt")
+        if isinstance(prompt, list):
+            own_system = [dict(m) for m in prompt[:1] if m.get("role") == "system"]
+            opening = own_system or ([{"role": "system", "content": system}] if system else [])
+            return opening + few_shot + [dict(m) for m in prompt[len(own_system):]]
         messages = [{"role": "system", "content": system}] if system else []
-        messages += [dict(m) for m in cfg.get("few_shot") or []]
-        return messages + [{"role": "user", "content": self.format_task_query(task)}]
+        return messages + few_shot + [{"role": "user", "content": self.format_task_query(task)}]
 
     def format_task_query(self, data_item: dict[str, Any]) -> str:
         """The user message: the agent config's `query_template` filled from the task's
@@ -196,8 +214,11 @@ class AgentRolloutWorker(BaseRolloutWorker):
         llm = self.agent_config.get("llm_config") or {}
         interaction = self.interaction_class(**(self.agent_config["interaction"].get("kwargs") or {})) \
             if self.interaction_class else None
-        return run_agent_loop(client or self._inference_client, messages, self.tools, interaction,
-                              task, self.limits,
+        client = client or self._inference_client
+        parse = tool_call_parser(str(self.agent_config.get("tool_call_format", "auto")), client_template(client),
+                                 self.agent_config["_dir"])
+        return run_agent_loop(client, messages, self.tools, interaction, task, self.limits, parse=parse,
+                              list_tools=bool(self.agent_config.get("tools_in_system_prompt", True)),
                               # validation samples with the validation settings (greedy)
                               temperature=None if task.get("is_val") else llm.get("temperature"),
                               top_p=None if task.get("is_val") else llm.get("top_p"))

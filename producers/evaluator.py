@@ -18,6 +18,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.dataset import lookup
 from runtime.plugins import LoadError, load_class  # noqa: F401  (the seed API's loader, re-exported)
 
 
@@ -72,7 +73,7 @@ class ExactMatchEvaluator(Evaluator):
     answer_key = "answer"
 
     def evaluate(self, data, evaluation_target):
-        truth = str(data.get(self.answer_key, "")).strip()
+        truth = str(lookup(data, self.answer_key)).strip()  # no answer: an evaluator error, not a reward of 0
         output = evaluation_target.final_answer.strip()
         correct = float(output == truth)
         return EvaluationRunResult(reward=correct, ground_truth=truth, metrics={"accuracy": correct})

@@ -18,6 +18,7 @@ reward 0 with the error recorded.
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from typing import Any
@@ -28,6 +29,7 @@ from producers.evaluator import (
     BaseEvaluationTarget, EvaluationRunResult, Evaluator, ExactMatchEvaluator, run_evaluator,
 )
 from producers.sandbox import SandboxLimits, run_python
+from runtime.dataset import lookup
 from runtime.registry import Registry
 
 # `rollout_worker.evaluator_module_path: builtin:NAME`: Evaluator classes, constructed
@@ -37,7 +39,13 @@ register_evaluator = BUILTIN_EVALUATORS.register
 
 
 def _answer(data: dict, key: str) -> str:
-    return str(data.get(key, "")).strip()
+    """The row's reference answer; a row without one is an evaluator error (recorded with
+    the rollout), never a silent reward of 0 against an empty answer."""
+    try:
+        return str(lookup(data, key)).strip()
+    except KeyError as exc:
+        raise KeyError(f"the task's row has no answer at {exc.args[0]} (data.answer_key, or the "
+                       "evaluator's answer_key)") from None
 
 
 @register_evaluator("exact_match")
@@ -174,7 +182,7 @@ class Weighted(Evaluator):
     """criteria: [{evaluator: "builtin:tag", weight: 0.8, kwargs: {...}}, ...]; the reward
     is the weighted mean, and each criterion's reward is a metric."""
 
-    def __init__(self, criteria: list[dict[str, Any]]):
+    def __init__(self, criteria: list[dict[str, Any]], answer_key: str | None = None):
         if not criteria:
             raise ValueError("weighted: criteria must name at least one evaluator")
         self.criteria = []
@@ -183,7 +191,8 @@ class Weighted(Evaluator):
                 raise ValueError(f"weighted: criteria[{i}].evaluator is required")
             name = criterion.get("name") or criterion["evaluator"].split(":")[-1]
             self.criteria.append((name, float(criterion.get("weight", 1.0)),
-                                  make_evaluator(criterion["evaluator"], criterion.get("kwargs") or {})))
+                                  make_evaluator(criterion["evaluator"], criterion.get("kwargs") or {},
+                                                 answer_key=answer_key)))
         if sum(w for _, w, _ in self.criteria) <= 0:
             raise ValueError("weighted: the weights must add up to more than 0")
 
@@ -220,7 +229,7 @@ class LLMJudge(Evaluator):
         self.question_key, self.answer_key, self.temperature = question_key, answer_key, temperature
 
     def evaluate(self, data, evaluation_target):
-        prompt = self.prompt.format(question=data.get(self.question_key, ""), answer=data.get(self.answer_key, ""),
+        prompt = self.prompt.format(question=lookup(data, self.question_key, ""), answer=lookup(data, self.answer_key, ""),
                                     response=evaluation_target.final_answer, max_score=self.max_score)
         reply = self.client.chat.completions.create(model=self.model, temperature=self.temperature,
                                                     messages=[{"role": "user", "content": prompt}])
@@ -235,17 +244,22 @@ class LLMJudge(Evaluator):
 
 
 
-def make_evaluator(spec: str | None, kwargs: dict[str, Any] | None = None, base_dir: str = ".") -> Evaluator:
-    """ "builtin:NAME" or "file.py:Class", constructed with `kwargs`; None gives exact match."""
+def make_evaluator(spec: str | None, kwargs: dict[str, Any] | None = None, base_dir: str = ".",
+                   answer_key: str | None = None) -> Evaluator:
+    """ "builtin:NAME" or "file.py:Class", constructed with `kwargs`; None gives exact match.
+    A built-in evaluator reads the answer at `answer_key` (data.answer_key) unless its
+    kwargs name another."""
     from runtime.plugins import LoadError, load_class
     kwargs = dict(kwargs or {})
     if not spec:
-        return ExactMatch(**kwargs)
+        spec = "builtin:exact_match"
     if spec.startswith("builtin:"):
         name = spec.removeprefix("builtin:")
         if name not in BUILTIN_EVALUATORS:
             raise LoadError(f"{spec!r}: no built-in evaluator {name!r} (built in: {', '.join(BUILTIN_EVALUATORS.names())})")
         cls = BUILTIN_EVALUATORS.get(name)
+        if answer_key and "answer_key" not in kwargs and "answer_key" in inspect.signature(cls).parameters:
+            kwargs["answer_key"] = answer_key
     else:
         cls = load_class(spec, base_dir, Evaluator)
     try:

@@ -4,11 +4,13 @@ how a trajectory's behaviour logprobs are recovered from the completions it reco
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 from typing import Any
 
 from producers.inference import Completion, SamplingParams
+from runtime.chat_template import ChatRenderer
 
 log = logging.getLogger("streamrl.worker")
 
@@ -17,11 +19,14 @@ class InferenceClient:
     """`completion(prompt)` for workers; records the completions of the current rollout.
 
     `engine` is an engine front (`tokenizer`, `complete(prompt_ids, params)`): the
-    embedded BatchingEngine, or an inference server's (SGLang, OpenAI-compatible)."""
+    embedded BatchingEngine, or an inference server's (SGLang, OpenAI-compatible).
+    `chat` renders prompts (a string, or chat messages) with the model's chat template
+    (`data.apply_chat_template`); a prompt of token ids is sent as it is."""
 
     def __init__(self, engine, defaults: SamplingParams, val_defaults: SamplingParams | None = None,
-                 max_prompt_tokens: int | None = None):
+                 max_prompt_tokens: int | None = None, chat: ChatRenderer | None = None):
         self._engine = engine
+        self._chat = chat
         self.max_prompt_tokens = max_prompt_tokens  # a task's prompt may not be longer (in tokens)
         self._train_defaults = defaults
         self._val_defaults = val_defaults or defaults
@@ -30,7 +35,7 @@ class InferenceClient:
         # A group's rollouts share their prompt, so most prompts are tokenised again
         # and again; the tokenizer's call costs more than a small model's sampling step.
         self._prompt_ids = functools.lru_cache(maxsize=4096)(
-            lambda prompt: tuple(self.tokenizer(prompt)["input_ids"]))
+            lambda prompt: tuple(self.chat.prompt_ids(json.loads(prompt[1:]) if prompt.startswith("\x00") else prompt)))
 
     @property
     def _defaults(self) -> SamplingParams:
@@ -41,8 +46,17 @@ class InferenceClient:
     def tokenizer(self):
         return self._engine.tokenizer
 
-    def tokenize(self, prompt: str) -> list[int]:
-        return list(self._prompt_ids(prompt))
+    @property
+    def chat(self) -> ChatRenderer:
+        if self._chat is None:  # built on first use: a server engine's tokenizer loads with it
+            self._chat = ChatRenderer(self.tokenizer)
+        return self._chat
+
+    def tokenize(self, prompt: str | list[dict[str, Any]]) -> list[int]:
+        """The ids a prompt is sent as: text or chat messages through the chat template
+        (or raw text, `apply_chat_template: false`)."""
+        key = prompt if isinstance(prompt, str) and not prompt.startswith("\x00") else "\x00" + json.dumps(prompt)
+        return list(self._prompt_ids(key))
 
     def begin(self, is_val: bool = False) -> None:
         self._local.completions = []
@@ -51,14 +65,15 @@ class InferenceClient:
     def recorded(self) -> list[Completion]:
         return list(getattr(self._local, "completions", []))
 
-    def completion(self, prompt: str | list[int], temperature: float | None = None,
+    def completion(self, prompt: str | list[int] | list[dict[str, Any]], temperature: float | None = None,
                    max_tokens: int | None = None, top_p: float | None = None,
                    stop_token_ids: list[int] | tuple[int, ...] = ()) -> dict[str, Any]:
         """Sample after `prompt`, for any worker: the rollout's first prompt may not pass
         `max_prompt_length` (the rollout fails, with the numbers) and no completion samples
         more than `max_response_length` tokens (a larger `max_tokens` is lowered to it,
         said once in the log)."""
-        prompt_ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        is_ids = isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
+        prompt_ids = list(prompt) if is_ids else self.tokenize(prompt)
         first_call = not getattr(self._local, "completions", None)
         if first_call and self.max_prompt_tokens is not None and len(prompt_ids) > self.max_prompt_tokens:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens, more than max_prompt_length "

@@ -41,7 +41,7 @@ class ScriptedUser(Interaction):
     """Plays the task's `user_turns` list in order, then ends the episode."""
 
     def respond(self, messages, task):
-        spoken = sum(1 for m in messages if m["role"] == "user" and not m.get("tool_results"))
+        spoken = sum(1 for m in messages if m["role"] == "user")
         script = list(task.get("user_turns") or [])
         next_index = spoken - 1  # the first user message is the task's own prompt
         if next_index >= len(script):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from schema.events import RunEvent, Task, WeightVersion
 from runtime.bus import EventPublisher, RunReader, create_run_topics
-from runtime.dataset import epoch_batches, read_rows
+from runtime.dataset import epoch_batches, lookup, read_rows, saved_chat_template
 from runtime.config import Recipe
 from runtime.settings import Settings
 
@@ -62,14 +62,14 @@ def step_tasks(run_id: str, step: int, rows: list[dict], group_size: int, prompt
         group_id = f"s{step:06d}-g{g:04d}"
         for i in range(group_size):
             tasks.append(Task(run_id=run_id, task_id=f"{group_id}-{i}", group_id=group_id, sample_index=i,
-                              group_size=group_size, prompt=str(row[prompt_key]), data=row, step=step,
+                              group_size=group_size, prompt=lookup(row, prompt_key), data=row, step=step,
                               min_weight_version=min_weight_version))
     return tasks
 
 
 def validation_tasks(run_id: str, version: int, rows: list[dict], prompt_key: str) -> list[Task]:
     return [Task(run_id=run_id, task_id=f"val{version:06d}-{i:05d}", group_id=f"val{version:06d}-{i:05d}",
-                 group_size=1, prompt=str(row[prompt_key]), data=row, is_val=True, step=version,
+                 group_size=1, prompt=lookup(row, prompt_key), data=row, is_val=True, step=version,
                  min_weight_version=version)
             for i, row in enumerate(rows)]
 
@@ -86,7 +86,11 @@ def git_sha() -> str | None:
 def create_run(settings: Settings, run_id: str, recipe: Recipe, publisher: EventPublisher,
                parent_run_id: str | None = None) -> None:
     create_run_topics(settings, run_id)
-    publisher.publish(RunEvent(run_id=run_id, kind="created", name=recipe.experiment_name, config=recipe.to_dict(),
+    config = recipe.to_dict()
+    if recipe.data.apply_chat_template is not False and not recipe.data.chat_template:
+        # the template the run renders with, as the model folder holds it now
+        config["data"]["chat_template"] = saved_chat_template(recipe.rollout_worker.model_path)
+    publisher.publish(RunEvent(run_id=run_id, kind="created", name=recipe.experiment_name, config=config,
                                parent_run_id=parent_run_id, details={"git_sha": git_sha()}))
     publisher.flush()
 
@@ -98,9 +102,10 @@ def run_publisher(settings: Settings, run_id: str, recipe: Recipe, stop: threadi
     skip = skip_task_ids or set()
     stop = stop or threading.Event()
     data = recipe.data
-    rows = read_rows(data.data_files, data.type, text_keys=(data.prompt_key,))
+    rows = read_rows(data.data_files, data.type, prompt_keys=(data.prompt_key,))
     val_cfg = recipe.validate.data
-    val_rows = read_rows(val_cfg.data_files, val_cfg.type, text_keys=(val_cfg.prompt_key,)) if val_cfg.data_files else []
+    val_rows = read_rows(val_cfg.data_files, val_cfg.type, prompt_keys=(val_cfg.prompt_key,)) \
+        if val_cfg.data_files else []
     if val_cfg.max_rows:
         val_rows = val_rows[:val_cfg.max_rows]
     pacing = pacing_for(recipe, len(rows))

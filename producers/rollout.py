@@ -29,6 +29,7 @@ from producers.inference import Completion, InferenceUnavailable
 from producers.inference_client import InferenceClient, behaviour_logprobs  # noqa: F401  (the seed API's names)
 from schema.events import Evaluation, Task, Turn, pack_float32, pack_int32, pack_mask
 from schema.events import Trajectory as TrajectoryEvent
+from runtime.chat_template import as_messages
 from runtime.registry import Registry
 
 SUCCESS, FAIL, RE_ROLLOUT = "success", "fail", "re-rollout"
@@ -124,9 +125,10 @@ class BaseRolloutWorker:
     def rollout(self, task: dict[str, Any]) -> str | None:
         raise NotImplementedError
 
-    def format_task_query(self, data_item: dict[str, Any]) -> str:
-        """The prompt text of a task (default: its `prompt` field)."""
-        return str(data_item.get("prompt", ""))
+    def format_task_query(self, data_item: dict[str, Any]) -> str | list[dict[str, Any]]:
+        """The prompt of a task (default: its `prompt` field, text or chat messages; the
+        inference client renders it with the model's chat template)."""
+        return data_item.get("prompt", "")
 
     def get_train_loss_mask(self, trajectory_infos: list[dict[str, Any]]) -> list[bool]:
         """Which sampled tokens train, given one info per LLM call of the rollout
@@ -277,7 +279,7 @@ class SingleTurnWorker(BaseRolloutWorker):
                 self._publish_put()
         return left
 
-    def _query_and_prompt(self, task: dict[str, Any]) -> tuple[str, list[int]]:
+    def _query_and_prompt(self, task: dict[str, Any]) -> tuple[str | list[dict[str, Any]], list[int]]:
         query = self.format_task_query(task)
         prompt = self._inference_client.tokenize(query)
         limit = self._inference_client.max_prompt_tokens
@@ -285,9 +287,9 @@ class SingleTurnWorker(BaseRolloutWorker):
             raise ValueError(f"the prompt has {len(prompt)} tokens, more than max_prompt_length ({limit})")
         return query, prompt
 
-    def _score(self, task: dict[str, Any], query: str, result: dict[str, Any]) -> str:
+    def _score(self, task: dict[str, Any], query: str | list[dict[str, Any]], result: dict[str, Any]) -> str:
         info = {"prompt_tokens": result["prompt_tokens"], "response_tokens": result["response_tokens"],
-                "prompt_messages": [{"role": "user", "content": query}],
+                "prompt_messages": as_messages(query),
                 "response_message": {"role": "assistant", "content": result["response"]},
                 "finish_reason": result["finish_reason"], "is_final": True, "start": len(result["prompt_tokens"])}
         tokens = result["prompt_tokens"] + result["response_tokens"]
@@ -383,7 +385,8 @@ def build_events(task: Task, trajectory: Trajectory, logprobs: list[float], weig
         tokens=pack_int32(trajectory.tokens),
         loss_mask=pack_mask(trajectory.loss_mask), logprobs=pack_float32(logprobs), prompt_length=prompt_length,
         token_versions=pack_int32(token_versions) if spans_versions else b"",
-        prompt_text=str(task.prompt), response_text=str(extra.get("response", "")),
+        prompt_text=task.prompt if isinstance(task.prompt, str) else json.dumps(task.prompt, ensure_ascii=False),
+        response_text=str(extra.get("response", "")),
         finish_reason=str(extra.pop("finish_reason", completions[-1].finish_reason if completions else "")),
         turns=[Turn(**turn) for turn in trajectory.turns or []], worker_id=worker_id, is_val=task.is_val,
         step=task.step, extra_fields=extra)

@@ -35,6 +35,7 @@ from producers.evaluator_builtins import make_evaluator as build_evaluator
 from producers.inference import INFERENCE_BACKENDS, SamplingParams
 from producers.rollout import ROLLOUT_WORKERS, BaseRolloutWorker, InferenceClient, make_worker
 from runtime.bus import EventPublisher, RunReader
+from runtime.chat_template import ChatRenderer
 from runtime.config import Recipe
 from runtime.plugins import load_class
 from runtime.settings import Settings
@@ -46,7 +47,7 @@ WORKER_GROUP = "streamrl-worker"
 
 def make_evaluator(recipe: Recipe) -> Evaluator:
     worker = recipe.rollout_worker
-    return build_evaluator(worker.evaluator_module_path, worker.evaluator_kwargs)
+    return build_evaluator(worker.evaluator_module_path, worker.evaluator_kwargs, answer_key=recipe.data.answer_key)
 
 
 def worker_class(recipe: Recipe) -> type[BaseRolloutWorker]:
@@ -112,7 +113,8 @@ class WorkerLoop:
             self.engine,
             SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature, top_p=cfg.top_p),
             SamplingParams(max_new_tokens=cfg.max_response_length, temperature=recipe.validate.temperature),
-            max_prompt_tokens=min(cfg.max_prompt_length, recipe.data.max_prompt_length))
+            max_prompt_tokens=min(cfg.max_prompt_length, recipe.data.max_prompt_length),
+            chat=ChatRenderer(self.engine.tokenizer, recipe.data.apply_chat_template, recipe.data.chat_template))
         # a group's trajectories (and its evaluations) leave as one record each
         self.publisher = EventPublisher(settings, bundle=True, stage="worker")
         self.worker = make_worker(worker_class(recipe), cfg.worker_config(), client, make_evaluator(recipe),

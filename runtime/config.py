@@ -23,7 +23,7 @@ import enum
 import math
 import typing
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 
 from runtime.config_fields import describe_range, knob, only, out_of_range, path_field  # noqa: F401
@@ -40,15 +40,24 @@ class Environment:
 
 @dataclass
 class Data:
-    type: Literal["jsonl", "parquet"] = knob("jsonl", "the data files' format")
+    type: Literal["jsonl", "parquet", "hf"] = knob("jsonl", "the data files' format (hf: folders written by "
+                                                             "datasets' save_to_disk)")
     data_files: list[str] = knob(help="the rows, relative to the recipe's folder", factory=list, path=True)
     shuffle: bool = knob(True, "shuffle the rows (each epoch, with seed)")
     seed: int = knob(42, "the shuffle's seed")
     max_prompt_length: int = knob(512, "a longer prompt (in tokens) fails its rollout, recorded with the numbers "
                                        "(the smaller of this and rollout_worker.max_prompt_length applies)", ge=1)
-    prompt_key: str = knob("prompt", "the column holding the prompt")
-    answer_key: str = knob("answer", "the column holding the target text (for evaluators, the cross-entropy "
-                                     "trainer and the warm-up)")
+    prompt_key: str = knob("prompt", "the column holding the prompt: a string or a list of chat messages "
+                                     "(a dotted path reaches into nested columns)")
+    answer_key: str = knob("answer", "the column holding the target text, a dotted path allowed "
+                                     "(reward_model.ground_truth): the built-in evaluators', the cross-entropy "
+                                     "trainer's and the warm-up's")
+    apply_chat_template: Union[bool, Literal["auto"]] = knob(
+        "auto", "render prompts with the model's chat template: auto (when the tokenizer has one), true, or false "
+                "(raw text, for pretrained-only models)")
+    chat_template: Optional[str] = knob(None, "a Jinja chat template used instead of the tokenizer's: a .jinja file "
+                                              "(relative to the recipe's folder) or the template's text; the run "
+                                              "records the template it used here")
     batch_size: int = only(1, "a step's size is trajectory_pool.batch_size")
     num_workers: int = only(1, "the publisher reads the data in one process")
     max_rows: Optional[int] = knob(None, "use only the first N rows (validation sets)", ge=1)

@@ -48,3 +48,14 @@ def load_class(spec: str, base_dir: str | Path = ".", expected: type | None = No
     if expected is not None and not issubclass(cls, expected):
         raise LoadError(f"{spec!r}: {class_name} is not a subclass of {expected.__name__}")
     return cls
+
+
+def load_function(spec: str, base_dir: str | Path = ".") -> object:
+    """The function named by "path/to/file.py:function_name" (the path relative to `base_dir`)."""
+    path_text, sep, name = spec.rpartition(":")
+    if not sep or not path_text or not name:
+        raise LoadError(f"{spec!r}: expected 'path/to/file.py:function_name'")
+    function = getattr(load_module(Path(base_dir) / path_text, spec), name, None)
+    if not callable(function) or isinstance(function, type):
+        raise LoadError(f"{spec!r}: {Path(path_text).name} defines no function {name!r}")
+    return function

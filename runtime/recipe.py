@@ -29,6 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from runtime.config import Recipe, check_against, coerce_strings, missing_files
 from runtime.service_config import TinkerService
 from runtime.guide_forms import apply_guide_forms
+from runtime.dataset import DatasetError, data_section_problems, resolve_chat_template
 
 
 class RecipeError(ValueError):
@@ -194,6 +195,10 @@ def resolve_paths(recipe: Recipe, base: Path) -> Recipe:
     recipe.environment.env_script = _absolute(recipe.environment.env_script, base)
     if worker.trace_path and not Path(worker.trace_path).is_absolute():  # as the guide: from where the run starts
         worker.trace_path = str(Path.cwd() / worker.trace_path)
+    try:  # the template's text: every process renders with the same one, and the ledger records it
+        recipe.data.chat_template = resolve_chat_template(recipe.data.chat_template, path_bases(base))
+    except DatasetError as exc:
+        raise RecipeError(base, [str(exc)]) from None
     return recipe
 
 
@@ -276,7 +281,7 @@ def consistency_problems(recipe: Recipe) -> list[str]:
                         "(file.py:Class); give the class in one place")
     if worker.trace_path and not worker.save_trace:
         problems.append("rollout_worker.trace_path: traces are written only with save_trace: true")
-    problems += algorithm_number_problems(recipe.algorithm)
+    problems += algorithm_number_problems(recipe.algorithm) + data_section_problems(recipe)
     return problems + inference_service_problems(recipe)
 
 

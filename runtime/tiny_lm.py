@@ -1,4 +1,4 @@
-"""A tiny causal LM and a character tokenizer, built locally and saved as a normal
+"""A tiny causal LM and a byte-level tokenizer, built locally and saved as a normal
 Hugging Face model directory.
 
 No machine here can download weights, so built-in recipes and tests make their model
@@ -8,57 +8,78 @@ with this module and then load it back through the same code real users use
 
 from __future__ import annotations
 
-import string
+import json
 from pathlib import Path
 
 import torch
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-SPECIAL_TOKENS = ["<pad>", "<unk>", "<bos>", "<eos>"]
-CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
-# The chat markers of Qwen-style chat models, for agent recipes: the turn markers are
-# special tokens (skipped when decoding), the tool and thinking tags ordinary added
-# tokens (kept in decoded text, so a parser can find them), as in Qwen's tokenizers.
-CHAT_SPECIAL_TOKENS = ["<|im_start|>", "<|im_end|>"]
-CHAT_TAG_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+from runtime.builtin_families import BUILTIN_MODEL_VERSION, FAMILIES, STAMP_FILE, Family
 
 
-def build_char_tokenizer(characters: str = CHARACTERS, chat_tokens: bool = False) -> PreTrainedTokenizerFast:
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + sorted(set(characters)))}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    # One token per character. (`tokenizers` rejects the regex "(?s)."; [\s\S] is the same.)
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()
-    if chat_tokens:
-        tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CHAT_SPECIAL_TOKENS])
-        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in CHAT_TAG_TOKENS])
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>",
-                                   bos_token="<bos>", eos_token="<eos>")
+def byte_alphabet() -> list[str]:
+    """The 256 printable characters byte-level tokenizers spell bytes with (GPT-2's
+    mapping), in byte order: the token of byte b is id b."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    spelled, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            spelled[byte] = chr(byte)
+        else:
+            spelled[byte] = chr(256 + extra)
+            extra += 1
+    return [spelled[b] for b in range(256)]
 
 
-def tiny_qwen2_config(vocab_size: int, hidden_size: int = 128, layers: int = 2, heads: int = 4,
-                      max_positions: int = 128, **token_ids) -> Qwen2Config:
-    return Qwen2Config(
-        vocab_size=vocab_size,  # must equal the tokenizer's size (SGLang samples ids beyond it otherwise)
-        hidden_size=hidden_size, intermediate_size=hidden_size * 2, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=max_positions,
-        tie_word_embeddings=True, **token_ids,
-    )
+def build_tokenizer(family: str = "chatml") -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer: every byte of any text is one token (nothing is unknown,
+    no whitespace is lost), plus the family's special and tag tokens and chat template."""
+    spec: Family = FAMILIES[family]
+    vocab = {token: i for i, token in enumerate(byte_alphabet())}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))  # no merges: one token per byte
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec.special_tokens])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in spec.tag_tokens])
+    if spec.add_bos:
+        bos_id = tokenizer.token_to_id(spec.bos)
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{spec.bos} $A", pair=f"{spec.bos} $A {spec.bos} $B", special_tokens=[(spec.bos, bos_id)])
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=spec.bos, eos_token=spec.eos,
+                                      pad_token=spec.pad, clean_up_tokenization_spaces=False)
+    wrapped.chat_template = spec.chat_template
+    return wrapped
 
 
-def build_tiny_model(directory: str | Path, seed: int = 0, chat_tokens: bool = False, **config_overrides) -> Path:
-    """Write a randomly initialised tiny Qwen2 and its tokenizer to `directory`."""
+def tiny_config(tokenizer, family: str = "chatml", hidden_size: int = 128, layers: int = 2, heads: int = 4,
+                max_positions: int = 128, **overrides):
+    """A small config of the family's architecture, its vocabulary exactly the tokenizer's
+    (SGLang samples ids beyond it otherwise)."""
+    return AutoConfig.for_model(
+        FAMILIES[family].model_type, vocab_size=len(tokenizer), hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=heads, max_position_embeddings=max_positions, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, **overrides)
+
+
+def build_tiny_model(directory: str | Path, seed: int = 0, family: str = "chatml", **config_overrides) -> Path:
+    """Write a randomly initialised tiny model of `family`'s architecture and its tokenizer
+    to `directory`, stamped with the built-in model version."""
     directory = Path(directory)
-    tokenizer = build_char_tokenizer(chat_tokens=chat_tokens)
-    config = tiny_qwen2_config(len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                               **config_overrides)
+    tokenizer = build_tokenizer(family)
+    config = tiny_config(tokenizer, family, **config_overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+    write_stamp(directory, family)
     return directory
+
+
+def write_stamp(directory: Path, family: str) -> None:
+    (directory / STAMP_FILE).write_text(json.dumps({"version": BUILTIN_MODEL_VERSION, "family": family}))
 
 
 def load(directory: str | Path):

@@ -103,6 +103,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "agent_workspace"))
 
 from text_utils import reverse_text  # noqa: E402
+from runtime.builtin_families import is_current  # noqa: E402  (the model is rebuilt when stale)
 
 
 def row(rng):
@@ -117,7 +118,7 @@ def row(rng):
 
 def main():
     out = HERE / "generated"
-    if (out / "model").exists():
+    if is_current(out / "model"):
         return
     from runtime.tiny_lm import build_tiny_model  # torch only when there is a model to build
 
@@ -125,7 +126,7 @@ def main():
     rng = random.Random(0)
     for name, count in (("train", 1000), ("val", 50)):
         (out / f"{{name}}.jsonl").write_text("".join(json.dumps(row(rng)) + "\\n" for _ in range(count)))
-    build_tiny_model(out / "model", chat_tokens=True, max_positions=256)
+    build_tiny_model(out / "model", max_positions=256)
 
 
 if __name__ == "__main__":

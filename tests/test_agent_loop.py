@@ -13,9 +13,8 @@ import pytest
 
 from producers.agent_loop import AgentLimits, run_agent_loop
 from producers.agent_worker import AgentConfigError, AgentRolloutWorker, load_agent_config
-from runtime.chat_format import (
-    demonstration_tokens, encode, parse_tool_calls, render_prompt, render_tool_results, render_user_turn,
-)
+from runtime.chat_template import ChatRenderer, demonstration_tokens, encode
+from runtime.tool_call_formats import parse_hermes
 from producers.evaluator import ExactMatchEvaluator
 from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
 from producers.interaction import ScriptedUser
@@ -23,17 +22,26 @@ from producers.rollout import InferenceClient
 from producers.tools import ToolConfigError, ToolRegistry
 from schema.events import Task, unpack_float32, unpack_int32, unpack_mask
 from runtime.bus import EventPublisher, create_run_topics
-from runtime.tiny_lm import build_char_tokenizer, build_tiny_model
+from runtime.tiny_lm import build_tiny_model, build_tokenizer
 from tests.conftest import SinkThread, wait_for
 
-TOKENIZER = build_char_tokenizer(chat_tokens=True)
+TOKENIZER = build_tokenizer("chatml")
+RENDERER = ChatRenderer(TOKENIZER)
 IM_END = TOKENIZER.convert_tokens_to_ids("<|im_end|>")
 
 
 def char_ids(text: str) -> list[int]:
-    """Ids of `text` one character at a time: not what the tokenizer would produce for
-    "<tool_call>" (one added token), so a re-tokenising loop would change them."""
-    return [TOKENIZER.convert_tokens_to_ids(c) for c in text]
+    """Ids of `text` one byte at a time (the byte-level tokenizer's byte b is id b): not
+    what the tokenizer would produce for "<tool_call>" (one added token), so a
+    re-tokenising loop would change them."""
+    return list(text.encode())
+
+
+def chatml(text: str) -> list[int]:
+    return encode(TOKENIZER, text)
+
+
+TOOL_RESULT_42 = "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
 
 class ScriptedClient:
@@ -116,9 +124,11 @@ def test_scripted_episode_has_the_exact_token_and_mask_layout(tmp_path):
                                 client, ExactMatchEvaluator(), published.append)
     trajectory, evaluation = worker.run_task(make_task())
 
-    prompt = encode(TOKENIZER, render_prompt([{"role": "system", "content": "Use the tool."},
-                                               {"role": "user", "content": "key: ab"}]))
-    observation = encode(TOKENIZER, render_tool_results(["42"]))
+    # the ChatML layout, written out: the template's rendering, with the closing newline
+    # of the model's <|im_end|> line starting the tool turn
+    prompt = chatml("<|im_start|>system\nUse the tool.<|im_end|>\n<|im_start|>user\nkey: ab<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+    observation = chatml(TOOL_RESULT_42)
     tokens = unpack_int32(trajectory.tokens).tolist()
     mask = unpack_mask(trajectory.loss_mask).tolist()
     assert tokens == prompt + turn1 + observation + turn2
@@ -144,7 +154,7 @@ def test_scripted_episode_has_the_exact_token_and_mask_layout(tmp_path):
 
 
 def test_the_real_engine_trains_exactly_the_tokens_it_sampled(tmp_path):
-    model = build_tiny_model(tmp_path / "model", chat_tokens=True, max_positions=512)
+    model = build_tiny_model(tmp_path / "model", max_positions=512)
     engine = BatchingEngine(EmbeddedEngine(model, seed=3))
     try:
         client = InferenceClient(engine, SamplingParams(max_new_tokens=12, temperature=1.0))
@@ -171,7 +181,7 @@ def test_tool_errors_are_observations_not_crashes():
     answer = char_ids("done") + [IM_END]
     client = ScriptedClient([bad_json, unknown, bad_args, raises, answer])
     episode = run_agent_loop(client, [{"role": "user", "content": "go"}], registry(), task=make_task().data,
-                             limits=AgentLimits(max_assistant_turns=6, max_tokens_per_turn=100))
+                             limits=AgentLimits(max_assistant_turns=6, max_tokens_per_turn=100, max_total_tokens=4000))
     observations = [s.text for s in episode.segments if s.role == "tool"]
     assert "not valid JSON" in observations[0]
     assert "unknown tool 'nope'" in observations[1]
@@ -185,14 +195,14 @@ def test_limits_end_the_episode_with_their_reason():
     call = char_ids('<tool_call>{"name": "lookup", "arguments": {"key": "ab"}}</tool_call>') + [IM_END]
     task = make_task().data
     episode = run_agent_loop(ScriptedClient([call] * 5), [{"role": "user", "content": "q"}], registry(), task=task,
-                             limits=AgentLimits(max_assistant_turns=3, max_tokens_per_turn=100))
+                             limits=AgentLimits(max_assistant_turns=3, max_tokens_per_turn=100, max_total_tokens=4000))
     assert episode.termination == "max_assistant_turns" and episode.assistant_turns == 3 and episode.tool_calls == 3
     # a turn cut off by its token budget
     episode = run_agent_loop(ScriptedClient([call]), [{"role": "user", "content": "q"}], registry(), task=task,
                              limits=AgentLimits(max_tokens_per_turn=10))
     assert episode.termination == "truncated" and len(episode.segments[-1].tokens) == 10
     # the whole sequence's budget: the observation that would not fit is not appended
-    prompt_len = len(encode(TOKENIZER, render_prompt([{"role": "user", "content": "q"}])))
+    prompt_len = len(RENDERER.prompt_ids([{"role": "user", "content": "q"}], registry().schemas))
     episode = run_agent_loop(ScriptedClient([call]), [{"role": "user", "content": "q"}], registry(), task=task,
                              limits=AgentLimits(max_tokens_per_turn=100, max_total_tokens=prompt_len + len(call) + 5))
     assert episode.termination == "length" and [s.role for s in episode.segments] == ["prompt", "assistant"]
@@ -209,7 +219,7 @@ def test_interaction_adds_user_turns_and_per_turn_rewards():
     episode = run_agent_loop(client, [{"role": "user", "content": "start"}], interaction=Tutor(),
                              task={"user_turns": ["more", "again"]}, limits=AgentLimits(max_user_turns=5))
     assert [s.role for s in episode.segments] == ["prompt", "assistant", "user", "assistant", "user", "assistant"]
-    assert episode.segments[2].tokens == encode(TOKENIZER, render_user_turn("more"))
+    assert episode.segments[2].tokens == chatml("\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n")
     assert episode.turn_rewards == [0.5, 0.0, 0.5]
     assert episode.termination == "interaction_done" and episode.user_turns == 2
     # max_user_turns stops the conversation
@@ -220,6 +230,7 @@ def test_interaction_adds_user_turns_and_per_turn_rewards():
 
 
 def test_parse_tool_calls_follows_the_hermes_format():
+    parse_tool_calls = parse_hermes
     parsed = parse_tool_calls('<think><tool_call>{"name": "ignored", "arguments": {}}</tool_call></think>'
                               'Let me check.<tool_call>\n{"name": "a", "arguments": "{\\"x\\": 1}"}\n</tool_call>'
                               '<tool_call>{"name": "b", "arguments": {"y": [1, 2]}}</tool_call>')
@@ -233,10 +244,10 @@ def test_demonstrations_are_laid_out_like_episodes():
     messages = [{"role": "user", "content": "key: ab"},
                 {"role": "assistant", "content": '<tool_call>{"name":"lookup","arguments":{"key":"ab"}}</tool_call>'},
                 {"role": "tool", "content": "42"}, {"role": "assistant", "content": "42"}]
-    tokens, mask = demonstration_tokens(TOKENIZER, messages)
+    tokens, mask = demonstration_tokens(RENDERER, messages)
     call = encode(TOKENIZER, messages[1]["content"]) + [IM_END]
-    prompt = encode(TOKENIZER, render_prompt(messages[:1]))
-    observation = encode(TOKENIZER, render_tool_results(["42"]))
+    prompt = chatml("<|im_start|>user\nkey: ab<|im_end|>\n<|im_start|>assistant\n")
+    observation = chatml(TOOL_RESULT_42)
     assert tokens == prompt + call + observation + encode(TOKENIZER, "42") + [IM_END]
     assert mask == [0] * len(prompt) + [1] * len(call) + [0] * len(observation) + [1] * 3
 

@@ -1,11 +1,13 @@
 """Publisher scheduling (pure) and dataset loading errors."""
 
+import json
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from runtime.config import Recipe
-from runtime.dataset import DatasetError, epoch_batches, read_rows, total_train_steps
+from runtime.dataset import DatasetError, epoch_batches, lookup, read_rows, total_train_steps
 from producers.publisher import Pacing, pacing_for, step_tasks, validation_tasks, validation_versions
 
 
@@ -80,11 +82,53 @@ def test_a_runs_length_is_one_function_that_counts_epochs(tmp_path):
     assert total_train_steps(recipe) == 100
 
 
-def test_a_prompt_that_is_not_text_is_refused_with_its_file_row_and_key(tmp_path):
-    """A verl-style row whose prompt is a list of chat messages was stringified into its
-    Python repr and trained on; it is refused until chat templates render it."""
+def verl_rows() -> list[dict]:
+    """Rows as verl's data preprocessing writes them: a chat-message prompt, the answer
+    nested in reward_model, the rest in extra_info."""
+    return [{"data_source": "gsm8k", "prompt": [{"role": "system", "content": "Think step by step."},
+                                                {"role": "user", "content": "What is 6 * 7?"}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": "42"},
+             "extra_info": {"split": "train", "index": 0}},
+            {"data_source": "gsm8k", "prompt": [{"role": "user", "content": "What is 2 + 3?"}],
+             "ability": "math", "reward_model": {"style": "rule", "ground_truth": "5"},
+             "extra_info": {"split": "train", "index": 1}}]
+
+
+def test_verl_rows_read_alike_from_parquet_jsonl_and_a_datasets_folder(tmp_path):
+    import datasets
+
+    rows = verl_rows()
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "train_hf"))
+    keys = dict(required_keys=("reward_model.ground_truth",), prompt_keys=("prompt",))
+    for name, kind in (("train.parquet", "parquet"), ("train.jsonl", "jsonl"), ("train_hf", "hf")):
+        read = read_rows([str(tmp_path / name)], kind, **keys)
+        assert [r["prompt"] for r in read] == [r["prompt"] for r in rows], kind
+        assert [lookup(r, "reward_model.ground_truth") for r in read] == ["42", "5"], kind
+
+
+def test_a_bad_prompt_or_an_unreachable_key_is_refused_with_its_file_row_and_key(tmp_path):
     path = tmp_path / "train.parquet"
-    pq.write_table(pa.table({"prompt": [[{"role": "user", "content": "1+1="}]], "answer": ["2"]}), path)
-    with pytest.raises(DatasetError, match=r"train.parquet: row 1: 'prompt' holds a list, not text"):
-        read_rows([str(path)], "parquet", text_keys=("prompt",))
-    assert read_rows([str(path)], "parquet", ("prompt",))[0]["answer"] == "2"  # a key that needs no text
+    pq.write_table(pa.Table.from_pylist(verl_rows()), path)
+    with pytest.raises(DatasetError, match=r"train.parquet: row 1: row has no 'reward_model.answer' "
+                                           r"\('reward_model' has no 'answer'\)"):
+        read_rows([str(path)], "parquet", ("reward_model.answer",))
+    with pytest.raises(DatasetError, match=r"train.parquet: row 1: row has no 'question'"):
+        read_rows([str(path)], "parquet", prompt_keys=("question",))
+    # a number, a mapping, a message without content: none is a prompt
+    for prompt, why in ((7, "holds a int"), ({"role": "user"}, "holds a dict"),
+                        ([{"role": "user", "content": 3}], "message 0 \\(user\\) has content of type int"),
+                        ([{"role": "robot", "content": "hi"}], "message 0 has role 'robot'")):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"prompt": prompt}) + "\n")
+        with pytest.raises(DatasetError, match=rf"bad.jsonl:2: 'prompt' {why}"):
+            read_rows([str(bad)], prompt_keys=("prompt",))
+
+
+def test_published_tasks_carry_the_rows_chat_messages_not_their_repr():
+    rows = verl_rows()
+    tasks = step_tasks("r", 1, rows, 2, "prompt", 0)
+    assert tasks[0].prompt == rows[0]["prompt"] and isinstance(tasks[0].prompt, list)
+    nested = [{"q": {"text": "2+2="}}]
+    assert step_tasks("r", 1, nested, 1, "q.text", 0)[0].prompt == "2+2="

@@ -22,6 +22,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # run as a script from the recipe's folder
 
 from recipes.arith.data import split_rows, write_jsonl  # noqa: E402
+from runtime.builtin_families import is_current  # noqa: E402
 
 
 def main() -> None:
@@ -34,7 +35,7 @@ def main() -> None:
     }
     out = HERE / "generated" / settings["variant"]
     stamp = out / "settings.json"
-    if stamp.exists() and json.loads(stamp.read_text()) == settings:
+    if stamp.exists() and json.loads(stamp.read_text()) == settings and is_current(out / "model"):
         return
     # torch and transformers only when there is a model to build: a run starts with this script
     from runtime.tiny_lm import build_tiny_model

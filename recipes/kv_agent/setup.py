@@ -19,6 +19,7 @@ sys.path.insert(0, str(HERE.parent.parent))
 sys.path.insert(0, str(HERE / "agent_workspace"))
 
 from kv_data import make_row  # noqa: E402
+from runtime.builtin_families import is_current  # noqa: E402
 
 
 def main() -> None:
@@ -26,7 +27,7 @@ def main() -> None:
                 "val_rows": int(os.environ.get("KV_VAL_ROWS", "200")), "seed": int(os.environ.get("KV_SEED", "1"))}
     out = HERE / "generated"
     stamp = out / "settings.json"
-    if stamp.exists() and json.loads(stamp.read_text()) == settings:
+    if stamp.exists() and json.loads(stamp.read_text()) == settings and is_current(out / "model"):
         return
     # torch and transformers only when there is a model to build: a run starts with this script
     from runtime.tiny_lm import build_tiny_model
@@ -37,7 +38,7 @@ def main() -> None:
         with open(out / f"{name}.jsonl", "w") as handle:
             for _ in range(count):
                 handle.write(json.dumps(make_row(rng)) + "\n")
-    build_tiny_model(out / "model", seed=settings["seed"], chat_tokens=True, max_positions=256)
+    build_tiny_model(out / "model", seed=settings["seed"], max_positions=256)
     stamp.write_text(json.dumps(settings))
 
 
