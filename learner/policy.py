@@ -130,8 +130,8 @@ class Policy:
         val_rows = read_rows(val_cfg.data_files, val_cfg.type)
         val_rows = val_rows[:val_cfg.max_rows] if val_cfg.max_rows else val_rows
         with self.placement.autocast():
-            accuracy = greedy_exact_match(self.model, recipe_renderer(self.recipe, self.tokenizer), val_rows, val_cfg.prompt_key,
-                                          val_cfg.answer_key, worker.max_response_length)
+            accuracy = greedy_exact_match(self.model, recipe_renderer(self.recipe, self.tokenizer), val_rows,
+                                          val_cfg.prompt_key, self.recipe.data.answer_key, worker.max_response_length)
         parallel.reshard(self.model, self.placement)
         return accuracy
 

@@ -200,7 +200,8 @@ class RemotePolicy:
                                   num_samples=1, sampling_params=params) for row in rows]
         answers = [tokenizer.decode(self._result(f, "did not sample").sequences[0].tokens, skip_special_tokens=True)
                    for f in futures]
-        return float(np.mean([a.strip() == str(lookup(row, val_cfg.answer_key)).strip() for a, row in zip(answers, rows)]))
+        truths = [str(lookup(row, self.recipe.data.answer_key)).strip() for row in rows]
+        return float(np.mean([a.strip() == truth for a, truth in zip(answers, truths)]))
 
     def train(self, lr: float, items: list[TrainItem] | None = None) -> StepResult:
         started = time.perf_counter()

@@ -55,9 +55,8 @@ class Data:
     apply_chat_template: Union[bool, Literal["auto"]] = knob(
         "auto", "render prompts with the model's chat template: auto (when the tokenizer has one), true, or false "
                 "(raw text, for pretrained-only models)")
-    chat_template: Optional[str] = knob(None, "a Jinja chat template used instead of the tokenizer's: a .jinja file "
-                                              "(relative to the recipe's folder) or the template's text; the run "
-                                              "records the template it used here")
+    chat_template: Optional[str] = knob(None, "a Jinja chat template instead of the tokenizer's (a .jinja file or its "
+                                              "text); the run records the template it used here")
     batch_size: int = only(1, "a step's size is trajectory_pool.batch_size")
     num_workers: int = only(1, "the publisher reads the data in one process")
     max_rows: Optional[int] = knob(None, "use only the first N rows (validation sets)", ge=1)

@@ -154,13 +154,15 @@ def total_train_steps(recipe) -> int:
 
 
 def data_section_problems(recipe) -> list[str]:
-    """The validation rows are rendered as the training rows are (one renderer per worker):
-    validate.data may not set a chat template of its own."""
+    """The validation rows are rendered and scored as the training rows are (one renderer
+    and one evaluator per worker): validate.data may not set a chat template or an answer
+    key of its own."""
     problems = []
-    for key in ("apply_chat_template", "chat_template"):
-        if getattr(recipe.validate.data, key) != getattr(recipe.data, key) and \
-                getattr(recipe.validate.data, key) != {"apply_chat_template": "auto", "chat_template": None}[key]:
-            problems.append(f"validate.data.{key}: validation prompts are rendered as training prompts are "
+    defaults = {"apply_chat_template": "auto", "chat_template": None, "answer_key": "answer"}
+    for key, default in defaults.items():
+        value = getattr(recipe.validate.data, key)
+        if value != getattr(recipe.data, key) and value != default:
+            problems.append(f"validate.data.{key}: validation rows are rendered and scored as training rows are "
                             f"(data.{key}); set it there only")
     return problems
 

@@ -21,6 +21,7 @@ import producers.worker_loop  # noqa: F401
 from producers.rollout import ROLLOUT_WORKERS
 from runtime.config import Recipe
 from runtime.registry import registry_problems
+from streamrl.data_checks import data_problems
 
 
 def recipe_code_problems(recipe: Recipe) -> list[str]:
@@ -55,7 +56,7 @@ def recipe_code_problems(recipe: Recipe) -> list[str]:
     registry = registry_problems(recipe.to_dict())
     if not any(p.startswith("algorithm.type:") for p in registry):
         problems += estimator_problems(recipe)
-    return problems + tracker_problems(recipe) + registry
+    return problems + data_problems(recipe) + tracker_problems(recipe) + registry
 
 
 def estimator_problems(recipe: Recipe) -> list[str]:

@@ -150,7 +150,7 @@ def test_custom_trainer_prepare_trajectories_with_the_grpo_helper():
 
     from learner.batching import TrainItem
     from learner.trainers import GRPOTrainer, compute_grpo_advantage_for_trajectories
-    from runtime.tiny_lm import build_char_tokenizer, tiny_qwen2_config
+    from runtime.tiny_lm import build_tokenizer, tiny_config
     from transformers import AutoModelForCausalLM
 
     class LengthPenalty(GRPOTrainer):
@@ -162,9 +162,9 @@ def test_custom_trainer_prepare_trajectories_with_the_grpo_helper():
             self.seen = [t.advantage for t in trajectories]
             return trajectories
 
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_tokenizer()
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(tiny_qwen2_config(len(tokenizer), hidden_size=32, layers=1, heads=2))
+    model = AutoModelForCausalLM.from_config(tiny_config(tokenizer, hidden_size=32, layers=1, heads=2))
     trainer = LengthPenalty(model, tokenizer.pad_token_id, TrainerConfig(lr=1e-3, micro_batch_tokens=64),
                             AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.2))
 

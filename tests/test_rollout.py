@@ -10,6 +10,7 @@ from producers.rollout import (
 )
 from schema.events import Evaluation, Task, unpack_float32, unpack_int32, unpack_mask
 from schema.events import Trajectory as TrajectoryEvent
+from runtime.chat_template import encode
 from runtime.tiny_lm import build_tiny_model
 
 
@@ -36,7 +37,8 @@ def test_single_turn_worker_publishes_a_trajectory_and_its_evaluation(server):
     assert published == [trajectory, evaluation]
     assert isinstance(trajectory, TrajectoryEvent) and isinstance(evaluation, Evaluation)
     tokens, mask, logprobs = unpack_int32(trajectory.tokens), unpack_mask(trajectory.loss_mask), unpack_float32(trajectory.logprobs)
-    prompt = server.tokenizer("12+34=")["input_ids"]
+    # the built-in model's tokenizer has a ChatML template: the prompt is its user turn
+    prompt = encode(server.tokenizer, "<|im_start|>user\n12+34=<|im_end|>\n<|im_start|>assistant\n")
     assert list(tokens[:len(prompt)]) == prompt and trajectory.prompt_length == len(prompt)
     assert list(mask) == [0] * len(prompt) + [1] * (len(tokens) - len(prompt))
     assert np.all(logprobs[:len(prompt)] == 0) and np.all(logprobs[len(prompt):] < 0)
@@ -169,11 +171,11 @@ class LongPromptWorker(BaseRolloutWorker):
 
 def test_length_limits_hold_for_a_custom_worker(server):
     published = []
-    client = InferenceClient(server, SamplingParams(max_new_tokens=4), max_prompt_tokens=10)
+    client = InferenceClient(server, SamplingParams(max_new_tokens=4), max_prompt_tokens=30)
     worker = LongPromptWorker({"repeat": 10}, client, ExactMatchEvaluator(), published.append)
     trajectory, evaluation = worker.run_task(task())
-    prompt_tokens = len(server.tokenizer("12+34=" * 10)["input_ids"])
-    assert trajectory.error == f"ValueError: the prompt has {prompt_tokens} tokens, more than max_prompt_length (10)"
+    prompt_tokens = len(encode(server.tokenizer, f"<|im_start|>user\n{'12+34=' * 10}<|im_end|>\n<|im_start|>assistant\n"))
+    assert trajectory.error == f"ValueError: the prompt has {prompt_tokens} tokens, more than max_prompt_length (30)"
     assert evaluation.reward == 0.0 and evaluation.error == trajectory.error
     worker = LongPromptWorker({"repeat": 1}, client, ExactMatchEvaluator(), published.append)
     trajectory, _ = worker.run_task(task())

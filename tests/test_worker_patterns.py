@@ -16,7 +16,13 @@ from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
 from producers.rollout import InferenceClient
 from recipes.patterns import workers
 from schema.events import Task, unpack_float32, unpack_int32, unpack_mask
+from runtime.chat_template import encode
 from runtime.tiny_lm import build_tiny_model
+
+
+def chatml_user(client, text: str) -> list[int]:
+    """A custom worker's prompt text, as the built-in model's ChatML template sends it: one user turn."""
+    return encode(client.tokenizer, f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +68,7 @@ def test_multi_step_worker_trains_only_the_answer_in_the_context_it_was_sampled_
 def test_few_shot_template(client):
     config = {"system_prompt": "Add.", "few_shot": [{"question": "1+1", "answer": "2"}]}
     _, _, completions = run(workers.FewShotTemplateWorker, client, config)
-    assert completions[0].prompt_token_ids == client.tokenizer("Add.\nQ: 1+1\nA: 2\nQ: 2+3\nA:")["input_ids"]
+    assert completions[0].prompt_token_ids == chatml_user(client, "Add.\nQ: 1+1\nA: 2\nQ: 2+3\nA:")
 
 
 def test_external_api_context(client):
@@ -84,7 +90,7 @@ def test_external_api_context(client):
                                          {"api_url": f"http://127.0.0.1:{server.server_address[1]}/ctx"})
     finally:
         server.shutdown()
-    expected = client.tokenizer("Context: five is 5\nQ: 2+3\nA:")["input_ids"]
+    expected = chatml_user(client, "Context: five is 5\nQ: 2+3\nA:")
     assert completions[0].prompt_token_ids == expected
     assert trajectory.extra_fields["context"] == "five is 5"
     down, evaluation, _ = run(workers.ExternalContextWorker, client, {"api_url": "http://127.0.0.1:9/ctx",
