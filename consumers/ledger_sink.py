@@ -33,7 +33,7 @@ import psycopg
 from kafka import OffsetAndMetadata, TopicPartition
 from kafka.errors import KafkaError
 from psycopg.types.json import Jsonb, set_json_dumps
-from sqlalchemy import ARRAY, Table
+from sqlalchemy import ARRAY, Table, Text
 from sqlalchemy.dialects.postgresql import JSONB
 
 from schema.codec import CodecError, split_bundle
@@ -57,6 +57,28 @@ RUN_STATUS = {"created": "created", "started": "running", "resumed": "running",
 
 def json_dumps(value) -> bytes:
     return msgspec.json.encode(value)
+
+
+# PostgreSQL's text and jsonb cannot hold NUL, and a model may sample the byte (a
+# byte-level tokenizer's 0x00, a byte-fallback token): the ledger stores U+FFFD in its
+# place, so the row is kept. The event on its topic keeps the exact text, and the
+# ledger's token ids are exact.
+NUL, NUL_STAND_IN = "\x00", "\ufffd"
+
+
+def without_nul(value):
+    """`value` with every NUL in its strings (keys too) replaced; the same object when
+    it holds none."""
+    if isinstance(value, str):
+        return value.replace(NUL, NUL_STAND_IN) if NUL in value else value
+    if isinstance(value, dict):
+        pairs = [(without_nul(k), without_nul(v)) for k, v in value.items()]
+        changed = any(ck is not k or cv is not v for (ck, cv), (k, v) in zip(pairs, value.items()))
+        return dict(pairs) if changed else value
+    if isinstance(value, list):
+        cleaned = [without_nul(v) for v in value]
+        return cleaned if any(c is not v for c, v in zip(cleaned, value)) else value
+    return value
 
 
 # PostgreSQL's name for each column type, for binary COPY (psycopg dumps by these).
@@ -88,6 +110,10 @@ class TableWriter:
         self.types = [pg_type_name(c) for c in columns]
         json_columns = {c.name for c in table.columns if isinstance(c.type, JSONB)}
         self.json_columns = json_columns
+        self._scrubbed = [i for i, c in enumerate(columns) if isinstance(c.type, (JSONB, Text))]
+        # binary COPY wraps an integer past its column's width without a word: checked here
+        self._bounded = [(i, c.name, 2 ** (31 if t == "int4" else 63)) for i, (c, t) in enumerate(zip(columns, self.types))
+                         if t in ("int4", "int8")]
         self._values = operator.itemgetter(*self.columns)
         names = ", ".join(self.columns)
         self.stage = f"stage_{table.name}"
@@ -102,7 +128,14 @@ class TableWriter:
     def params(self, row: dict) -> tuple:
         """The row's values in column order, for a binary COPY: its dumpers are chosen by
         column type, so a JSONB value goes as it is (no wrapper object a value)."""
-        return self._values(row)
+        values = self._values(row)
+        for i, name, bound in self._bounded:
+            if values[i] is not None and not -bound <= values[i] < bound:
+                raise psycopg.DataError(f"{self.table.name}.{name}: {values[i]} is out of the column's integer range")
+        cleaned = {i: without_nul(values[i]) for i in self._scrubbed}
+        if all(cleaned[i] is values[i] for i in cleaned):
+            return values
+        return tuple(cleaned.get(i, value) for i, value in enumerate(values))
 
     def _copy(self, cur: psycopg.Cursor, sql: str, rows: list[tuple]) -> None:
         with cur.copy(sql) as copy:

@@ -1,6 +1,8 @@
-"""`streamrl recipe new NAME`: a recipe folder laid out as the guide lays one out, that
-runs as soon as it is written (its set-up script makes a tiny model and a toy data set)
-and that a user then edits into their task.
+"""`streamrl recipe new NAME [--template agent | single-turn]`: a recipe folder laid out
+as the guide lays one out, that runs as soon as it is written (its set-up script makes a
+tiny model and a toy data set) and that a user then edits into their task.
+
+--template agent (the default):
 
     NAME/
       common.yaml               what every variant shares
@@ -13,6 +15,10 @@ and that a user then edits into their task.
         text_utils.py           a helper the tools and the evaluator share
         evaluator.py            the reward
         my_worker.py            a custom worker to start from (not used until named)
+
+--template single-turn: common.yaml, NAME.yaml, NAME.env.sh, setup.py (a parquet of
+chat-message prompts, as verl writes them, and a tiny model with a chat template) and
+evaluator.py.
 """
 
 from __future__ import annotations
@@ -137,7 +143,8 @@ AGENT_CONFIG = """\
 system_prompt: ""
 query_template: "{{prompt}}"
 tools: tools.yaml
-tools_in_system_prompt: false   # true lists the tools in the system prompt, Qwen-style
+tools_in_system_prompt: false   # true: the chat template lists the tools (each family its own way)
+tool_call_format: auto          # how calls are parsed: auto (from the chat template), hermes, llama3_json, mistral
 llm_config:
   temperature: 1.0
   max_tokens: 48
@@ -210,8 +217,98 @@ class {class_prefix}Worker(AgentRolloutWorker):
 '''
 
 
-def scaffold_recipe(name: str, parent: Path) -> Path:
+SINGLE_TURN_COMMON = """\
+# Shared settings of the {name} recipe; {name}.yaml composes them.
+project_name: streamrl
+experiment_name: {name}
+
+environment:
+  setup_script: setup.py
+  env_script: {name}.env.sh
+
+data:
+  type: parquet
+  data_files: [generated/train.parquet]
+  prompt_key: prompt                # chat messages (or a string), rendered with the model's chat template
+  answer_key: answer                # a dotted path reaches nested columns (reward_model.ground_truth)
+
+rollout_worker:
+  type: single_turn
+  evaluator_module_path: evaluator.py:{class_prefix}Evaluator   # or builtin:math, builtin:exact_match, ...
+  model_path: generated/model       # your Hugging Face model folder
+  max_response_length: 8
+  rollout_repeat_n: 8
+
+trajectory_pool:
+  batch_size: 8
+
+algorithm:
+  type: grpo
+
+trainer:
+  type: grpo
+  total_train_steps: ${{oc.env:{env_prefix}_STEPS,20}}
+  lr: 5.0e-4
+  warmup_cross_entropy_steps: ${{oc.env:{env_prefix}_WARMUP_STEPS,100}}   # 0 for an instruct model
+
+weight:
+  sync_mode: fully-async
+  staleness_threshold: 1
+
+validate:
+  data:
+    type: parquet
+    data_files: [generated/val.parquet]
+  eval:
+    compute_interval: 10
+"""
+
+SINGLE_TURN_SETUP = '''\
+"""Makes generated/: rows as verl writes them (a chat-message prompt, the answer) in
+parquet, and a tiny model whose tokenizer has a ChatML chat template. Replace them with
+your own data and model folder."""
+
+import random
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def row(rng):
+    word = "".join(rng.choice("abcdefgh") for _ in range(4))
+    return {{"prompt": [{{"role": "system", "content": "Reverse the word."}}, {{"role": "user", "content": word}}],
+            "answer": word[::-1]}}
+
+
+def main():
+    from runtime.builtin_families import is_current
+
+    out = HERE / "generated"
+    if is_current(out / "model"):
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from runtime.tiny_lm import build_tiny_model  # torch only when there is a model to build
+
+    out.mkdir(exist_ok=True)
+    rng = random.Random(0)
+    for name, count in (("train", 1000), ("val", 50)):
+        pq.write_table(pa.Table.from_pylist([row(rng) for _ in range(count)]), out / f"{{name}}.parquet")
+    build_tiny_model(out / "model", max_positions=256)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+TEMPLATES = ("agent", "single-turn")
+
+
+def scaffold_recipe(name: str, parent: Path, template: str = "agent") -> Path:
     """Write the recipe folder `parent/name`; refuses to overwrite an existing one."""
+    if template not in TEMPLATES:
+        raise ValueError(f"--template {template!r}: one of {', '.join(TEMPLATES)}")
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
         raise ValueError(f"recipe name {name!r}: use letters, digits and underscores, starting with a letter")
     folder = parent / name
@@ -219,10 +316,14 @@ def scaffold_recipe(name: str, parent: Path) -> Path:
         raise FileExistsError(f"{folder} already exists")
     fields = {"name": name, "class_prefix": "".join(part.title() for part in name.split("_")),
               "env_prefix": name.upper()}
-    files = {"common.yaml": COMMON, f"{name}.yaml": RECIPE, f"{name}.env.sh": ENV, "setup.py": SETUP,
-             "agent_workspace/agent_config.yaml": AGENT_CONFIG, "agent_workspace/tools.yaml": TOOLS_YAML,
-             "agent_workspace/tools.py": TOOLS_PY, "agent_workspace/text_utils.py": TEXT_UTILS,
-             "agent_workspace/evaluator.py": EVALUATOR, "agent_workspace/my_worker.py": WORKER}
+    if template == "single-turn":
+        files = {"common.yaml": SINGLE_TURN_COMMON, f"{name}.yaml": RECIPE, f"{name}.env.sh": ENV,
+                 "setup.py": SINGLE_TURN_SETUP, "evaluator.py": EVALUATOR}
+    else:
+        files = {"common.yaml": COMMON, f"{name}.yaml": RECIPE, f"{name}.env.sh": ENV, "setup.py": SETUP,
+                 "agent_workspace/agent_config.yaml": AGENT_CONFIG, "agent_workspace/tools.yaml": TOOLS_YAML,
+                 "agent_workspace/tools.py": TOOLS_PY, "agent_workspace/text_utils.py": TEXT_UTILS,
+                 "agent_workspace/evaluator.py": EVALUATOR, "agent_workspace/my_worker.py": WORKER}
     for relative, template in files.items():
         path = folder / relative
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -198,13 +198,33 @@ def test_a_bundle_is_one_row_per_event_and_a_bad_frame_in_it_one_dead_letter(sta
 def test_a_row_the_database_rejects_is_dead_lettered_not_blocking(stack, ledger, run_id):
     create_run_topics(stack, run_id)
     bad = SYNTHETIC["Task"](run_id, 0)
-    bad.prompt = "a NUL \x00 byte, which PostgreSQL text cannot hold"
+    bad.step = 2**40  # past PostgreSQL's integer
     publish(stack, [bad] + [SYNTHETIC["Task"](run_id, i) for i in range(1, 6)])
     with SinkThread(stack, run_id):
         wait_for(lambda: count_rows(ledger, "tasks", run_id) == 5, 60, what="the good tasks")
         wait_for(lambda: count_rows(ledger, "dead_letters", run_id) == 1, 30, what="the dead letter")
     error = ledger.execute("select error from dead_letters where run_id = %s", (run_id,)).fetchone()[0]
     assert "ledger rejected Task" in error
+
+
+def test_a_nul_a_model_sampled_is_stored_as_a_replacement_character_not_dead_lettered(stack, ledger, run_id):
+    """A byte-level tokenizer can sample 0x00, which PostgreSQL's text and jsonb refuse."""
+    create_run_topics(stack, run_id)
+    task = SYNTHETIC["Task"](run_id, 0)
+    task.prompt = [{"role": "user", "content": "a\x00b"}]
+    trajectory = Trajectory(run_id=run_id, trajectory_id="t-nul", task_id="t-nul", group_id="g", tokens=pack_int32([97, 0]),
+                            loss_mask=pack_mask([0, 1]), logprobs=pack_float32([0, -0.5]), response_text="x\x00y",
+                            extra_fields={"trace": [{"response": "\x00"}], "k\x00": 1})
+    publish(stack, [task, trajectory])
+    with SinkThread(stack, run_id):
+        wait_for(lambda: count_rows(ledger, "trajectories", run_id) == 1 and count_rows(ledger, "tasks", run_id) == 1,
+                 60, what="the rows with a NUL")
+    assert count_rows(ledger, "dead_letters", run_id) == 0
+    text, extra, tokens = ledger.execute("select response_text, extra_fields, streamrl_int32s(tokens) from trajectories "
+                                         "where run_id = %s", (run_id,)).fetchone()
+    assert text == "x\ufffdy" and extra == {"trace": [{"response": "\ufffd"}], "k\ufffd": 1} and tokens == [97, 0]
+    prompt = ledger.execute("select prompt from tasks where run_id = %s", (run_id,)).fetchone()[0]
+    assert prompt == [{"role": "user", "content": "a\ufffdb"}]
 
 
 def random_trajectory(run_id, n, seed=0, compressible=False):

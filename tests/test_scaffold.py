@@ -50,3 +50,30 @@ def test_recipe_new_scaffolds_a_recipe_that_runs_a_rollout(tmp_path, monkeypatch
 def test_recipe_new_refuses_a_bad_name(tmp_path):
     result = run_cli("recipe", "new", "9lives", "--dir", str(tmp_path))
     assert result.returncode == 2 and "use letters, digits and underscores" in result.stderr
+
+
+def test_recipe_new_single_turn_validates_as_generated_and_rolls_out_a_chat_prompt(tmp_path):
+    result = run_cli("recipe", "new", "reverser", "--dir", str(tmp_path), "--template", "single-turn")
+    assert result.returncode == 0, result.stderr
+    folder = tmp_path / "reverser"
+    assert {p.name for p in folder.iterdir()} >= {"common.yaml", "reverser.yaml", "reverser.env.sh", "setup.py",
+                                                  "evaluator.py"}
+    validated = run_cli("recipe", "validate", str(folder / "reverser.yaml"))
+    assert validated.returncode == 0 and "valid" in validated.stdout, validated.stdout + validated.stderr
+    recipe = prepare_recipe(folder / "reverser.yaml")
+    engine = BatchingEngine(EmbeddedEngine(recipe.rollout_worker.model_path))
+    try:
+        client = InferenceClient(engine, SamplingParams(max_new_tokens=8))
+        worker = worker_class(recipe)(recipe.rollout_worker.worker_config(), client, make_evaluator(recipe),
+                                      lambda event: None)
+        messages = [{"role": "system", "content": "Reverse the word."}, {"role": "user", "content": "abcd"}]
+        trajectory, evaluation = worker.run_task(Task(run_id="scaffold", task_id="t", group_id="g", prompt=messages,
+                                                      data={"prompt": messages, "answer": "dcba"}))
+        sent = client.recorded()[0].prompt_token_ids
+    finally:
+        engine.close()
+    assert trajectory.error is None and evaluation.error is None
+    assert engine.tokenizer.decode(sent) == ("<|im_start|>system\nReverse the word.<|im_end|>\n"
+                                             "<|im_start|>user\nabcd<|im_end|>\n<|im_start|>assistant\n")
+    bad = run_cli("recipe", "new", "x", "--dir", str(tmp_path), "--template", "chat")
+    assert bad.returncode == 2 and "one of agent, single-turn" in bad.stderr

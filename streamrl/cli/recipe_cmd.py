@@ -22,13 +22,16 @@ def register(app: typer.Typer) -> None:
 def recipe_new(
     name: Annotated[str, typer.Argument(help="The recipe's name (letters, digits, underscores).")],
     directory: Annotated[Path, typer.Option("--dir", help="Where to create the recipe's folder.")] = Path("recipes"),
+    template: Annotated[str, typer.Option("--template", help="agent (a tool-using agent) or single-turn (one "
+                                                              "completion of a chat-message prompt).")] = "agent",
 ) -> None:
-    """Scaffold a recipe folder: common.yaml, NAME.yaml, NAME.env.sh, setup.py and an
-    agent_workspace/ (agent config, tools, evaluator, a custom worker), ready to run."""
+    """Scaffold a recipe folder, ready to run: common.yaml, NAME.yaml, NAME.env.sh,
+    setup.py, and an agent_workspace/ (agent config, tools, evaluator, a custom worker)
+    or, for single-turn, evaluator.py and a parquet of chat-message prompts."""
     from streamrl.scaffold import scaffold_recipe
 
     try:
-        folder = scaffold_recipe(name, directory)
+        folder = scaffold_recipe(name, directory, template)
     except (ValueError, FileExistsError) as exc:
         raise UsageError(str(exc)) from None
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):

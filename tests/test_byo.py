@@ -1,0 +1,66 @@
+"""Bring your own model and data, as the README's command does it: a verl-format parquet
+made here (chat-message prompts, the answer in reward_model.ground_truth) given to
+recipes/byo_math by overrides, graded by builtin:math, trained end to end on the
+embedded engine and on a managed SGLang server; and the same file refused by validation
+when the answer key names a column it does not have."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from recipes.byo_math.setup import verl_row
+from tests.conftest import REPO, run_cli
+from tests.test_sglang import sglang_python  # noqa: F401  (the fixture)
+
+RECIPE = REPO / "recipes" / "byo_math"
+
+
+def write_dataset(folder) -> list[str]:
+    train = [verl_row(a, b, i, "train") for i, (a, b) in enumerate((a, b) for a in range(6) for b in range(6))]
+    val = [verl_row(a, b, i, "test") for i, (a, b) in enumerate([(7, 1), (8, 0), (2, 7), (9, 0)])]
+    pq.write_table(pa.Table.from_pylist(train * 20), folder / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(val), folder / "val.parquet")
+    return [f"data.data_files=[{folder / 'train.parquet'}]", f"validate.data.data_files=[{folder / 'val.parquet'}]"]
+
+
+def train_and_check(ledger, run_id, tmp_path, recipe: str, timeout: float) -> None:
+    overrides = write_dataset(tmp_path)
+    env = {"BYO_STEPS": "4", "BYO_VALIDATE_EVERY": "4"}
+    result = run_cli("run", str(RECIPE / recipe), *overrides, "--run", run_id, "--out", str(tmp_path / "out"),
+                     env=env, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    prompt = ledger.execute("select prompt from tasks where run_id = %s and not is_val limit 1", (run_id,)).fetchone()[0]
+    assert prompt[0] == {"role": "system", "content": "Answer with the number only."}  # the messages, not a repr
+    # the rollouts were rendered with the model's ChatML template
+    text = ledger.execute("select prompt_text from trajectories where run_id = %s limit 1", (run_id,)).fetchone()[0]
+    assert "What is" in text
+    rewards, errors = ledger.execute("select sum(reward), count(*) filter (where error is not null) from evaluations "
+                                     "where run_id = %s and not is_val", (run_id,)).fetchone()
+    assert errors == 0 and rewards > 0, "builtin:math gave no reward at all"
+    template = ledger.execute("select config->'data'->>'chat_template' from runs where run_id = %s",
+                              (run_id,)).fetchone()[0]
+    assert template and "<|im_start|>" in template  # the template the run rendered with is recorded
+
+
+def test_a_verl_parquet_trains_on_the_embedded_engine(stack, ledger, run_id, tmp_path):
+    train_and_check(ledger, run_id, tmp_path, "recipe.yaml", timeout=480)
+
+
+def test_a_verl_parquet_trains_on_sglang(stack, ledger, run_id, tmp_path, sglang_python):  # noqa: F811
+    train_and_check(ledger, run_id, tmp_path, "sglang.yaml", timeout=600)
+
+
+def test_validation_refuses_an_answer_key_the_rows_lack(tmp_path):
+    overrides = write_dataset(tmp_path)
+    result = run_cli("recipe", "validate", str(RECIPE / "recipe.yaml"), *overrides, "data.answer_key=ground_truth",
+                     timeout=300)
+    assert result.returncode == 2
+    assert f"{tmp_path / 'train.parquet'}: row 1: row has no 'ground_truth'" in result.stdout + result.stderr
+
+
+def test_validation_refuses_chat_messages_as_raw_text(tmp_path):
+    overrides = write_dataset(tmp_path)
+    result = run_cli("recipe", "validate", str(RECIPE / "recipe.yaml"), *overrides, "data.apply_chat_template=false",
+                     timeout=300)
+    assert result.returncode == 2 and "holds chat messages, and data.apply_chat_template is false" in result.stdout \
+        + result.stderr
