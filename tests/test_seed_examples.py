@@ -50,7 +50,7 @@ EXAMPLES = REPO / "tests" / "seed_examples"
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
-    model = build_tiny_model(tmp_path_factory.mktemp("seed") / "model", max_positions=1024, chat_tokens=True)
+    model = build_tiny_model(tmp_path_factory.mktemp("seed") / "model", max_positions=1024)
     engine = BatchingEngine(EmbeddedEngine(model, seed=3))
     yield InferenceClient(engine, SamplingParams(max_new_tokens=6, temperature=1.0))
     engine.close()

@@ -11,6 +11,7 @@ import pydantic
 from fastapi import Header, HTTPException, Request
 
 from training_service.executor import Executor
+from training_service.limits import ServiceLimits
 from training_service.store import ServiceStore
 
 KEY_RECHECK_S = 5.0
@@ -64,6 +65,20 @@ class Service:
     store: ServiceStore
     executor: Executor
     access: Access
+    limits: ServiceLimits = field(default_factory=ServiceLimits)
+
+    def admit(self, key_id: str, new: str = "request") -> None:
+        """429 when `key_id` is at its limit of `new` things (a session, a model, or a
+        request waiting to run), before anything is recorded."""
+        usage = self.store.key_usage(key_id)
+        held, limit = {"session": ("sessions", self.limits.max_sessions_per_key),
+                       "model": ("models", self.limits.max_models_per_key)}.get(new, ("pending", 0))
+        if new in ("session", "model") and usage[held] >= limit:
+            raise HTTPException(429, f"this API key holds {usage[held]} {held}: the service's max_{held}_per_key "
+                                     f"is {limit}")
+        if usage["pending"] >= self.limits.max_pending_per_key:
+            raise HTTPException(429, f"this API key has {usage['pending']} requests waiting to run: the service's "
+                                     f"max_pending_per_key is {self.limits.max_pending_per_key}; retry once they finish")
 
     def future(self, request_id: str, model_id: str | None = None, **extra) -> dict:
         """The API's answer to an accepted request; the executor is woken to run it."""

@@ -15,14 +15,17 @@ from fastapi.responses import JSONResponse
 
 from training_service.access import Access, Service
 from training_service.executor import Executor
+from training_service.limits import BodyLimit, ServiceLimits
 from training_service.routes import router, streamrl_router
 from training_service.store import ServiceStore
 from training_service.wire import WireError
 
 
-def build_app(store: ServiceStore, executor: Executor) -> FastAPI:
+def build_app(store: ServiceStore, executor: Executor, limits: ServiceLimits | None = None) -> FastAPI:
+    limits = limits or ServiceLimits()
     app = FastAPI(title="StreamRL training service", docs_url=None, redoc_url=None)
-    app.state.service = Service(store, executor, Access(store))
+    app.state.service = Service(store, executor, Access(store), limits)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     app.add_exception_handler(WireError, wire_error)
     app.include_router(router)
     app.include_router(streamrl_router)

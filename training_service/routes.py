@@ -17,6 +17,7 @@ from fastapi.responses import Response, StreamingResponse
 from tinker import types
 
 from training_service.access import Service, caller, parse, service_of
+from training_service.limits import too_large
 from training_service.names import checkpoint_name
 from training_service.wire import PROTO_CONTENT_TYPE, decode_forward_backward, plain_body
 
@@ -58,6 +59,7 @@ def capabilities(key_id: str = Depends(caller), service: Service = Depends(servi
 @router.post("/create_session")
 async def create_session(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
     body = parse(types.CreateSessionRequest, await request.body())
+    service.admit(key_id, "session")
     session_id = "session-" + uuid.uuid4().hex[:12]
     service.store.add_session(session_id, key_id, body.sdk_version, body.user_metadata)
     return {"type": "create_session", "session_id": session_id}
@@ -81,6 +83,7 @@ def finish_session(session_id: str, key_id: str = Depends(caller), service: Serv
 async def create_model(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
     body = parse(types.CreateModelRequest, await request.body())
     service.access.own_session(body.session_id, key_id)
+    service.admit(key_id, "model")
     base_models = service.executor.base_models
     if body.base_model not in base_models:
         raise HTTPException(400, f"base_model: {body.base_model!r} is not served here; served: {', '.join(base_models)}")
@@ -114,12 +117,14 @@ async def load_weights(request: Request, key_id: str = Depends(caller), service:
     source = access.own_model(checkpoint["model_id"], key_id)
     if body.model_id is None:  # a new training client from the state
         access.own_session(body.session_id, key_id)
+        service.admit(key_id, "model")
         model_id, seq = f"{body.session_id}:train:{body.model_seq_id}", 0
         store.add_model(model_id=model_id, session_id=body.session_id, base_model=source["base_model"],
                         lora=source["lora"], lora_rank=source["lora_rank"], seed=source["seed"], loaded_from=body.path)
         service.executor.track(model_id)
     else:
         access.own_model(body.model_id, key_id)
+        service.admit(key_id)
         model_id, seq = body.model_id, body.seq_id
     store.accept(f"{model_id}:{seq}", "load_weights", body.model_dump_json().encode(), model_id, seq)
     return service.future(f"{model_id}:{seq}", model_id)
@@ -128,9 +133,10 @@ async def load_weights(request: Request, key_id: str = Depends(caller), service:
 # --- training -------------------------------------------------------------------------------------
 @router.post("/forward_backward")
 async def forward_backward(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
-    plain = plain_body(await request.body(), request.headers.get("content-encoding"))
-    decoded = decode_forward_backward(plain)
+    plain = plain_body(await request.body(), request.headers.get("content-encoding"), service.limits)
+    decoded = decode_forward_backward(plain, service.limits)
     service.access.own_model(decoded.model_id, key_id)
+    service.admit(key_id)
     request_id = f"{decoded.model_id}:{decoded.seq_id}"
     service.store.accept(request_id, "forward_backward", plain, decoded.model_id, decoded.seq_id)
     return service.future(request_id, decoded.model_id)
@@ -141,6 +147,7 @@ async def accept_sequenced(kind: str, model: type[pydantic.BaseModel], request: 
     """A request that runs in its model's sequence order (`seq_id`), recorded as `kind`."""
     body = parse(model, await request.body())
     service.access.own_model(body.model_id, key_id)
+    service.admit(key_id)
     if body.seq_id is None:
         raise HTTPException(400, f"{model.__name__}.seq_id: required (requests run in their sequence order)")
     request_id = f"{body.model_id}:{body.seq_id}"
@@ -230,10 +237,23 @@ async def asample(request: Request, key_id: str = Depends(caller), service: Serv
         folder = json.loads(sampling_session(service, body.sampling_session_id, key_id)["payload"])["folder"]
     else:
         folder, _ = sampler_folder(service, body.model_path, body.base_model, key_id)
+    check_sample_size(body, service.limits)
+    service.admit(key_id)
     payload = {**json.loads(body.model_dump_json()), "folder": folder, "key_id": key_id}
-    request_id = "sample-" + uuid.uuid4().hex
+    request_id = f"sample-{key_id}-{uuid.uuid4().hex}"  # the key in the id: its pending requests are counted
     service.store.accept(request_id, "sample", json.dumps(payload).encode())
     return service.future(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(body.num_samples)])
+
+
+def check_sample_size(body: types.SampleRequest, limits) -> None:
+    """Sequences and tokens of one sample request, bounded before it is recorded."""
+    if body.num_samples > limits.max_sample_sequences:
+        raise too_large("SampleRequest.num_samples", body.num_samples, "max_sample_sequences", limits.max_sample_sequences)
+    prompt = sum(len(getattr(chunk, "tokens", []) or []) for chunk in body.prompt.chunks)
+    tokens = body.num_samples * (prompt + (body.sampling_params.max_tokens or 0))
+    if tokens > limits.max_sample_tokens:
+        raise too_large("SampleRequest (num_samples x (prompt + max_tokens))", tokens, "max_sample_tokens",
+                        limits.max_sample_tokens)
 
 
 # --- futures --------------------------------------------------------------------------------------------

@@ -85,6 +85,22 @@ class ServiceStore:
                 .where(service_sessions.c.status == "active").order_by(service_models.c.created_at))
             return [dict(r._mapping) for r in rows]
 
+    def key_usage(self, key_id: str) -> dict[str, int]:
+        """What a key holds: its sessions, its models, and its requests accepted and not run
+        (its models' and its sample requests, `sample-KEY-...`)."""
+        with self.engine.connect() as conn:
+            sessions = select(service_sessions.c.session_id).where(service_sessions.c.key_id == key_id)
+            models = select(service_models.c.model_id).where(service_models.c.session_id.in_(sessions))
+            count = func.count()
+            return {
+                "sessions": conn.execute(select(count).select_from(sessions.subquery())).scalar(),
+                "models": conn.execute(select(count).select_from(models.subquery())).scalar(),
+                "pending": conn.execute(select(count).select_from(service_requests).where(and_(
+                    service_requests.c.status == "pending",
+                    service_requests.c.model_id.in_(models) | service_requests.c.request_id.like(f"sample-{key_id}-%"),
+                ))).scalar(),
+            }
+
     # --- requests ----------------------------------------------------------------------------------------
     def accept(self, request_id: str, kind: str, payload: bytes, model_id: str | None = None,
                seq_id: int | None = None) -> None:

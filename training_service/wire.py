@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import zstandard
 from tinker.proto import tinker_public_pb2 as pb
 
 from algos.service_losses import REQUIRED_INPUTS, SERVICE_LOSSES
+from training_service.limits import ServiceLimits, decompress_capped, too_large
 
 PROTO_CONTENT_TYPE = "application/x-protobuf"
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
@@ -52,14 +52,16 @@ def _tensor(msg: pb.Tensor, where: str) -> np.ndarray:
     return array
 
 
-def plain_body(body: bytes, content_encoding: str | None) -> bytes:
-    """The request body, decompressed when the client compressed it (zstd)."""
+def plain_body(body: bytes, content_encoding: str | None, limits: ServiceLimits) -> bytes:
+    """The request body, decompressed (streamed, capped) when the client compressed it (zstd)."""
     if content_encoding == "zstd":
-        return zstandard.ZstdDecompressor().decompress(body, max_output_size=1 << 31)
+        return decompress_capped(body, limits.max_decompressed_bytes)
+    if content_encoding not in (None, "", "identity"):
+        raise WireError(f"Content-Encoding: {content_encoding!r} is not served (zstd or none)")
     return body
 
 
-def decode_forward_backward(body: bytes) -> ForwardBackward:
+def decode_forward_backward(body: bytes, limits: ServiceLimits) -> ForwardBackward:
     msg = pb.ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)
@@ -71,7 +73,7 @@ def decode_forward_backward(body: bytes) -> ForwardBackward:
     config.update({k: (v.text if v.WhichOneof("value") == "text" else v.number) for k, v in msg.loss_fn_config_v2.items()})
     if not msg.data:
         raise WireError("data: a forward_backward needs at least one datum")
-    data = []
+    data, total_tokens = [], 0
     for i, datum in enumerate(msg.data):
         if len(datum.model_input_spans) or len(datum.loss_fn_input_spans):
             raise WireError(f"data[{i}]: provenance spans (stable_reinforce) are not served")
@@ -83,6 +85,11 @@ def decode_forward_backward(body: bytes) -> ForwardBackward:
         tokens = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         if tokens.size == 0:
             raise WireError(f"data[{i}].model_input: empty")
+        if tokens.size > limits.max_tokens_per_datum:
+            raise too_large(f"data[{i}].model_input", tokens.size, "max_tokens_per_datum", limits.max_tokens_per_datum)
+        total_tokens += tokens.size
+        if total_tokens > limits.max_tokens_per_request:
+            raise too_large("data (tokens in all)", total_tokens, "max_tokens_per_request", limits.max_tokens_per_request)
         inputs = {name: _tensor(t, f"data[{i}].loss_fn_inputs.{name}") for name, t in datum.loss_fn_inputs.items()}
         for name in ("target_tokens",) + REQUIRED_INPUTS[msg.loss_fn]:
             if name == "weights" and name not in inputs:

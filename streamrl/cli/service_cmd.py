@@ -50,6 +50,10 @@ def serve_training(
     root: Annotated[Optional[Path], typer.Option(help="Where states and sampler weights are written "
                                                   "(default: STREAMRL_HOME/training-service).")] = None,
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto",
+    limit: Annotated[Optional[list[str]], typer.Option(
+        "--limit", help="A limit over its default, NAME=VALUE (repeat): max_body_bytes, max_decompressed_bytes, "
+                        "max_tokens_per_datum, max_tokens_per_request, max_sample_sequences, max_sample_tokens, "
+                        "max_models_per_key, max_sessions_per_key, max_pending_per_key.", show_default=False)] = None,
 ) -> None:
     """Serve the Tinker training API on this machine's GPUs (or CPU): the official `tinker`
     client, tinker-cookbook scripts and recipes with trainer.type remote_api_* train
@@ -60,9 +64,14 @@ def serve_training(
 
     from training_service.app import build_app
     from training_service.executor import Executor
+    from training_service.limits import ServiceLimits
 
     if device not in ("auto", "cpu", "cuda"):
         raise UsageError(f"--device: {device!r} is not one of auto, cpu, cuda")
+    try:
+        limits = ServiceLimits.from_pairs(limit or [])
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     base_models = served_models(model)
     store = _store()
     chosen = torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
@@ -70,7 +79,7 @@ def serve_training(
     executor.start()
     console.print(f"training service on http://{host}:{port} ({chosen}); models: {', '.join(base_models)}",
                   highlight=False)
-    uvicorn.run(build_app(store, executor), host=host, port=port, log_level="warning")
+    uvicorn.run(build_app(store, executor, limits), host=host, port=port, log_level="warning")
 
 
 def key_create(name: Annotated[str, typer.Argument(help="Who or what the key is for.")]) -> None:
