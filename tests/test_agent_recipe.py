@@ -13,7 +13,7 @@ STEPS = 30
 
 def test_the_key_value_agent_recipe_raises_its_success_rate(stack, ledger, run_id, tmp_path):
     env = {"KV_STEPS": str(STEPS), "KV_VALIDATE_EVERY": str(STEPS)}
-    result = run_cli("run", RECIPE, "--run", run_id, "--out", str(tmp_path), env=env, timeout=540)
+    result = run_cli("run", RECIPE, "--run", run_id, "--out", str(tmp_path), env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     rewards = [r[0] for r in ledger.execute(

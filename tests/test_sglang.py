@@ -220,9 +220,9 @@ def test_the_agent_recipe_runs_its_episodes_on_sglang(stack, ledger, run_id, tmp
     """recipes/kv_agent/sglang.yaml: multi-turn tool-calling episodes, each assistant turn
     sampled by the server from the episode's ids (tool results appended as ids), recorded
     turn by turn, with exact ledger counts."""
-    env = {"KV_STEPS": "6", "KV_VALIDATE_EVERY": "6"}
+    env = {"KV_STEPS": "6", "KV_VALIDATE_EVERY": "6", "KV_WARMUP_STEPS": "300"}  # the format, not the values
     result = run_cli("run", str(REPO / "recipes" / "kv_agent" / "sglang.yaml"), "--run", run_id,
-                     "--out", str(tmp_path), env=env, timeout=480)
+                     "--out", str(tmp_path), env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     shapes = dict(ledger.execute("""
         select roles, count(*) from (

@@ -51,3 +51,40 @@ def test_arith_rows(tmp_path):
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in val}  # held out
     path = write_jsonl(val, tmp_path / "val.jsonl")
     assert len(path.read_text().splitlines()) == 100
+
+
+def texts_of(value):
+    """Every string in a row (prompts, answers, chat messages, databases), keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from texts_of(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from texts_of(item)
+
+
+def test_every_byte_of_every_built_in_recipes_texts_survives_encode_and_decode():
+    """The built-in recipes' rows, as their set-up scripts write them, through their own
+    models' tokenizers: nothing unknown, no whitespace lost."""
+    from transformers import AutoTokenizer
+
+    from runtime.recipe import prepare_recipe
+    from runtime.dataset import read_rows
+    from tests.conftest import REPO
+
+    for recipe_file in ("arith/recipe.yaml", "kv_agent/recipe.yaml", "byo_math/recipe.yaml"):
+        recipe = prepare_recipe(REPO / "recipes" / recipe_file)  # runs the set-up script
+        tokenizer = AutoTokenizer.from_pretrained(recipe.rollout_worker.model_path)
+        files = recipe.data.data_files + recipe.validate.data.data_files
+        rows = read_rows(recipe.data.data_files, recipe.data.type) + read_rows(recipe.validate.data.data_files,
+                                                                               recipe.validate.data.type)
+        checked = 0
+        for text in {t for row in rows for t in texts_of(row)}:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            assert tokenizer.unk_token_id not in ids or tokenizer.unk_token_id is None, (recipe_file, text)
+            assert tokenizer.decode(ids) == text, (recipe_file, text)
+            checked += 1
+        assert checked > 100, (recipe_file, files)
