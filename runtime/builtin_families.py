@@ -27,6 +27,16 @@ BUILTIN_MODEL_VERSION = 2  # 2: byte-level tokenizers with the family's chat tem
 STAMP_FILE = "streamrl_builtin.json"  # {"version", "family"}: what made a generated model folder
 
 
+def generated_is_current(folder: Path, settings: dict) -> bool:
+    """Whether a recipe's set-up script made `folder` (data and model/) with `settings`
+    and this version's model: a script returns early when it did, else it rebuilds."""
+    stamp = folder / "settings.json"
+    try:
+        return json.loads(stamp.read_text()) == settings and is_current(folder / "model")
+    except (OSError, ValueError):
+        return False
+
+
 def is_current(directory: str | Path) -> bool:
     """Whether `directory` holds a built-in model made by this version (a stale one is
     rebuilt by the recipe's set-up script)."""

@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # run as a script from the recipe's folder
 
 from recipes.arith.data import split_rows, write_jsonl  # noqa: E402
-from runtime.builtin_families import is_current  # noqa: E402
+from runtime.builtin_families import generated_is_current  # noqa: E402
 
 
 def main() -> None:
@@ -34,8 +34,7 @@ def main() -> None:
         "seed": int(os.environ.get("ARITH_SEED", "1")),
     }
     out = HERE / "generated" / settings["variant"]
-    stamp = out / "settings.json"
-    if stamp.exists() and json.loads(stamp.read_text()) == settings and is_current(out / "model"):
+    if generated_is_current(out, settings):
         return
     # torch and transformers only when there is a model to build: a run starts with this script
     from runtime.tiny_lm import build_tiny_model
@@ -45,7 +44,7 @@ def main() -> None:
     write_jsonl(train, out / "train.jsonl")
     write_jsonl(val, out / "val.jsonl")
     build_tiny_model(out / "model", seed=settings["seed"])
-    stamp.write_text(json.dumps(settings))
+    (out / "settings.json").write_text(json.dumps(settings))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # run as a script from the recipe's folder
 
-from runtime.builtin_families import is_current  # noqa: E402
+from runtime.builtin_families import generated_is_current  # noqa: E402
 
 SYSTEM = "Answer with the number only."
 
@@ -40,8 +40,7 @@ def verl_row(a: int, b: int, index: int, split: str) -> dict:
 def main() -> None:
     settings = {"train_rows": int(os.environ.get("BYO_TRAIN_ROWS", "2000")), "seed": int(os.environ.get("BYO_SEED", "1"))}
     out = HERE / "generated"
-    stamp = out / "settings.json"
-    if stamp.exists() and json.loads(stamp.read_text()) == settings and is_current(out / "model"):
+    if generated_is_current(out, settings):
         return
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -58,7 +57,7 @@ def main() -> None:
     pq.write_table(pa.Table.from_pylist(train), out / "train.parquet")
     pq.write_table(pa.Table.from_pylist(val), out / "val.parquet")
     init_model("tiny-qwen2", out / "model", seed=settings["seed"], match_tokenizer_vocab=True, dtype="float32")
-    stamp.write_text(json.dumps(settings))
+    (out / "settings.json").write_text(json.dumps(settings))
 
 
 if __name__ == "__main__":

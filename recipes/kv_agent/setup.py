@@ -19,15 +19,14 @@ sys.path.insert(0, str(HERE.parent.parent))
 sys.path.insert(0, str(HERE / "agent_workspace"))
 
 from kv_data import make_row  # noqa: E402
-from runtime.builtin_families import is_current  # noqa: E402
+from runtime.builtin_families import generated_is_current  # noqa: E402
 
 
 def main() -> None:
     settings = {"train_rows": int(os.environ.get("KV_TRAIN_ROWS", "4000")),
                 "val_rows": int(os.environ.get("KV_VAL_ROWS", "200")), "seed": int(os.environ.get("KV_SEED", "1"))}
     out = HERE / "generated"
-    stamp = out / "settings.json"
-    if stamp.exists() and json.loads(stamp.read_text()) == settings and is_current(out / "model"):
+    if generated_is_current(out, settings):
         return
     # torch and transformers only when there is a model to build: a run starts with this script
     from runtime.tiny_lm import build_tiny_model
@@ -39,7 +38,7 @@ def main() -> None:
             for _ in range(count):
                 handle.write(json.dumps(make_row(rng)) + "\n")
     build_tiny_model(out / "model", seed=settings["seed"], max_positions=256)
-    stamp.write_text(json.dumps(settings))
+    (out / "settings.json").write_text(json.dumps(settings))
 
 
 if __name__ == "__main__":
