@@ -91,6 +91,11 @@ def superuser_attacks(conn) -> list[tuple[str, str]]:
         ("select dblink('dbname=postgres', 'select 1')", "function dblink"),
         ("copy (select 1) to '/tmp/streamrl-copy'", "COPY is not allowed"),
         (f"set role {user}", "SET is not allowed"),
+        # migration 0014: no lock a migration could wait on, no other session's query text
+        ("select pg_advisory_lock(1)", "permission denied for function pg_advisory_lock"),
+        ("select pg_try_advisory_xact_lock(1)", "permission denied for function pg_try_advisory_xact_lock"),
+        ("select query from pg_stat_activity", "permission denied for (view|relation) pg_stat_activity"),
+        ("select * from pg_stat_get_activity(null)", "permission denied for function pg_stat_get_activity"),
     ]
 
 
