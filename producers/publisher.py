@@ -84,14 +84,14 @@ def git_sha() -> str | None:
 
 
 def create_run(settings: Settings, run_id: str, recipe: Recipe, publisher: EventPublisher,
-               parent_run_id: str | None = None) -> None:
+               parent_run_id: str | None = None, tag: str | None = None) -> None:
     create_run_topics(settings, run_id)
     config = recipe.to_dict()
     if recipe.data.apply_chat_template is not False and not recipe.data.chat_template:
         # the template the run renders with, as the model folder holds it now
         config["data"]["chat_template"] = saved_chat_template(recipe.rollout_worker.model_path)
     publisher.publish(RunEvent(run_id=run_id, kind="created", name=recipe.experiment_name, config=config,
-                               parent_run_id=parent_run_id, details={"git_sha": git_sha()}))
+                               parent_run_id=parent_run_id, details={"git_sha": git_sha(), **({"tag": tag} if tag else {})}))
     publisher.flush()
 
 

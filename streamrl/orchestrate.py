@@ -135,7 +135,7 @@ def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, ru
                 out: Path | None, console: Console, final_val_timeout_s: float = 180.0,
                 resume: bool = False, reset_offsets: bool = False,
                 inference_urls: list[str] | None = None, policy: RestartPolicy = RestartPolicy(),
-                overrides: list[str] | None = None) -> RunSummary:
+                overrides: list[str] | None = None, tag: str | None = None) -> RunSummary:
     interrupt_on_sigterm()
     local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy)
     total = total_train_steps(recipe)  # the same count the publisher and the learner use
@@ -144,7 +144,7 @@ def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, ru
     # the publisher creates the run from the same recipe and overrides (its resolved config
     # is what every other process reads)
     publish = ["publish", "--resume", run_id] if resume else \
-        ["publish", str(recipe_file), *(overrides or []), "--run", run_id]
+        ["publish", str(recipe_file), *(overrides or []), "--run", run_id, *(["--tag", tag] if tag else [])]
     publish += [arg for url in inference_urls or [] for arg in ("--inference-url", url)]
     # Restarted, the publisher resumes: the run exists, and tasks already done are skipped.
     local.spawn("publisher", publish, may_finish=True, restart_args=["publish", "--resume", run_id])

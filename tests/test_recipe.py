@@ -5,7 +5,7 @@ import textwrap
 import pytest
 
 from runtime.recipe import RecipeError, load_recipe
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 
 
 def write(path, text):
@@ -269,3 +269,18 @@ def test_the_policy_loss_keys_earlier_name_is_converted(recipe_tree):
                                             "algorithm: {off_policy_correction: gspo, policy_loss: truncated_is}\n")
     with pytest.raises(RecipeError, match="algorithm.off_policy_correction"):
         load_recipe(both)
+
+
+def test_validate_refuses_what_run_refuses_for_the_command_lines_mode_and_inference_url():
+    """`recipe validate` takes `-m` and `--inference-url` as `run` does: a GRPO recipe
+    under -m training-service, or an inference URL with the embedded backend, fail both."""
+    recipe = str(REPO / "recipes" / "arith" / "recipe.yaml")
+    mode = run_cli("recipe", "validate", recipe, "-m", "training-service", timeout=300)
+    assert mode.returncode == 2 and "--mode training-service: trainer.type is grpo" in " ".join(mode.stderr.split())
+    url = run_cli("recipe", "validate", recipe, "--inference-url", "127.0.0.1:9", timeout=300)
+    assert url.returncode == 2 and "an inference url needs backend sglang or openai" in " ".join(url.stderr.split())
+    down = run_cli("recipe", "validate", str(REPO / "recipes" / "arith" / "sglang.yaml"), "--inference-url",
+                   "127.0.0.1:9", "--check-services", timeout=300)
+    assert down.returncode != 0 and "no answer from http://127.0.0.1:9/health" in " ".join(down.stderr.split())
+    fine = run_cli("recipe", "validate", recipe, "-m", "self-hosted", timeout=300)
+    assert fine.returncode == 0, fine.stderr

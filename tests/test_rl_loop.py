@@ -60,8 +60,13 @@ def assert_ledger_consistent(conn, run_id: str, steps: int, staleness_threshold:
 
 
 def test_streamrl_run_end_to_end(stack, ledger, run_id, tmp_path):
-    result = run_cli("run", RECIPE, "--run", run_id, "--out", str(tmp_path), env=small_run_env(), timeout=420)
+    # the guide's launch form: -m MODE -c FILE -r -t TAG
+    result = run_cli("run", "-m", "self-hosted", "-c", RECIPE, "-r", "-t", "exp-v2", "--run", run_id,
+                     "--out", str(tmp_path), env=small_run_env(), timeout=420)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    tagged = run_cli("runs", "--tag", "exp-v2", "--limit", "1000", env={"COLUMNS": "300"}, check=True).stdout
+    assert run_id[:12] in tagged and "exp-v2" in tagged
+    assert run_id[:12] not in run_cli("runs", "--tag", "other", env={"COLUMNS": "300"}, check=True).stdout
     assert "validation accuracy, last" in result.stdout
     assert (tmp_path / "reward_curve.png").stat().st_size > 10_000
     assert_ledger_consistent(ledger, run_id, steps=6, staleness_threshold=1)
@@ -73,6 +78,15 @@ def test_streamrl_run_end_to_end(stack, ledger, run_id, tmp_path):
     # validation: the held-out rows, at versions 0, 3 and 6
     assert [r[0] for r in ledger.execute("select distinct step from evaluations where run_id = %s and is_val order by 1",
                                          (run_id,))] == [0, 3, 6]
+
+
+def test_the_guides_launch_form_without_r_prints_what_would_run_and_starts_nothing():
+    plan = run_cli("run", "-m", "self-hosted", "-c", RECIPE, timeout=300)
+    assert plan.returncode == 0, plan.stderr
+    said = " ".join(plan.stdout.split())
+    assert "would run streamrl/arith-last_digit (self-hosted; trainer grpo" in said and "Add -r to start it." in said
+    alone = run_cli("run", RECIPE, "-r", timeout=60)
+    assert alone.returncode == 2 and "-r/--run-nexrl goes with -c/--train-config" in " ".join(alone.stderr.split())
 
 
 def spawn(name: str, args: list[str], logs, env) -> subprocess.Popen:

@@ -133,3 +133,14 @@ def test_sample_requests_and_models_per_key_are_bounded(service, key, model_id):
 def test_an_unknown_limit_is_refused_at_start():
     result = run_cli("serve-training", "--model", "x=/nowhere", "--limit", "max_gpus=3")
     assert result.returncode == 2 and "NAME one of" in result.stderr
+
+
+def test_nul_characters_and_unstorable_values_are_400s_not_500s(service, key, model_id):
+    nul_json = httpx.post(f"{URL}/api/v1/create_session", headers={"X-API-Key": key},
+                          json={"tags": [], "user_metadata": {"note": "a\u0000b"}, "sdk_version": "x"})
+    assert nul_json.status_code == 400 and "NUL" in nul_json.text
+    nul_path = httpx.get(f"{URL}/api/v1/samplers/session-x%00:sample:0", headers={"X-API-Key": key})
+    assert nul_path.status_code in (400, 404) and "Traceback" not in nul_path.text
+    huge_seq = httpx.post(f"{URL}/api/v1/optim_step", headers={"X-API-Key": key},
+                          json={"model_id": model_id, "seq_id": 2**40, "adam_params": {"learning_rate": 1e-4}})
+    assert huge_seq.status_code == 400, huge_seq.text

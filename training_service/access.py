@@ -97,6 +97,8 @@ def caller(request: Request, x_api_key: str | None = Header(default=None)) -> st
 
 def parse(model: type[pydantic.BaseModel], body: bytes):
     """`body` as the client's request type, or a 400 naming the fields that are wrong."""
+    if b"\\u0000" in body or b"\x00" in body:
+        raise HTTPException(400, f"{model.__name__}: NUL characters are not accepted in a request")
     try:
         return model.model_validate_json(body)
     except pydantic.ValidationError as error:

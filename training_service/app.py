@@ -10,6 +10,8 @@ by the executor (the routes: training_service/routes.py); `retrieve_future` long
 
 from __future__ import annotations
 
+import psycopg
+import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -27,6 +29,8 @@ def build_app(store: ServiceStore, executor: Executor, limits: ServiceLimits | N
     app.state.service = Service(store, executor, Access(store), limits)
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     app.add_exception_handler(WireError, wire_error)
+    app.add_exception_handler(psycopg.DataError, unstorable)
+    app.add_exception_handler(sqlalchemy.exc.DataError, unstorable)  # the store's, wrapping psycopg's
     app.include_router(router)
     app.include_router(streamrl_router)
     return app
@@ -34,3 +38,11 @@ def build_app(store: ServiceStore, executor: Executor, limits: ServiceLimits | N
 
 def wire_error(request: Request, error: WireError):
     return JSONResponse({"detail": str(error)}, status_code=400)
+
+
+def unstorable(request: Request, error: Exception):
+    """A value PostgreSQL cannot hold (a NUL character, a number past its column) is the
+    client's malformed input: a 400 naming it, never a 500."""
+    cause = getattr(error, "orig", None) or error  # SQLAlchemy's error names the statement: psycopg's, the value
+    return JSONResponse({"detail": f"a value in the request cannot be stored: {str(cause).splitlines()[0]}"},
+                        status_code=400)

@@ -62,19 +62,26 @@ def sink(
 
 RUNS_QUERY = """
     select r.run_id, r.name, r.status, r.parent_run_id as parent, r.created_at,
+           (select e.details->>'tag' from run_events e where e.run_id = r.run_id and e.kind = 'created'
+            limit 1) as tag,
            (select count(*) from tasks t where t.run_id = r.run_id) as tasks,
            (select count(*) from trajectories t where t.run_id = r.run_id) as trajectories,
            (select count(*) from train_steps t where t.run_id = r.run_id) as steps,
            (select count(*) from dead_letters t where t.run_id = r.run_id) as dead_letters
-    from runs r order by r.created_at desc limit %(limit)s"""
+    from runs r
+    where %(tag)s::text is null or exists (select 1 from run_events e where e.run_id = r.run_id
+                                           and e.kind = 'created' and e.details->>'tag' = %(tag)s)
+    order by r.created_at desc limit %(limit)s"""
 
 
-def runs(limit: Annotated[int, typer.Option(help="Show at most this many runs, newest first.")] = 50) -> None:
-    """List the runs in the ledger with their status and event counts."""
+def runs(limit: Annotated[int, typer.Option(help="Show at most this many runs, newest first.")] = 50,
+         tag: Annotated[Optional[str], typer.Option("--tag", "-t", help="Only the runs started with this "
+                                                    "tag (`streamrl run -t TAG`).")] = None) -> None:
+    """List the runs in the ledger with their status, tag and event counts."""
     from runtime.sql import SqlFailed, run_readonly
 
     try:
-        result = run_readonly(readonly_url(), RUNS_QUERY, {"limit": limit})
+        result = run_readonly(readonly_url(), RUNS_QUERY, {"limit": limit, "tag": tag})
     except SqlFailed as exc:
         raise CommandFailed(f"{exc} (has `streamrl db upgrade` run?)") from None
     print_table(result.columns, result.rows)

@@ -39,21 +39,49 @@ def recipe_new(
     console.print(f"run it: streamrl run {folder / (name + '.yaml')}", highlight=False)
 
 
+def check_inference_url(url: str) -> None:
+    """An inference server answers at `url` (its /health, as SGLang and vLLM serve it)."""
+    import httpx
+
+    from streamrl.cli.common import CommandFailed
+
+    try:
+        httpx.get(f"{url.rstrip('/')}/health", timeout=5).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise CommandFailed(f"--inference-url {url}: no answer from {url}/health ({type(exc).__name__})") from None
+
+
 def recipe_validate(
     file: Annotated[Path, typer.Argument(help="The recipe YAML.")],
     overrides: Annotated[Optional[list[str]], typer.Argument(
         help="Overrides, key.path=value, as `streamrl run` takes them.", show_default=False)] = None,
     show: Annotated[bool, typer.Option("--show", help="Print the fully resolved recipe.")] = False,
+    mode: Annotated[Optional[str], typer.Option("--mode", "-m", help="As `streamrl run -m`: self-hosted or "
+                                                "training-service; refused when the trainer is not that kind.")] = None,
+    inference_url: Annotated[Optional[list[str]], typer.Option(
+        "--inference-url", help="As `streamrl run --inference-url`: refused unless the backend is sglang or "
+                                "openai.")] = None,
+    check_services: Annotated[bool, typer.Option("--check-services", help="Also check that the training "
+                                                 "service and the inference URLs answer now.")] = False,
 ) -> None:
     """Check a recipe exactly as `streamrl run` does before it starts anything: its
     environment and set-up scripts, unknown keys, wrong types, refused values, missing
-    files, settings that contradict each other, its own code (evaluator, worker, trainer,
-    estimator) and the names its registry keys use, each with its key path (exit 2 if any)."""
+    files, settings that contradict each other, its rows, its own code (evaluator,
+    worker, trainer, estimator), the names its registry keys use and what `-m` and
+    `--inference-url` add, each with its key path (exit 2 if any)."""
     import yaml
 
     from streamrl.cli.common import prepared_recipe
+    from streamrl.cli.train_cmd import check_mode, check_training_service, with_url
 
-    recipe = prepared_recipe(file, overrides)
+    recipe = with_url(prepared_recipe(file, overrides), inference_url)
+    check_mode(mode, recipe)
+    if check_services:
+        check_training_service(recipe)
+        from runtime.recipe import server_urls
+
+        for url in server_urls(recipe.service.inference_service.url):
+            check_inference_url(url)
     if show:
         console.print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), highlight=False, markup=False)
     console.print(f"{file}: valid ({recipe.project_name}/{recipe.experiment_name}, "

@@ -33,6 +33,8 @@ MaxRestarts = Annotated[int, typer.Option(
 Overrides = Annotated[Optional[list[str]], typer.Argument(
     help="Recipe overrides after the file, key.path=value (trainer.lr=1e-4 data.seed=3), recorded in the run's "
          "resolved config.", show_default=False)]
+Tag = Annotated[Optional[str], typer.Option("--tag", "-t", help="A label recorded on the run (the guide's -t); "
+                                            "`streamrl runs --tag TAG` lists its runs.")]
 RestartWindow = Annotated[float, typer.Option(
     "--restart-window", min=1.0, help="Seconds over which --max-restarts counts a process's crashes.")]
 
@@ -77,20 +79,34 @@ def run_recipe(
                                                 "model here) or training-service (trainer.type remote_api_*: "
                                                 "no model here, steps go to service.train_service). Default: "
                                                 "what the recipe's trainer.type implies.")] = None,
+    train_config: Annotated[Optional[Path], typer.Option("--train-config", "-c", help="The recipe YAML, the "
+                                                         "guide's way (`-c FILE -r`); instead of FILE.")] = None,
+    run_now: Annotated[bool, typer.Option("--run-nexrl", "-r", help="With -c: start the run now; without it, "
+                                          "-c only prints what would run.")] = False,
+    tag: Tag = None,
 ) -> None:
     """Train a recipe end to end on this machine: start the services if needed, then the
     ledger sink, stream processor, learner, rollout workers and publisher as processes,
-    with progress bars; at the end a summary table and a reward-curve PNG."""
+    with progress bars; at the end a summary table and a reward-curve PNG. The guide's
+    form, `-m MODE -c FILE -r -t TAG`, does the same."""
     from runtime import db, services
     from streamrl.orchestrate import RunFailed, run_locally
     from streamrl.recovery import prepare_resume
 
     current = settings()
+    if train_config is not None:
+        if file is not None:
+            raise UsageError("give the recipe as FILE or as -c/--train-config, not both")
+        file = train_config
+    elif run_now:
+        raise UsageError("-r/--run-nexrl goes with -c/--train-config (FILE alone runs at once)")
     if (file is None) == (resume is None):
         raise UsageError("give a recipe FILE or --resume RUN, not both or neither")
     recipe = with_url(prepared_recipe(file, overrides), inference_url) if file else None
     if recipe is not None:
         check_mode(mode, recipe)
+        if train_config is not None and not run_now:
+            return print_plan(recipe, file, workers)
         check_training_service(recipe)
     if resume and inference_url:
         raise UsageError("--inference-url: a resumed run keeps its recorded servers; give it to "
@@ -111,12 +127,23 @@ def run_recipe(
         run_locally(current, file, recipe, run, workers or recipe.rollout_worker.num_workers, out, console,
                     resume=bool(resume), reset_offsets=bool(resume) and resumed.rebuilt.topics_recreated,
                     inference_urls=inference_url, policy=restart_policy(max_restarts, restart_window),
-                    overrides=overrides)
+                    overrides=overrides, tag=tag)
     except RunFailed as exc:
         raise CommandFailed(str(exc), "run failed") from None
 
 
 MODES = ("self-hosted", "training-service")
+
+
+def print_plan(recipe, file: Path, workers: int | None) -> None:
+    """What `-c FILE` without `-r` would run (the guide's launcher prints before it starts)."""
+    remote = recipe.service.train_service.backend != "none"
+    processes = ["sink", "processor", "remote-trainer" if remote else "learner",
+                 f"{workers or recipe.rollout_worker.num_workers} rollout worker(s)", "publisher"]
+    console.print(f"{file}: would run {recipe.project_name}/{recipe.experiment_name} "
+                  f"({'training-service' if remote else 'self-hosted'}; trainer {recipe.trainer.type}, "
+                  f"{recipe.trainer.total_train_steps} steps, {recipe.service.inference_service.backend} inference) "
+                  f"as {', '.join(processes)}. Add -r to start it.", highlight=False)
 
 
 def check_mode(mode: str | None, recipe) -> None:
@@ -152,6 +179,7 @@ def publish(
     resume: Annotated[Optional[str], typer.Option(help="Resume publishing RUN: its config from the ledger; tasks "
                                                        "already rolled out and evaluated are not published again.")] = None,
     inference_url: InferenceUrl = None,
+    tag: Tag = None,
 ) -> None:
     """Create a run from a recipe (its topics, and a `created` event holding the resolved
     config) and publish its tasks, paced by the weight versions the learner publishes."""
@@ -172,7 +200,7 @@ def publish(
         recipe = with_url(prepared_recipe(file, overrides), inference_url)
         run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
         with EventPublisher(current, stage="app") as publisher:
-            create_run(current, run, recipe, publisher)
+            create_run(current, run, recipe, publisher, tag=tag)
         console.print(f"run {run}", highlight=False)
     steps = run_publisher(current, run, recipe, stop_on_signals(), skip_task_ids=skip)
     console.print(f"published the tasks of {steps} steps", highlight=False)
