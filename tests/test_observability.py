@@ -329,3 +329,32 @@ def test_the_browser_answers_only_its_own_host_names_and_with_a_token_only_to_it
     assert shared.get(asset).status_code == 200  # the cookie the first visit set
     assert TestClient(shared.app, base_url="http://10.0.0.5:8765").get(
         asset, headers={"authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_in_a_real_browser_a_rebound_name_gets_nothing_and_the_filter_cannot_escape(observed, ui_server, browser):
+    """DNS rebinding as a browser does it: chromium resolves evil.example to 127.0.0.1
+    (as an attacker's DNS would) and the page's request carries Host: evil.example. And
+    the rollout browser's filter box, given a condition that closes its parenthesis to
+    read the API keys' digests, shows the refusal and no rows."""
+    from urllib.parse import quote
+
+    from playwright.sync_api import sync_playwright
+
+    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    port = UI_PORT
+    with sync_playwright() as playwright:
+        rebound = playwright.chromium.launch(executable_path=executable, headless=True, args=[
+            "--no-sandbox", "--host-resolver-rules=MAP evil.example 127.0.0.1"])
+        try:
+            page = rebound.new_page()
+            response = page.goto(f"http://evil.example:{port}/runs")
+            assert response.status == 400 and "Invalid host header" in page.content()
+            assert page.goto(f"http://127.0.0.1:{port}/").status == 200  # its own name still works
+        finally:
+            rebound.close()
+    page = browser.new_page()
+    attack = "true) union all select key_sha256 from service_api_keys --"
+    page.goto(f"{ui_server}/runs/{observed['run']}/rollouts?where={quote(attack)}")
+    assert "filter" in page.locator(".error").inner_text().lower()
+    assert page.locator("#rollouts tr").count() <= 1  # a header at most: no rows
+    page.close()
