@@ -144,3 +144,13 @@ def test_nul_characters_and_unstorable_values_are_400s_not_500s(service, key, mo
     huge_seq = httpx.post(f"{URL}/api/v1/optim_step", headers={"X-API-Key": key},
                           json={"model_id": model_id, "seq_id": 2**40, "adam_params": {"learning_rate": 1e-4}})
     assert huge_seq.status_code == 400, huge_seq.text
+
+
+def test_sample_requests_are_taken_in_turns_of_their_keys():
+    """One key's queue of sample requests does not hold another key's back."""
+    from training_service.executor import interleaved_by_key
+
+    rows = [{"request_id": f"sample-key-{key}-{i:032x}"} for key, i in
+            (("aa11", 1), ("aa11", 2), ("aa11", 3), ("bb22", 4), ("aa11", 5), ("cc33", 6))]
+    order = [r["request_id"].split("-")[2] + r["request_id"][-1] for r in interleaved_by_key(rows)]
+    assert order == ["aa111", "bb224", "cc336", "aa112", "aa113", "aa115"]

@@ -32,6 +32,17 @@ TRAINING_KINDS = ("create_model", "load_weights", "forward_backward", "optim_ste
                   "save_weights_for_sampler")
 
 
+def interleaved_by_key(rows: list[dict]) -> list[dict]:
+    """Sample requests (`sample-KEY-HEX`) in turns of their keys, each key's in order."""
+    queues: dict[str, list[dict]] = {}
+    for row in rows:
+        queues.setdefault(row["request_id"].removeprefix("sample-").rsplit("-", 1)[0], []).append(row)
+    ordered = []
+    while any(queues.values()):
+        ordered += [queue.pop(0) for queue in queues.values() if queue]
+    return ordered
+
+
 def folder_name(model_id: str) -> str:
     return model_id.replace(":", "_").replace("/", "_")
 
@@ -97,21 +108,30 @@ class Executor:
 
     # --- loops ----------------------------------------------------------------------------------
     def training_loop(self) -> None:
+        """Round robin over the models, one request each per round: a model with a long
+        queue (one tenant's) does not hold the others back until it is empty."""
         while not self.stop.is_set():
             self.wake.wait(0.05)
             self.wake.clear()
-            for model_id in list(self.next_seq):  # a session may finish (release) meanwhile
-                while (seq := self.next_seq.get(model_id)) is not None and \
-                        (row := self.store.request_at(model_id, seq)) is not None:
+            progressed = True
+            while progressed and not self.stop.is_set():
+                progressed = False
+                for model_id in list(self.next_seq):  # a session may finish (release) meanwhile
+                    if (seq := self.next_seq.get(model_id)) is None or \
+                            (row := self.store.request_at(model_id, seq)) is None:
+                        continue
                     self.run(row)
+                    progressed = True
                     if model_id in self.next_seq:
                         self.next_seq[model_id] = seq + 1
 
     def sampling_loop(self) -> None:
+        """Sampling has its own thread (it never waits behind training), and takes the
+        keys' pending requests in turn, one of each key's per round."""
         while not self.stop.is_set():
             self.sample_wake.wait(0.05)
             self.sample_wake.clear()
-            for row in self.store.pending(("sample",)):
+            for row in interleaved_by_key(self.store.pending(("sample",))):
                 self.run(row)
 
     def run(self, row: dict) -> None:
