@@ -88,3 +88,31 @@ def test_every_byte_of_every_built_in_recipes_texts_survives_encode_and_decode()
             assert tokenizer.decode(ids) == text, (recipe_file, text)
             checked += 1
         assert checked > 100, (recipe_file, files)
+
+
+def test_a_generated_model_of_an_older_version_is_rebuilt(tmp_path):
+    """A recipe's set-up script keeps what it generated while the settings and the model
+    version match, and rebuilds a model stamped by an older version."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from runtime.builtin_families import BUILTIN_MODEL_VERSION, STAMP_FILE
+    from tests.conftest import REPO
+
+    shutil.copy(REPO / "recipes" / "byo_math" / "setup.py", tmp_path / "setup.py")
+
+    def run():
+        subprocess.run([sys.executable, str(tmp_path / "setup.py")], check=True, capture_output=True,
+                       env={**os.environ, "BYO_TRAIN_ROWS": "50", "PYTHONPATH": str(REPO)})
+    run()
+    stamp, weights = tmp_path / "generated" / "model" / STAMP_FILE, tmp_path / "generated" / "model" / "model.safetensors"
+    assert json.loads(stamp.read_text())["version"] == BUILTIN_MODEL_VERSION
+    built = weights.stat().st_mtime_ns
+    run()
+    assert weights.stat().st_mtime_ns == built  # current: kept
+    stamp.write_text(json.dumps({"version": BUILTIN_MODEL_VERSION - 1, "family": "chatml"}))
+    run()
+    assert weights.stat().st_mtime_ns != built and json.loads(stamp.read_text())["version"] == BUILTIN_MODEL_VERSION

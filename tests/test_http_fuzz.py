@@ -1,0 +1,77 @@
+"""Schema-driven fuzzing (schemathesis) of StreamRL's two HTTP APIs, from their own
+OpenAPI documents: the run browser over a real ledger, and `streamrl serve-training`
+over a real PostgreSQL with a valid API key. Whatever a client sends, the answer is
+never a 5xx."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+
+from runtime.tiny_lm import build_tiny_model
+from tests.conftest import REPO, free_port, run_cli
+
+EXAMPLES = 25
+LOOPBACK = {"host": "127.0.0.1"}  # the browser answers only its own names
+
+
+def fuzz(schema, call) -> list[str]:
+    """Every operation of `schema`, EXAMPLES generated cases each; the 5xx answers."""
+    failures = []
+    for result in schema.get_all_operations():
+        operation = result.ok()
+
+        @given(case=operation.as_strategy())
+        @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        def check(case):
+            response = call(case)
+            if response.status_code >= 500:
+                failures.append(f"{case.method} {case.formatted_path} {case.query or ''}: {response.status_code} "
+                                f"{response.text[:200]}")
+
+        check()
+    return failures
+
+
+def test_the_run_browser_never_answers_5xx(stack):
+    from streamrl.ui.app import make_app
+
+    app = make_app(stack.readonly_database_url)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app, headers=LOOPBACK)
+    assert fuzz(schema, lambda case: case.call(headers=LOOPBACK)) == []
+
+
+@pytest.fixture(scope="module")
+def training_service(stack, tmp_path_factory):
+    port = free_port()
+    model = build_tiny_model(tmp_path_factory.mktemp("fuzz") / "tiny")
+    process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "serve-training", "--model", f"tiny={model}",
+                                "--port", str(port), "--device", "cpu"], cwd=REPO, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/api/v1/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    else:
+        process.kill()
+        raise AssertionError("serve-training did not answer within 120 s")
+    yield url
+    process.kill()
+    process.wait()
+
+
+def test_the_training_service_never_answers_5xx(training_service):
+    key = run_cli("training-key", "create", "fuzz", check=True).stdout.split()[1]
+    schema = schemathesis.openapi.from_url(f"{training_service}/openapi.json")
+    headers = {"X-API-Key": key}
+    assert fuzz(schema, lambda case: case.call(base_url=training_service, headers=headers, timeout=30)) == []
