@@ -184,7 +184,7 @@ def test_requests_without_a_valid_key_or_with_a_bad_datum_are_refused_and_change
 
 
 STEPS = 16
-WARMUP = 300
+WARMUP = 650
 
 
 def test_the_built_in_recipe_learns_through_the_service_killed_mid_run(stack, service, models, api_key, ledger,
