@@ -55,7 +55,7 @@ def training_service(stack, tmp_path_factory):
                                 "--port", str(port), "--device", "cpu"], cwd=REPO, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # a restarted service first restores the open sessions of earlier tests
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{url}/api/v1/healthz", timeout=1).status_code == 200:
@@ -64,7 +64,7 @@ def training_service(stack, tmp_path_factory):
             time.sleep(0.3)
     else:
         process.kill()
-        raise AssertionError("serve-training did not answer within 120 s")
+        raise AssertionError("serve-training did not answer within 300 s")
     yield url
     process.kill()
     process.wait()

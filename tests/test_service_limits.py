@@ -34,7 +34,7 @@ def service(stack, tmp_path_factory):
     process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "serve-training", "--model", f"tiny={model}",
                                 "--port", str(PORT), "--device", "cpu", *limits], cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # a restarted service first restores the open sessions of earlier tests
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"{URL}/api/v1/healthz", timeout=1).status_code == 200:
@@ -43,7 +43,7 @@ def service(stack, tmp_path_factory):
             time.sleep(0.3)
     else:
         process.kill()
-        raise AssertionError("serve-training did not answer within 120 s")
+        raise AssertionError("serve-training did not answer within 300 s")
     yield process
     process.kill()
     process.wait()

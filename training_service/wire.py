@@ -61,7 +61,9 @@ def plain_body(body: bytes, content_encoding: str | None, limits: ServiceLimits)
     return body
 
 
-def decode_forward_backward(body: bytes, limits: ServiceLimits) -> ForwardBackward:
+def decode_forward_backward(body: bytes, limits: ServiceLimits | None = None) -> ForwardBackward:
+    """The request, checked; `limits` bound its tokens where it arrives (the executor
+    decodes again what was accepted, under whatever limits applied then: None)."""
     msg = pb.ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)
@@ -85,10 +87,10 @@ def decode_forward_backward(body: bytes, limits: ServiceLimits) -> ForwardBackwa
         tokens = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
         if tokens.size == 0:
             raise WireError(f"data[{i}].model_input: empty")
-        if tokens.size > limits.max_tokens_per_datum:
+        if limits is not None and tokens.size > limits.max_tokens_per_datum:
             raise too_large(f"data[{i}].model_input", tokens.size, "max_tokens_per_datum", limits.max_tokens_per_datum)
         total_tokens += tokens.size
-        if total_tokens > limits.max_tokens_per_request:
+        if limits is not None and total_tokens > limits.max_tokens_per_request:
             raise too_large("data (tokens in all)", total_tokens, "max_tokens_per_request", limits.max_tokens_per_request)
         inputs = {name: _tensor(t, f"data[{i}].loss_fn_inputs.{name}") for name, t in datum.loss_fn_inputs.items()}
         for name in ("target_tokens",) + REQUIRED_INPUTS[msg.loss_fn]:
