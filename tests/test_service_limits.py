@@ -110,6 +110,13 @@ def test_bodies_datums_and_requests_over_their_limits_are_not_recorded(service, 
     assert recorded(ledger, model_id) == 1  # nothing of these: a restart has nothing to replay
     fits = post("forward_backward", key, forward_backward_body(model_id, [100, 100]))
     assert fits.status_code == 200, fits.text
+    deadline = time.monotonic() + 120  # and it runs: the executor decodes what was accepted
+    while time.monotonic() < deadline:
+        done = httpx.post(f"{URL}/api/v1/retrieve_future", headers={"X-API-Key": key}, timeout=60,
+                          json={"request_id": fits.json()["request_id"]})
+        if "try_again" not in done.text:
+            break
+    assert done.headers["content-type"].startswith("application/x-protobuf"), done.text
 
 
 def test_sample_requests_and_models_per_key_are_bounded(service, key, model_id):
