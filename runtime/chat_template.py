@@ -44,8 +44,10 @@ def encode(tokenizer, text: str) -> list[int]:
 def stop_token_ids(tokenizer) -> list[int]:
     """The ids that end an assistant turn: EOS and the family's turn-end tokens."""
     ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    vocabulary = tokenizer.get_vocab()
-    ids += [vocabulary[t] for t in TURN_END_TOKENS if t in vocabulary and vocabulary[t] not in ids]
+    for token in TURN_END_TOKENS:  # a lookup each: get_vocab() would copy a 150k-entry vocabulary per episode
+        found = tokenizer.convert_tokens_to_ids(token)
+        if found is not None and found != tokenizer.unk_token_id and found not in ids:
+            ids.append(found)
     return ids
 
 

@@ -89,6 +89,24 @@ def start_sink_process(run_id: str, *extra: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
 
 
+def start_serve_training(*args: str, port: int, timeout: float = 300) -> subprocess.Popen:
+    """`streamrl serve-training ARGS --port PORT --device cpu`, once it answers /healthz
+    (a service restores the open sessions of earlier tests first, hence the wait)."""
+    import httpx
+
+    process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "serve-training", *args, "--port", str(port),
+                                "--device", "cpu"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/api/v1/healthz", timeout=1).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    process.kill()
+    raise AssertionError(f"serve-training did not answer within {timeout:.0f} s")
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.25, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

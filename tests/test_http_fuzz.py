@@ -5,17 +5,13 @@ never a 5xx."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from runtime.tiny_lm import build_tiny_model
-from tests.conftest import REPO, free_port, run_cli
+from tests.conftest import free_port, run_cli, start_serve_training
 
 EXAMPLES = 25
 LOOPBACK = {"host": "127.0.0.1"}  # the browser answers only its own names
@@ -51,21 +47,8 @@ def test_the_run_browser_never_answers_5xx(stack):
 def training_service(stack, tmp_path_factory):
     port = free_port()
     model = build_tiny_model(tmp_path_factory.mktemp("fuzz") / "tiny")
-    process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "serve-training", "--model", f"tiny={model}",
-                                "--port", str(port), "--device", "cpu"], cwd=REPO, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300  # a restarted service first restores the open sessions of earlier tests
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/api/v1/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    else:
-        process.kill()
-        raise AssertionError("serve-training did not answer within 300 s")
-    yield url
+    process = start_serve_training("--model", f"tiny={model}", port=port)
+    yield f"http://127.0.0.1:{port}"
     process.kill()
     process.wait()
 

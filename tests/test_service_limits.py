@@ -6,8 +6,6 @@ malformed bodies are 400s, never 500s."""
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
 import time
 
 import httpx
@@ -18,7 +16,7 @@ import zstandard
 from tinker.proto import tinker_public_pb2 as pb
 
 from runtime.tiny_lm import build_tiny_model
-from tests.conftest import REPO, free_port, run_cli
+from tests.conftest import free_port, run_cli, start_serve_training
 from tests.test_rl_loop import scalar
 
 PORT = free_port()
@@ -31,19 +29,7 @@ LIMITS = {"max_body_bytes": 2 << 20, "max_decompressed_bytes": 8 << 20, "max_tok
 def service(stack, tmp_path_factory):
     model = build_tiny_model(tmp_path_factory.mktemp("limits") / "tiny")
     limits = [arg for name, value in LIMITS.items() for arg in ("--limit", f"{name}={value}")]
-    process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "serve-training", "--model", f"tiny={model}",
-                                "--port", str(PORT), "--device", "cpu", *limits], cwd=REPO,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300  # a restarted service first restores the open sessions of earlier tests
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{URL}/api/v1/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    else:
-        process.kill()
-        raise AssertionError("serve-training did not answer within 300 s")
+    process = start_serve_training("--model", f"tiny={model}", *limits, port=PORT)
     yield process
     process.kill()
     process.wait()
