@@ -60,12 +60,16 @@ run: $(STAMP)
 # The SGLang tests need the SGLang environment: built here when missing (unless
 # STREAMRL_SGLANG_PYTHON names one); if it cannot be built they say so and are skipped
 # (under CI they fail).
+# Two pytest-xdist workers, each taking whole modules (the module fixtures start services):
+# most tests wait on processes of ~1 core each, so two fill a 2-core machine.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) browser
 ifeq ($(STREAMRL_SGLANG_PYTHON),)
 	@$(MAKE) --no-print-directory sglang-env || echo "could not build the SGLang environment (the error is above): the SGLang tests will be skipped"
 endif
 	$(PY) -m ruff check .
-	$(PY) -m pytest -p no:cacheprovider --durations=25
+	$(PY) -m pytest -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile
 
 # The tests that need no service (no broker, PostgreSQL, SGLang or browser): a few minutes.
 test-fast: $(STAMP)

@@ -35,7 +35,7 @@ def stack():
     os.environ.update(env)
     os.environ.pop("STREAMRL_KAFKA_BOOTSTRAP", None)
     os.environ.pop("STREAMRL_DATABASE_URL", None)
-    os.environ["STREAMRL_KAFKA_PORT"] = "19092"
+    os.environ["STREAMRL_KAFKA_PORT"] = str(free_port())
     settings = Settings.from_env()
     services.up(settings)
     db.upgrade(settings.database_url)
@@ -158,7 +158,19 @@ def pytest_configure(config):
                                        "browser (`make test-fast` runs the rest)")
 
 
+# The longest modules (minutes each, measured in CI) run first: with `make test`'s two
+# pytest-xdist workers taking whole modules, a long one started last would run alone.
+LONGEST_MODULES = ("test_sglang", "test_rl_loop", "test_training_service", "test_agent_recipe", "test_fault_matrix",
+                   "test_byo", "test_observability", "test_replay", "test_service_limits", "test_worker_group")
+
+
+def module_name(item) -> str:
+    return item.module.__name__.split(".")[-1]
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if SERVICE_FIXTURES & set(item.fixturenames) or item.module.__name__.split(".")[-1] in SERVICE_MODULES:
+        if SERVICE_FIXTURES & set(item.fixturenames) or module_name(item) in SERVICE_MODULES:
             item.add_marker(pytest.mark.services)
+    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
+    items.sort(key=lambda item: rank.get(module_name(item), len(rank)))  # stable: file order otherwise

@@ -27,7 +27,7 @@ from kafka import KafkaProducer
 from runtime import db, services
 from runtime.settings import Settings
 from schema.topics import run_topics
-from tests.conftest import REPO, command_lines, run_cli, wait_for
+from tests.conftest import REPO, command_lines, free_port, run_cli, wait_for
 from tests.test_rl_loop import assert_ledger_consistent, small_run_env
 
 RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
@@ -41,7 +41,7 @@ def private_stack(monkeypatch):
     home = Path(tempfile.mkdtemp(prefix="streamrl-faults-"))
     home.chmod(0o755)
     monkeypatch.setenv("STREAMRL_HOME", str(home))
-    monkeypatch.setenv("STREAMRL_KAFKA_PORT", "19392")
+    monkeypatch.setenv("STREAMRL_KAFKA_PORT", str(free_port()))
     monkeypatch.setenv("STREAMRL_SERVICE_WAIT_S", "120")
     settings = Settings.from_env()
     services.up(settings)

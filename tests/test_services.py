@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from runtime import db
-from tests.conftest import run_cli
+from tests.conftest import free_port, run_cli
 
 EXTERNAL_URL = os.environ.get("STREAMRL_TEST_EXTERNAL_DATABASE_URL")
 
@@ -24,7 +24,7 @@ def head_revision() -> str:
 
 
 def test_up_is_idempotent_and_down_stops_what_it_started(tmp_path):
-    env = {"STREAMRL_HOME": str(tmp_path / "home"), "STREAMRL_KAFKA_PORT": "19192"}
+    env = {"STREAMRL_HOME": str(tmp_path / "home"), "STREAMRL_KAFKA_PORT": str(free_port())}
     env_no_external = {**env, "STREAMRL_KAFKA_BOOTSTRAP": "", "STREAMRL_DATABASE_URL": ""}
     first = run_cli("up", env=env_no_external, check=True)
     assert "started embedded broker" in first.stdout and "started embedded server" in first.stdout

@@ -23,7 +23,7 @@ from runtime.config import Recipe
 from runtime.settings import Settings
 from streamrl.orchestrate import child_env
 from streamrl.supervise import RestartPolicy, RunFailed, Supervisor
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 
 
 def supervise(stack, tmp_path, policy: RestartPolicy, args: list[str], timeout_s: float = 60):
@@ -84,7 +84,7 @@ def own_broker(monkeypatch):
     """A broker of this test's own, which it stops."""
     home = Path(tempfile.mkdtemp(prefix="streamrl-broker-"))
     monkeypatch.setenv("STREAMRL_HOME", str(home))
-    monkeypatch.setenv("STREAMRL_KAFKA_PORT", "19492")
+    monkeypatch.setenv("STREAMRL_KAFKA_PORT", str(free_port()))
     state = services.start_embedded_kafka(Settings.from_env())
     monkeypatch.setenv("STREAMRL_KAFKA_BOOTSTRAP", state["bootstrap"])
     yield Settings.from_env(), state
