@@ -69,7 +69,7 @@ ifeq ($(STREAMRL_SGLANG_PYTHON),)
 	@$(MAKE) --no-print-directory sglang-env || echo "could not build the SGLang environment (the error is above): the SGLang tests will be skipped"
 endif
 	$(PY) -m ruff check .
-	$(PY) -m pytest -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The tests that need no service (no broker, PostgreSQL, SGLang or browser): a few minutes.
 test-fast: $(STAMP)

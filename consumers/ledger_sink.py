@@ -44,6 +44,8 @@ from runtime.outage import BrokerWatch, PostgresOutage
 from runtime.settings import Settings
 from consumers.table_writer import TableWriter, json_dumps
 
+# How long a stopping sink keeps writing what is left on the topics.
+DRAIN_S = 10.0
 log = logging.getLogger("streamrl.ledger_sink")
 
 SINK_GROUP = "streamrl-ledger"
@@ -331,7 +333,19 @@ class LedgerSink:
                     on_batch(self.stats)
             elif idle_exit_s is not None and time.monotonic() - last_data > idle_exit_s:
                 break
+        if self.stop_requested.is_set():
+            self.drain()
         return self.stats
+
+    def drain(self, within_s: float = DRAIN_S) -> None:
+        """Stopping: write what the topics hold now (what the run's other processes
+        published while they stopped), for at most `within_s`; the services may be gone."""
+        deadline = time.monotonic() + within_s
+        try:
+            while time.monotonic() < deadline and self.conn is not None and self.poll_once(timeout_ms=300):
+                pass
+        except (psycopg.Error, KafkaError) as exc:
+            log.warning("stopping: the last records stay unwritten (%s)", exc)
 
     def close(self) -> None:
         self.consumer.close(autocommit=False)

@@ -34,7 +34,7 @@ from learner.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from runtime.backoff import backoff_wait
 from runtime.folders import write_folder
 from learner.parallel import Placement
-from learner.remote_trainers import RemoteApiTrainer, service_datums
+from learner.remote_trainers import RemoteApiTrainer, merged_metrics, request_chunks, service_datums
 from learner.trainers import StepResult
 from runtime.config import Recipe
 from runtime.outage import ServiceLost
@@ -209,14 +209,20 @@ class RemotePolicy:
         algorithm = self.recipe.algorithm
         loss_config = {"clip_low_threshold": 1.0 - algorithm.clip_ratio_low,
                        "clip_high_threshold": 1.0 + algorithm.clip_ratio_high} if self.loss_fn in ("ppo", "cispo") else None
-        backward = self.client.forward_backward(self._datums(items, self.loss_fn), loss_fn=self.loss_fn,
-                                                loss_fn_config=loss_config)
-        step = self.client.optim_step(self._adam(lr))  # submitted at once: the service runs them in order
-        output = self._result(backward, "did not finish a forward_backward")
+        datums = self._datums(items, self.loss_fn)
+        # requests of at most trainer.micro_batch_tokens tokens (a service bounds a request's
+        # size); all submitted at once: the service runs them in order and sums their gradients
+        chunks = request_chunks([len(item.tokens) for item in items], self.recipe.trainer.micro_batch_tokens)
+        backwards = [self.client.forward_backward([datums[i] for i in chunk], loss_fn=self.loss_fn,
+                                                  loss_fn_config=loss_config) for chunk in chunks]
+        step = self.client.optim_step(self._adam(lr))
+        outputs = [self._result(backward, "did not finish a forward_backward") for backward in backwards]
         optimized = self._result(step, "did not finish an optim_step")
         tokens = int(sum(item.mask[1:].sum() for item in items))
-        remote = {f"service/{k}": float(v) for k, v in {**output.metrics, **(optimized.metrics or {})}.items()}
-        return StepResult(loss=float(output.metrics.get("loss:sum", 0.0)),
+        summed = merged_metrics([o.metrics for o in outputs])
+        remote = {f"service/{k}": float(v) for k, v in {**summed, **(optimized.metrics or {})}.items()}
+        remote["service/forward_backward_requests"] = float(len(chunks))
+        return StepResult(loss=float(summed.get("loss:sum", 0.0)),
                           grad_norm=float((optimized.metrics or {}).get("grad_norm", 0.0)), tokens=tokens,
                           samples=len(items), seconds=time.perf_counter() - started, metrics={**metrics, **remote})
 

@@ -117,6 +117,32 @@ def service_datums(items: list[TrainItem], loss_fn: str, loss_agg_mode: str,
     return data
 
 
+def request_chunks(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices of the datums in consecutive requests of at most `max_tokens` tokens each
+    (a longer datum goes alone). The service sums the gradients of a step's
+    forward_backward requests until its optim_step, so the step is the same whatever the
+    split. Pure."""
+    chunks: list[list[int]] = []
+    size = 0
+    for index, length in enumerate(lengths):
+        if chunks and size + length <= max_tokens:
+            chunks[-1].append(index)
+            size += length
+        else:
+            chunks.append([index])
+            size = length
+    return chunks
+
+
+def merged_metrics(parts: list[dict]) -> dict[str, float]:
+    """One step's metrics from its requests', by the reduction their names end with
+    (Tinker's convention: `loss:sum`, `x:max`, `x:min`; otherwise the mean). Pure."""
+    reduce = {"sum": sum, "max": max, "min": min}
+    keys = {key for part in parts for key in part}
+    return {key: float(reduce.get(key.rpartition(":")[2], lambda v: sum(v) / len(v))(
+        [float(part[key]) for part in parts if key in part])) for key in keys}
+
+
 def trainer_class(recipe: Recipe) -> type:
     """The trainer class a recipe names: registered, or its own (self-hosted or remote).
     Here, the one module that knows both kinds, and light enough for recipe validation

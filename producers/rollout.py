@@ -24,6 +24,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from producers.config_reads import WorkerConfig
 from producers.evaluator import BaseEvaluationTarget, Evaluator, run_evaluator
 from producers.inference import Completion, InferenceUnavailable
 from producers.inference_client import InferenceClient, behaviour_logprobs  # noqa: F401  (the seed API's names)
@@ -109,9 +110,10 @@ class BaseRolloutWorker:
                  evaluator: Evaluator | None = None, publish: Callable[[Any], None] | None = None,
                  worker_id: str | None = None):
         parts = getattr(_RUNTIME, "parts", None) or (None, None, None, "worker")
-        # a plain dict gets attribute access (`self._config.temperature`); an OmegaConf
-        # DictConfig (the guide's unit tests) already has it
-        self._config = _Namespace(config or {}) if isinstance(config, dict) or config is None else config
+        # a plain dict gets attribute access (`self._config.temperature`) and records the
+        # keys read (producers/config_reads.py); an OmegaConf DictConfig (the guide's unit
+        # tests) already has attribute access
+        self._config = WorkerConfig(config or {}) if isinstance(config, dict) or config is None else config
         self._inference_client = inference_client if inference_client is not None else parts[0]
         self.evaluator = evaluator if evaluator is not None else parts[1]
         self._publish = publish if publish is not None else parts[2]
@@ -343,16 +345,6 @@ def trajectory_from_dict(values: dict[str, Any]) -> Trajectory:
     extra = values.pop("extra_fields", None) or {}
     known["loss_mask"] = [int(bool(m)) for m in known["loss_mask"]]
     return Trajectory(**known, extra_fields={**values, **extra})
-
-
-class _Namespace(dict):
-    """Config keys as attributes too (`self._config.temperature`), as the guide writes them."""
-
-    def __getattr__(self, name):
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(f"rollout_worker config has no key {name!r}") from None
 
 
 def task_dict(task: Task) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from kafka import TopicPartition
 import producers.agent_worker  # noqa: F401  (registers the "agent" worker type)
 import producers.openai_engine  # noqa: F401  (registers the "openai" inference backend)
 import producers.sglang_engine  # noqa: F401  (registers the "sglang" inference backend)
+from producers.config_reads import unread_keys
 from producers.evaluator import Evaluator
 from producers.evaluator_builtins import make_evaluator as build_evaluator
 from producers.inference import INFERENCE_BACKENDS, SamplingParams
@@ -39,10 +40,12 @@ from runtime.chat_template import ChatRenderer
 from runtime.config import Recipe
 from runtime.plugins import load_class
 from runtime.settings import Settings
-from schema.events import Task, WeightVersion
+from schema.events import RunEvent, Task, WeightVersion
 
 log = logging.getLogger("streamrl.worker")
 WORKER_GROUP = "streamrl-worker"
+# Rollouts after which a custom worker's own keys it never read are reported (once).
+UNREAD_CHECK_ROLLOUTS = 16
 
 
 def make_evaluator(recipe: Recipe) -> Evaluator:
@@ -53,7 +56,9 @@ def make_evaluator(recipe: Recipe) -> Evaluator:
 def worker_class(recipe: Recipe) -> type[BaseRolloutWorker]:
     worker = recipe.rollout_worker
     if worker.custom_rollout_worker_module_path:
-        spec = f"{worker.custom_rollout_worker_module_path}:{worker.custom_rollout_worker_class_name}"
+        spec = worker.custom_rollout_worker_module_path  # file.py:Class, or the file and the class apart
+        if worker.custom_rollout_worker_class_name:
+            spec = f"{spec}:{worker.custom_rollout_worker_class_name}"
         return load_class(spec, ".", BaseRolloutWorker)
     try:
         return ROLLOUT_WORKERS.get(worker.type)
@@ -126,6 +131,7 @@ class WorkerLoop:
         self._load_lock = threading.Lock()
         self.failures: list[BaseException] = []
         self.pool = ThreadPoolExecutor(max_workers=cfg.max_concurrent_tasks, thread_name_prefix="rollout")
+        self.unread_reported = False
 
     def load(self, version: WeightVersion | None) -> None:
         """Load `version` into the engine if it is newer (applied before its next batch)."""
@@ -164,13 +170,32 @@ class WorkerLoop:
                         break
                     self._roll_out(batch)
                     done += len(batch)
+                    if not self.unread_reported and done >= UNREAD_CHECK_ROLLOUTS:
+                        self.report_unread_keys()
                 self.publisher.flush()
                 self._commit(events, dead)
         finally:
+            if done and not self.unread_reported:
+                self.report_unread_keys()
             self.close()
         if self.failures:
             raise self.failures[0]
         return done
+
+    def report_unread_keys(self) -> None:
+        """Once, after the first rollouts: the worker's own keys it never read
+        (producers/config_reads.py), in its log and in the ledger."""
+        self.unread_reported = True
+        unread = unread_keys(self.worker._config, self.cfg.extra)
+        if not unread:
+            return
+        message = (f"rollout_worker: {', '.join(unread)} read by nothing in the first rollouts of "
+                   f"{type(self.worker).__name__} (a misspelt key?); declare the worker's keys with "
+                   f"`config_keys = (...)` to have the others refused when the recipe is checked")
+        log.warning(message)
+        self.publisher.publish(RunEvent(run_id=self.run_id, kind="config_unread", name="rollout_worker",
+                                        message=message, details={"section": "rollout_worker", "keys": unread}))
+        self.publisher.flush()
 
     def _weights_for(self, batch: list[Task]) -> bool:
         """The engine holds a version every task of `batch` allows (sync waits for it;

@@ -18,6 +18,7 @@ mapping back (what the run's `created` event records).
 from __future__ import annotations
 
 import dataclasses
+import re
 import difflib
 import enum
 import math
@@ -169,7 +170,8 @@ class Trainer:
     lr_warmup_steps: int = knob(0, "a linear ramp from 0 over the first steps of RL", ge=0)
     weight_decay: float = knob(0.0, "AdamW's weight decay", ge=0.0)
     grad_clip: float = knob(1.0, "the gradient norm is clipped to this; 0 turns it off", ge=0.0)
-    micro_batch_tokens: int = knob(8192, "padded tokens per micro-batch (bounds a forward pass's memory)", ge=1)
+    micro_batch_tokens: int = knob(8192, "padded tokens per micro-batch (bounds a forward pass's memory); a "
+                                         "remote trainer: tokens per forward_backward request", ge=1)
     warmup_cross_entropy_steps: int = knob(0, "supervised steps on the data's answers before GRPO", ge=0)
     warmup_batch_size: int = knob(64, "rows per warm-up step", ge=1)
     warmup_lr: Optional[float] = knob(None, "the warm-up's learning rate (default: lr)", gt=0.0)
@@ -190,9 +192,9 @@ class Trainer:
     nnodes: int = knob(1, "learner nodes", ge=1)
     checkpoint_path: str = knob("runs/${experiment_name}/checkpoints", "where checkpoints go (relative: under "
                                                                        "STREAMRL_HOME), a folder per run")
-    save_freq: int = knob(10, "a checkpoint every step (exact resume); older ones are removed but every "
-                              "save_freq-th", ge=0)
-    remove_previous_ckpt: bool = knob(False, "keep only the newest checkpoint")
+    save_freq: int = knob(10, "a snapshot (model, optimizer, offsets) every save_freq steps, at the last step and "
+                              "on stop; a restart re-trains the recorded steps after it (exact resume)", ge=1)
+    remove_previous_ckpt: bool = knob(False, "keep only the newest snapshot (else every one stays)")
     seed: int = knob(0, "the learner's seed")
 
 
@@ -219,7 +221,7 @@ class ValidateEval:
 class Validate:
     validate_before_train: bool = knob(True, "validate the starting weights (version 0)")
     temperature: float = knob(0.0, "validation's sampling temperature (0: greedy)", ge=0.0)
-    data: Data = knob(help="the held-out rows", factory=Data)
+    data: Data = knob(help="the held-out rows (in file order)", factory=lambda: Data(shuffle=False))
     eval: ValidateEval = knob(help="how often", factory=ValidateEval)
 
 
@@ -414,7 +416,8 @@ def missing_files(values: dict, schema: type, bases: list, prefix: str = "") -> 
         elif f.metadata.get("path") and value:
             for i, item in enumerate(value if isinstance(value, list) else [value]):
                 where = f"{prefix}{f.name}" + (f"[{i}]" if isinstance(value, list) else "")
-                if not any((base / str(item)).exists() for base in bases):
+                file = re.sub(r"\.py:[A-Za-z_]\w*$", ".py", str(item))  # file.py:Class names a file
+                if not any((base / file).exists() for base in bases):
                     problems.append(f"{where}: file not found: {item} (relative to "
                                     f"{' or '.join(str(base) for base in bases)})")
     return problems

@@ -60,7 +60,18 @@ class TinkerService:
 
 
 @dataclass
+class Broker:
+    """What the run leaves on the Kafka broker (runtime/topic_retention.py)."""
+    retention: Literal["remove", "keep"] = knob(
+        "remove", "remove: a finished run's topics leave the broker once the ledger holds every event; keep: "
+        "they stay (Kafka-side replay); the embedded broker holds them in memory")
+    memory_warning_share: float = knob(0.25, "the run says once when the embedded broker's memory passes this share "
+                                       "of the machine's", gt=0.0, le=1.0)
+
+
+@dataclass
 class Service:
     inference_service: InferenceService = knob(help="where rollouts are sampled", factory=InferenceService)
     train_service: TrainService = knob(help="where a remote trainer trains", factory=TrainService)
     tinker_service: TinkerService = knob(help="the training service's model options", factory=TinkerService)
+    broker: Broker = knob(help="the run's topics on the Kafka broker", factory=Broker)

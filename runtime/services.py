@@ -37,6 +37,7 @@ class ServiceStatus:
     version: str
     healthy: bool
     detail: str = ""
+    memory: str = ""  # the embedded broker's resident memory
 
 
 # --- Kafka ---------------------------------------------------------------------------
@@ -239,7 +240,9 @@ def status(settings: Settings) -> list[ServiceStatus]:
         version = detail if healthy else "?"
         if mode == "embedded" and healthy:
             version = f"{state['kafka']['version']} ({detail})"
-        result.append(ServiceStatus("kafka", mode, address, version, healthy, "" if healthy else detail))
+        rss = broker_memory_bytes(settings)
+        result.append(ServiceStatus("kafka", mode, address, version, healthy, "" if healthy else detail,
+                                    f"{rss / 2**20:.0f} MB" if rss is not None else ""))
     else:
         result.append(ServiceStatus("kafka", "not configured", "-", "-", False, "run `streamrl up`"))
     if settings.database_url_env or "postgres" in state:
@@ -251,3 +254,16 @@ def status(settings: Settings) -> list[ServiceStatus]:
     else:
         result.append(ServiceStatus("postgres", "not configured", "-", "-", False, "run `streamrl up`"))
     return result
+
+
+def broker_memory_bytes(settings: Settings) -> int | None:
+    """The embedded broker's resident memory; None with an external broker or none running."""
+    import psutil
+
+    state = settings.read_state().get("kafka")
+    if settings.kafka_bootstrap_env or not state:
+        return None
+    try:
+        return psutil.Process(state["pid"]).memory_info().rss
+    except (psutil.Error, KeyError):
+        return None

@@ -258,7 +258,8 @@ class WeightVersion(Event, tag="weight_version", kw_only=True):
         return (self.version,)
 
 
-RUN_EVENT_KINDS = ("created", "started", "finished", "failed", "replayed_from", "resumed")
+RUN_EVENT_KINDS = ("created", "started", "finished", "failed", "replayed_from", "resumed", "resume_checked",
+                   "config_unread")
 
 
 class RunEvent(Event, tag="run_event", kw_only=True):

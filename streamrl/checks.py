@@ -18,8 +18,10 @@ import learner.remote_trainers  # noqa: F401
 import learner.trainers  # noqa: F401
 import producers.inference  # noqa: F401
 import producers.worker_loop  # noqa: F401
+from producers.config_reads import undeclared_keys
 from producers.rollout import ROLLOUT_WORKERS
 from runtime.config import Recipe
+from runtime.inert_keys import inert_key_problems
 from runtime.registry import registry_problems
 from streamrl.data_checks import data_problems
 
@@ -56,7 +58,13 @@ def recipe_code_problems(recipe: Recipe) -> list[str]:
     registry = registry_problems(recipe.to_dict())
     if not any(p.startswith("algorithm.type:") for p in registry):
         problems += estimator_problems(recipe)
-    return problems + data_problems(recipe) + tracker_problems(recipe) + registry
+    if custom_worker and not problems:  # a worker class that declares its keys: the others are refused
+        cls = worker_class(recipe)
+        problems += [f"rollout_worker.{key}: not one of {cls.__name__}.config_keys ({', '.join(cls.config_keys)})"
+                     for key in undeclared_keys(cls, worker.extra)]
+    # A key nothing reads in this combination, last: a misspelt registry name says so first.
+    inert = [] if registry else inert_key_problems(recipe)
+    return problems + data_problems(recipe) + tracker_problems(recipe) + registry + inert
 
 
 def estimator_problems(recipe: Recipe) -> list[str]:

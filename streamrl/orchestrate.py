@@ -24,7 +24,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from runtime.config import Recipe
 from runtime.dataset import total_train_steps
+from runtime.service_config import Broker
+from runtime.services import broker_memory_bytes
 from runtime.settings import Settings
+from runtime.topic_retention import retire_run_topics
 from streamrl.report import RunSummary, load_summary, plot_reward_curve, summary_table, val_accuracy_at
 from streamrl.supervise import RestartPolicy, RunFailed, Supervisor
 
@@ -53,16 +56,45 @@ class LocalRun:
     out: Path
     console: Console
     policy: RestartPolicy = field(default_factory=RestartPolicy)
+    broker: Broker = field(default_factory=Broker)
 
     def __post_init__(self):
         self.logs = self.out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.supervisor = Supervisor(self.logs, child_env(self.settings), self.policy, self.say)
         self.spawn, self.check, self.stop = self.supervisor.spawn, self.supervisor.check, self.supervisor.stop
+        self.broker_warned = False
 
     def restarts_note(self) -> str:
         count = sum(self.supervisor.restarts.values())
         return f"restarts {count}" if count else ""
+
+    def broker_note(self) -> str:
+        """The embedded broker's memory for the progress line; past the recipe's share of
+        the machine's memory, said once with what grows and what to do."""
+        import psutil
+
+        rss = broker_memory_bytes(self.settings)
+        if rss is None:
+            return ""
+        total = psutil.virtual_memory().total
+        if not self.broker_warned and rss > self.broker.memory_warning_share * total:
+            self.broker_warned = True
+            self.say(f"the embedded broker holds {rss / 2**30:.1f} GiB, over "
+                     f"{self.broker.memory_warning_share:.0%} of this machine's {total / 2**30:.0f} GiB: it keeps "
+                     "every event of the runs it carries in memory (a finished run's topics leave it with "
+                     "service.broker.retention: remove); for long runs, point STREAMRL_KAFKA_BOOTSTRAP at a Kafka "
+                     "cluster")
+        return f"broker {rss / 2**20:.0f} MB"
+
+    def retire_topics(self) -> None:
+        """The run is over and its processes stopped: free its topics (retention: remove)."""
+        if self.broker.retention == "keep":
+            return
+        try:
+            self.say(retire_run_topics(self.settings, self.run_id).sentence(self.run_id))
+        except Exception as error:  # noqa: BLE001 - the run itself succeeded; say why the topics stay
+            self.say(f"kept run {self.run_id}'s topics on the broker: removing them failed ({error})")
 
     def say(self, line: str) -> None:
         """A supervision event: on the console and in logs/supervisor.log."""
@@ -92,8 +124,8 @@ class LocalRun:
                     except psycopg.OperationalError:
                         progress.update(bar, status=f"waiting for the ledger's PostgreSQL  {self.restarts_note()}")
                         continue
-                    progress.update(bar, completed=len(summary.steps),
-                                    status=f"{status_line(summary)}  {self.restarts_note()}".rstrip())
+                    notes = "  ".join(note for note in (self.broker_note(), self.restarts_note()) if note)
+                    progress.update(bar, completed=len(summary.steps), status=f"{status_line(summary)}  {notes}".rstrip())
                     if finished(summary):
                         break
         except KeyboardInterrupt:
@@ -101,6 +133,7 @@ class LocalRun:
             raise
         finally:
             self.stop()
+        self.retire_topics()
         wall = time.monotonic() - started
         summary = load_summary(self.settings.database_url, self.run_id)
         png = plot_reward_curve(summary, self.out / "reward_curve.png")
@@ -137,7 +170,7 @@ def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, ru
                 inference_urls: list[str] | None = None, policy: RestartPolicy = RestartPolicy(),
                 overrides: list[str] | None = None, tag: str | None = None) -> RunSummary:
     interrupt_on_sigterm()
-    local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy)
+    local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy, recipe.service.broker)
     total = total_train_steps(recipe)  # the same count the publisher and the learner use
     val_rows = recipe.validate.data.max_rows
     console.print(f"run [bold]{run_id}[/]: logs in {local.logs}", highlight=False)
@@ -182,10 +215,11 @@ def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, ru
 
 
 def replay_locally(settings: Settings, run_id: str, steps: int, publish, out: Path | None,
-                   console: Console, policy: RestartPolicy = RestartPolicy(), trackers: bool = False) -> RunSummary:
+                   console: Console, policy: RestartPolicy = RestartPolicy(), trackers: bool = False,
+                   broker: Broker = Broker()) -> RunSummary:
     """The trainers of a replayed run (sink, processor, learner) as processes, fed by
     `publish(on_progress)` here; over when the learner has trained its last step."""
-    local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy)
+    local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy, broker)
     console.print(f"replay into [bold]{run_id}[/]: logs in {local.logs}", highlight=False)
     local.spawn("sink", ["sink", "--run", run_id])
     local.spawn("processor", ["processor", run_id])

@@ -22,10 +22,9 @@ this way runs on newer weights, and its trajectories say so (`weight_version`).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
-from kafka import KafkaAdminClient, TopicPartition
+from kafka import TopicPartition
 
 from schema.events import Evaluation, GroupFiltered, RunEvent, Sample, Trajectory
 from schema.ledger import query_events
@@ -34,6 +33,7 @@ from runtime.bus import EventPublisher, create_run_topics, make_consumer
 from runtime.config import Recipe
 from runtime.db import connect
 from runtime.settings import Settings
+from runtime.topic_retention import delete_run_topics
 
 
 @dataclass
@@ -56,22 +56,6 @@ def run_topics_intact(settings: Settings, run_id: str) -> bool:
         return sum(consumer.end_offsets(partitions).values()) > 0
     finally:
         consumer.close()
-
-
-def delete_run_topics(settings: Settings, run_id: str) -> None:
-    admin = KafkaAdminClient(**settings.kafka_client_options())
-    try:
-        existing = set(admin.list_topics())
-        doomed = [name for name in run_topics(run_id).values() if name in existing]
-        if doomed:
-            admin.delete_topics(doomed)
-        deadline = time.monotonic() + 30  # deletion is asynchronous: create nothing before it is done
-        while set(doomed) & set(admin.list_topics()):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the broker did not delete the emptied topics {doomed} within 30 s")
-            time.sleep(0.2)
-    finally:
-        admin.close()
 
 
 def group_plan(filtered: set[str], sample_counts: dict[str, tuple[int, int]], rollout_groups: dict[str, int],

@@ -86,4 +86,4 @@ def replay_run(settings: Settings, options: ReplayOptions, console: Console) -> 
                                  on_progress)
 
     replay_locally(settings, options.into, plan.steps, publish, options.out, console, options.policy,
-                   trackers=bool(config.logger.trackers()))
+                   trackers=bool(config.logger.trackers()), broker=config.service.broker)

@@ -153,13 +153,21 @@ class Supervisor:
         counts = self.restarts
         return ", ".join(f"{name} {n}" for name, n in counts.items()) if counts else "none"
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        for child in self.children:
+    def stop(self, timeout_s: float = 30.0, last: tuple[str, ...] = ("sink",)) -> None:
+        """SIGTERM every process, those named in `last` once the others have exited: the
+        ledger sink then writes what they published while stopping."""
+        first = [child for child in self.children if child.name not in last]
+        self._stop_group(first, timeout_s)
+        self._stop_group([child for child in self.children if child.name in last], timeout_s)
+
+    @staticmethod
+    def _stop_group(children: list, timeout_s: float) -> None:
+        for child in children:
             child.restart_at = None
             if child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        for child in self.children:
+        for child in children:
             try:
                 child.process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

@@ -158,10 +158,13 @@ def pytest_configure(config):
                                        "browser (`make test-fast` runs the rest)")
 
 
-# The longest modules (minutes each, measured in CI) run first: with `make test`'s two
-# pytest-xdist workers taking whole modules, a long one started last would run alone.
-LONGEST_MODULES = ("test_sglang", "test_rl_loop", "test_training_service", "test_agent_recipe", "test_fault_matrix",
-                   "test_byo", "test_observability", "test_replay", "test_service_limits", "test_worker_group")
+# The longest modules (minutes each, measured in CI) run first, in this order: with `make
+# test`'s two pytest-xdist workers taking whole modules (--no-loadscope-reorder keeps this
+# order), a long one started last would run alone.
+LONGEST_MODULES = ("test_sglang", "test_replay", "test_rl_loop", "test_training_service", "test_agent_recipe",
+                   "test_byo", "test_learner_parallel", "test_observability", "test_fault_matrix",
+                   "test_service_limits", "test_ledger_sink", "test_resume_after_broker_restart", "test_worker_group",
+                   "test_services")
 
 
 def module_name(item) -> str:

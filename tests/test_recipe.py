@@ -23,6 +23,7 @@ def recipe_tree(tmp_path):
         algorithm:
           type: rloo
         weight:
+          sync_mode: fully-async
           staleness_threshold: 3
     """)
     write(tmp_path / "recipes" / "task" / "train.jsonl", '{"prompt": "1+1=", "answer": "2"}\n')
@@ -49,7 +50,8 @@ def test_defaults_compose_and_self_wins(recipe_tree, monkeypatch):
     assert values.trainer.lr == 1.0e-4                         # from common/base
     assert values.algorithm.type == "dr_grpo"                  # _self_ last: the recipe wins
     assert values.weight.staleness_threshold == 3
-    assert values.weight.sync_mode == "sync"                   # schema default
+    assert values.weight.sync_mode == "fully-async"            # from common/base
+    assert values.rollout_worker.temperature == 1.0            # schema default
     assert values.trainer.checkpoint_path == "runs/arith-anonymous/checkpoints"
 
 
@@ -101,7 +103,7 @@ def test_missing_files_and_defaults(recipe_tree):
 def test_cli_validate(recipe_tree):
     good = write(recipe_tree / "good.yaml", "defaults: [common/base]\ndata: {data_files: [train.jsonl]}\n")
     result = run_cli("recipe", "validate", str(good), check=True)
-    assert "valid" in result.stdout and "rloo advantages" in result.stdout
+    assert "valid" in result.stdout and "rloo advantages" in " ".join(result.stdout.split())
     bad = write(recipe_tree / "typo.yaml", "trainer: {totl_train_steps: 3}\n")
     result = run_cli("recipe", "validate", str(bad))
     assert result.returncode == 2
@@ -135,6 +137,36 @@ def test_a_custom_workers_own_keys_are_allowed_in_its_section(tmp_path):
     (tmp_path / "r.yaml").write_text("rollout_worker:\n  use_few_shot: true\n")
     with pytest.raises(RecipeError, match="rollout_worker.use_few_shot: unknown key"):
         load_recipe(tmp_path / "r.yaml")
+
+
+def test_a_worker_that_declares_its_keys_has_the_others_refused(tmp_path):
+    from runtime.recipe import prepare_recipe
+    from streamrl.checks import recipe_code_problems
+
+    (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (tmp_path / "w.py").write_text("from producers.rollout import BaseRolloutWorker\n\n"
+                                   "class W(BaseRolloutWorker):\n    config_keys = ('use_few_shot', 'few_shot')\n")
+    (tmp_path / "r.yaml").write_text("data: {data_files: [train.jsonl]}\nrollout_worker:\n"
+                                     "  custom_rollout_worker_module_path: w.py:W\n  use_few_shot: true\n"
+                                     "  use_few_shott: true\n")
+    problems = recipe_code_problems(prepare_recipe(tmp_path / "r.yaml", run_setup=False))
+    assert "rollout_worker.use_few_shott: not one of W.config_keys (use_few_shot, few_shot)" in problems, problems
+    assert not any("use_few_shot:" in p for p in problems)
+
+
+def test_a_worker_config_remembers_what_the_worker_read():
+    import copy
+
+    from producers.config_reads import WorkerConfig, unread_keys
+
+    config = WorkerConfig({"use_few_shot": True, "few_shot": [], "shots": 3, "temperature": 1.0})
+    assert config.use_few_shot is True and config.get("shots") == 3 and "few_shot" not in {"x": 1}
+    assert unread_keys(config, ["use_few_shot", "few_shot", "shots"]) == ["few_shot"]
+    assert "few_shot" in config and unread_keys(config, ["use_few_shot", "few_shot", "shots"]) == []
+    handed_on = WorkerConfig({"a": 1, "b": 2})
+    copy.deepcopy(handed_on)  # the whole mapping given on: every key counts as read
+    assert unread_keys(handed_on, ["a", "b"]) == []
+    assert unread_keys({"a": 1}, ["a"]) == []  # a config the worker built itself is not tracked
 
 
 def test_choices_come_from_literals_and_registries_and_guide_keys_are_never_ignored(recipe_tree):
@@ -188,7 +220,7 @@ def test_a_recipes_own_estimator_is_a_valid_algorithm_type(recipe_tree):
     """)
     result = run_cli("recipe", "validate", str(good))
     assert result.returncode == 0, result.stderr
-    assert "centered_sign advantages" in result.stdout
+    assert "centered_sign advantages" in " ".join(result.stdout.split())
 
 
 def test_the_typed_recipe_round_trips_through_its_recorded_form(recipe_tree):

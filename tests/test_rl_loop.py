@@ -67,6 +67,13 @@ def test_streamrl_run_end_to_end(stack, ledger, run_id, tmp_path):
     tagged = run_cli("runs", "--tag", "exp-v2", "--limit", "1000", env={"COLUMNS": "300"}, check=True).stdout
     assert run_id[:12] in tagged and "exp-v2" in tagged
     assert run_id[:12] not in run_cli("runs", "--tag", "other", env={"COLUMNS": "300"}, check=True).stdout
+    from fastapi.testclient import TestClient
+
+    from streamrl.ui.app import make_app
+
+    browser = TestClient(make_app(stack.readonly_database_url), base_url="http://127.0.0.1")
+    assert run_id in browser.get("/", params={"tag": "exp-v2"}).text  # the run browser filters by tag too
+    assert run_id not in browser.get("/", params={"tag": "other"}).text
     assert "validation accuracy, last" in result.stdout
     assert (tmp_path / "reward_curve.png").stat().st_size > 10_000
     assert_ledger_consistent(ledger, run_id, steps=6, staleness_threshold=1)
@@ -78,6 +85,33 @@ def test_streamrl_run_end_to_end(stack, ledger, run_id, tmp_path):
     # validation: the held-out rows, at versions 0, 3 and 6
     assert [r[0] for r in ledger.execute("select distinct step from evaluations where run_id = %s and is_val order by 1",
                                          (run_id,))] == [0, 3, 6]
+    # the ledger holds every event, so the run's topics left the broker before `run` returned ...
+    assert f"removed run {run_id}'s 8 topics from the broker" in " ".join(result.stdout.split())
+    assert not broker_topics(stack, run_id)
+    # ... and resuming the finished run rebuilds what it needs from the ledger, trains nothing more, and frees them again
+    counts = ledger_counts(ledger, run_id)
+    resumed = run_cli("run", "--resume", run_id, "--out", str(tmp_path / "resumed"), timeout=420)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert ledger_counts(ledger, run_id) == counts and not broker_topics(stack, run_id)
+    from_kafka = run_cli("replay", run_id, "--into", f"{run_id}-kafka", "--from", "kafka", timeout=300)
+    assert from_kafka.returncode != 0 and "no longer hold" in " ".join(from_kafka.stderr.split())
+
+
+def broker_topics(settings, run_id: str) -> set[str]:
+    from kafka import KafkaAdminClient
+
+    from schema.topics import run_topics
+
+    admin = KafkaAdminClient(**settings.kafka_client_options())
+    try:
+        return set(admin.list_topics()) & set(run_topics(run_id).values())
+    finally:
+        admin.close()
+
+
+def ledger_counts(conn, run_id: str) -> dict[str, int]:
+    return {table: scalar(conn, f"select count(*) from {table} where run_id = %s", run_id)
+            for table in ("tasks", "trajectories", "evaluations", "samples", "train_steps", "weight_versions")}
 
 
 def test_the_guides_launch_form_without_r_prints_what_would_run_and_starts_nothing():
@@ -94,12 +128,18 @@ def spawn(name: str, args: list[str], logs, env) -> subprocess.Popen:
                             stdout=open(logs / f"{name}.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
-@pytest.mark.parametrize("sync_mode", ["sync"])
-def test_learner_sigkill_resumes_without_training_a_sample_twice(stack, ledger, run_id, tmp_path, sync_mode):
+@pytest.mark.parametrize("save_freq", [50, 3])
+def test_learner_sigkill_resumes_without_training_a_sample_twice(stack, ledger, run_id, tmp_path, save_freq):
+    """Snapshot + replay: the restarted learner loads its newest snapshot (none before step
+    14 with save_freq 50: it starts over, warm-up included; every 3 steps otherwise),
+    re-trains the recorded steps after it on their recorded samples, and arrives at the
+    very weights the killed one published."""
+    sync_mode = "sync"
     env = {**os.environ, **small_run_env(ARITH_STEPS="14", ARITH_WARMUP_STEPS="5", ARITH_SYNC_MODE=sync_mode),
            "STREAMRL_KAFKA_BOOTSTRAP": stack.kafka_bootstrap, "STREAMRL_DATABASE_URL": stack.database_url,
            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    processes = [spawn("publisher", ["publish", RECIPE, "--run", run_id], tmp_path, env),
+    processes = [spawn("publisher", ["publish", RECIPE, f"trainer.save_freq={save_freq}", "--run", run_id], tmp_path,
+                       env),
                  spawn("sink", ["sink", "--run", run_id], tmp_path, env),
                  spawn("processor", ["processor", run_id], tmp_path, env),
                  spawn("worker", ["worker", run_id], tmp_path, env)]
@@ -128,6 +168,17 @@ def test_learner_sigkill_resumes_without_training_a_sample_twice(stack, ledger, 
         before, after = printed_steps("learner"), printed_steps("learner-restarted")
         assert after == list(range(resumed_after + 1, 15))
         assert all(step <= resumed_after for step in before)
+        # re-trained from the snapshot, then checked against the version the killed learner wrote
+        snapshot = (resumed_after // save_freq) * save_freq
+        details = scalar(ledger, "select details from run_events where run_id = %s and kind = 'resumed'", run_id)
+        assert details == {"snapshot_step": snapshot, "replayed_steps": resumed_after - snapshot}
+        replayed = [line for line in (tmp_path / "learner-restarted.log").read_text().splitlines()
+                    if line.startswith("replayed step ")]
+        assert len(replayed) == resumed_after - snapshot
+        if replayed:
+            checked = scalar(ledger, "select details from run_events where run_id = %s and kind = 'resume_checked'",
+                             run_id)
+            assert checked == {"weights_match_version": True}
         assert_ledger_consistent(ledger, run_id, steps=14, staleness_threshold=1 if sync_mode != "sync" else 0)
     finally:
         for p in processes + [learner]:

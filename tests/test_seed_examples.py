@@ -269,9 +269,13 @@ def test_the_guide_style_recipe_trains_with_its_custom_code(stack, ledger, run_i
     (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     env = {"SEED_DATA_DIR": str(data), "SEED_TRACE_DIR": str(tmp_path / "traces")}
     result = run_cli("run", "tests/seed_examples/recipe/self_hosted.yaml", "trainer.total_train_steps=2",
-                     "algorithm.filter_zero_variance=false", "--run", run_id, "--out", str(tmp_path / "out"),
-                     env=env, timeout=400)
+                     "algorithm.filter_zero_variance=false", "rollout_worker.use_few_shott=true",  # a misspelt own key
+                     "--run", run_id, "--out", str(tmp_path / "out"), env=env, timeout=400)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # ... that the worker never read: said once, in the ledger (its own max_tokens was read)
+    unread = ledger.execute("select details from run_events where run_id = %s and kind = 'config_unread'",
+                            (run_id,)).fetchall()
+    assert unread == [({"section": "rollout_worker", "keys": ["use_few_shott"]},)]
     steps = ledger.execute("select step, metrics from train_steps where run_id = %s order by step", (run_id,)).fetchall()
     assert [s for s, _ in steps] == [1, 2]
     for _, metrics in steps:  # the custom trainer's metric, and do_old_log_prob_compute's ratio of exactly 1

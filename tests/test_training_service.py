@@ -197,7 +197,10 @@ def test_the_built_in_recipe_learns_through_the_service_killed_mid_run(stack, se
     the final validation's."""
     overrides = ["trainer.type=remote_api_grpo", "service.train_service.backend=tinker",
                  f"service.train_service.url={URL}", "service.train_service.base_model=arith",
-                 "service.tinker_service.lora_rank=0", f"service.tinker_service.api_key={api_key}"]
+                 "service.tinker_service.lora_rank=0", f"service.tinker_service.api_key={api_key}",
+                 # a snapshot of the service's state every step: the killed trainer resumes from
+                 # it (re-training recorded steps after a snapshot: tests/test_rl_loop.py)
+                 "trainer.save_freq=1"]
     env = {**os.environ, **small_run_env(ARITH_STEPS=str(STEPS), ARITH_WARMUP_STEPS=str(WARMUP),
                                          ARITH_VALIDATE_EVERY=str(STEPS))}
     run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", RECIPE, *overrides, "--mode",

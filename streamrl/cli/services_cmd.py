@@ -45,14 +45,15 @@ def down() -> None:
 
 
 def status() -> None:
-    """Show each service: embedded or external, address, version and health."""
+    """Show each service: embedded or external, address, version, the embedded broker's
+    memory (it holds the runs' topics in memory) and health."""
     from runtime import services
 
-    table = Table("service", "mode", "address", "version", "health")
+    table = Table("service", "mode", "address", "version", "memory", "health")
     statuses = services.status(settings())
     for s in statuses:
         health = "[green]healthy[/]" if s.healthy else f"[red]down[/] {s.detail}"
-        table.add_row(s.name, s.mode, s.address, s.version, health)
+        table.add_row(s.name, s.mode, s.address, s.version, s.memory, health)
     console.print(table)
     if any(s.mode == "not configured" for s in statuses):
         raise typer.Exit(EXIT_SERVICE)
@@ -72,12 +73,23 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target Alembic revi
 def topics(
     run: Annotated[str, typer.Argument(help="Run id.")],
     partitions: Annotated[Optional[int], typer.Option(help="Partitions per topic (default STREAMRL_TOPIC_PARTITIONS).")] = None,
+    remove: Annotated[bool, typer.Option(help="Remove RUN's topics instead, if the ledger holds every event they "
+                                         "carry (a finished `streamrl run` does this itself). Stop the run's "
+                                         "processes first.")] = False,
 ) -> None:
-    """Create RUN's topics (tasks, trajectories, ..., dead_letters) if they do not exist."""
+    """Create RUN's topics (tasks, trajectories, ..., dead_letters) if they do not exist;
+    with --remove, free them from the broker once the ledger holds everything."""
     from runtime.bus import create_run_topics
+    from runtime.topic_retention import retire_run_topics
     from schema.topics import run_topics
 
     names = run_topics(checked_run_id(run, "RUN"))
+    if remove:
+        retired = retire_run_topics(settings(), run)
+        console.print(retired.sentence(run), highlight=False, markup=False)
+        if retired.behind:
+            raise typer.Exit(EXIT_FAILED)
+        return
     created = create_run_topics(settings(), run, partitions)
     for name in names.values():
         console.print(f"{name}  {'created' if name in created else 'exists'}")

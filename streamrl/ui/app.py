@@ -105,8 +105,10 @@ def plotly_js() -> Response:
 
 
 @router.get("/", response_class=HTMLResponse)
-def runs(request: Request, offset: int = 0, ledger: Ledger = Depends(ledger_of)):
-    return page(request, "runs.html", runs=ledger.runs(100, offset), offset=offset)
+def runs(request: Request, offset: int = Query(0, ge=0), tag: Optional[str] = Query(None, max_length=200),
+         ledger: Ledger = Depends(ledger_of)):
+    tag = tag or None  # the filter box sent empty: every run
+    return page(request, "runs.html", runs=ledger.runs(100, offset, tag), offset=offset, tag=tag)
 
 
 def run_figures(ledger: Ledger, run_id: str, compare: Optional[str], axis: str) -> tuple[dict[str, str], int]:

@@ -19,8 +19,12 @@ RUNS = """
     select r.run_id, coalesce(r.config->>'experiment_name', r.name) as name, r.status, r.parent_run_id,
            r.created_at, r.updated_at,
            (select max(step) from train_steps s where s.run_id = r.run_id) as last_step,
-           (select count(*) from runs c where c.parent_run_id = r.run_id) as children
-    from runs r order by r.created_at desc, r.run_id limit %(limit)s offset %(offset)s"""
+           (select count(*) from runs c where c.parent_run_id = r.run_id) as children,
+           (select e.details->>'tag' from run_events e where e.run_id = r.run_id and e.kind = 'created' limit 1) as tag
+    from runs r
+    where %(tag)s::text is null or exists (select 1 from run_events e where e.run_id = r.run_id
+                                           and e.kind = 'created' and e.details->>'tag' = %(tag)s)
+    order by r.created_at desc, r.run_id limit %(limit)s offset %(offset)s"""
 
 CURVES = """
     select step, weight_version, loss, kl, entropy, (staleness->>'mean')::float as staleness,
@@ -77,8 +81,9 @@ class Ledger:
         result = run_readonly(self.url, sql, params)
         return Rows(result.columns, result.rows)
 
-    def runs(self, limit: int = 100, offset: int = 0) -> list[dict]:
-        return self.query(RUNS, {"limit": limit, "offset": offset}).dicts()
+    def runs(self, limit: int = 100, offset: int = 0, tag: str | None = None) -> list[dict]:
+        """The newest runs; with `tag`, those started with it (`streamrl run -t TAG`)."""
+        return self.query(RUNS, {"limit": limit, "offset": offset, "tag": tag}).dicts()
 
     def run(self, run_id: str) -> dict | None:
         found = self.query("select run_id, name, status, parent_run_id, config, created_at, updated_at from runs "

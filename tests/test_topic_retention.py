@@ -1,0 +1,53 @@
+"""A finished run's topics leave the embedded broker once the ledger holds every record
+they carry (runtime/topic_retention.py), on the real broker and PostgreSQL. A whole run
+that removes its topics, then is resumed: tests/test_rl_loop.py; a run that keeps them
+for a Kafka-side replay: tests/test_replay.py."""
+
+from __future__ import annotations
+
+from kafka import KafkaAdminClient
+
+from producers.synthetic import synthetic_events
+from runtime.bus import EventPublisher, create_run_topics
+from runtime.services import broker_memory_bytes
+from schema.topics import run_topics
+from tests.conftest import SinkThread, count_rows, run_cli, wait_for
+
+
+def broker_topics(settings, run_id: str) -> set[str]:
+    admin = KafkaAdminClient(**settings.kafka_client_options())
+    try:
+        return set(admin.list_topics()) & set(run_topics(run_id).values())
+    finally:
+        admin.close()
+
+
+def test_topics_stay_until_the_ledger_holds_every_record_then_go(stack, ledger, run_id):
+    create_run_topics(stack, run_id)
+    events = list(synthetic_events(run_id, 50, types=["Task", "Trajectory"]))
+    with EventPublisher(stack) as publisher:
+        for event in events:
+            publisher.publish(event)
+    # nothing has written them to the ledger: the topics stay, and the command says why
+    kept = run_cli("topics", run_id, "--remove")
+    said = " ".join(kept.stdout.split())
+    assert kept.returncode == 1 and "kept run" in said and "tasks" in said and "trajectories" in said, said
+    assert broker_topics(stack, run_id) == set(run_topics(run_id).values())
+
+    with SinkThread(stack, run_id):
+        wait_for(lambda: count_rows(ledger, "trajectories", run_id) == 50 and count_rows(ledger, "tasks", run_id) == 50,
+                 120, what="the sink to write 100 events")
+    removed = run_cli("topics", run_id, "--remove")
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    assert f"removed run {run_id}'s 8 topics" in " ".join(removed.stdout.split())
+    assert not broker_topics(stack, run_id)
+    assert count_rows(ledger, "trajectories", run_id) == 50  # the ledger keeps what the topics held
+    again = run_cli("topics", run_id, "--remove")
+    assert again.returncode == 0 and "has no topics left" in again.stdout
+
+
+def test_status_shows_the_embedded_brokers_memory(stack):
+    memory = broker_memory_bytes(stack)
+    assert memory is not None and memory > 1_000_000
+    result = run_cli("status", env={"COLUMNS": "200"}, check=True)
+    assert " MB" in result.stdout and "memory" in result.stdout
