@@ -18,7 +18,6 @@ mapping back (what the run's `created` event records).
 from __future__ import annotations
 
 import dataclasses
-import re
 import difflib
 import enum
 import math
@@ -27,7 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
 
-from runtime.config_fields import describe_range, knob, only, out_of_range, path_field  # noqa: F401
+from runtime.config_fields import (  # noqa: F401  (missing_files: runtime.recipe reads it from here)
+    _scalar_type, describe_range, knob, missing_files, only, out_of_range, path_field,
+)
 from runtime.logger_config import Logger
 from runtime.service_config import Service
 
@@ -317,13 +318,6 @@ def _type_name(tp) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
 
-def _scalar_type(tp):
-    if typing.get_origin(tp) is typing.Union:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return args[0] if len(args) == 1 else None
-    return tp
-
-
 def _check_value(value, tp, key: str) -> list[str]:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is typing.Union:  # Optional[X], Union[X, Y]: the value fits one of them
@@ -400,24 +394,4 @@ def check_against(values: dict, schema: type = Recipe, prefix: str = "") -> list
             default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
             if value != default:
                 problems.append(f"{prefix}{key}: only {default!r} is supported ({spec.metadata['only']}), got {value!r}")
-    return problems
-
-
-def missing_files(values: dict, schema: type, bases: list, prefix: str = "") -> list[str]:
-    """Path keys naming nothing: a relative path is looked up in each of `bases` (the
-    recipe's folder, then the working directory, where the guide's paths start)."""
-    problems = []
-    hints = typing.get_type_hints(schema)
-    for f in dataclasses.fields(schema):
-        value = values.get(f.name)
-        tp = _scalar_type(hints[f.name])
-        if dataclasses.is_dataclass(tp) and isinstance(value, dict):
-            problems += missing_files(value, tp, bases, f"{prefix}{f.name}.")
-        elif f.metadata.get("path") and value:
-            for i, item in enumerate(value if isinstance(value, list) else [value]):
-                where = f"{prefix}{f.name}" + (f"[{i}]" if isinstance(value, list) else "")
-                file = re.sub(r"\.py:[A-Za-z_]\w*$", ".py", str(item))  # file.py:Class names a file
-                if not any((base / file).exists() for base in bases):
-                    problems.append(f"{where}: file not found: {item} (relative to "
-                                    f"{' or '.join(str(base) for base in bases)})")
     return problems

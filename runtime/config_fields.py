@@ -4,6 +4,9 @@ generated from them (`python -m runtime.recipe_reference`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import typing
 from dataclasses import MISSING, field
 
 
@@ -50,3 +53,31 @@ def describe_range(bounds: dict) -> str:
 def out_of_range(value, bounds: dict) -> bool:
     return (("ge" in bounds and value < bounds["ge"]) or ("gt" in bounds and value <= bounds["gt"])
             or ("le" in bounds and value > bounds["le"]) or ("lt" in bounds and value >= bounds["lt"]))
+
+
+def _scalar_type(tp):
+    """`Optional[X]` -> X; a Union of several -> None; anything else as it is."""
+    if typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else None
+    return tp
+
+
+def missing_files(values: dict, schema: type, bases: list, prefix: str = "") -> list[str]:
+    """Path keys naming nothing: a relative path is looked up in each of `bases` (the
+    recipe's folder, then the working directory, where the guide's paths start)."""
+    problems = []
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        value = values.get(f.name)
+        tp = _scalar_type(hints[f.name])
+        if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+            problems += missing_files(value, tp, bases, f"{prefix}{f.name}.")
+        elif f.metadata.get("path") and value:
+            for i, item in enumerate(value if isinstance(value, list) else [value]):
+                where = f"{prefix}{f.name}" + (f"[{i}]" if isinstance(value, list) else "")
+                file = re.sub(r"\.py:[A-Za-z_]\w*$", ".py", str(item))  # file.py:Class names a file
+                if not any((base / file).exists() for base in bases):
+                    problems.append(f"{where}: file not found: {item} (relative to "
+                                    f"{' or '.join(str(base) for base in bases)})")
+    return problems

@@ -14,7 +14,7 @@ from tests.conftest import REPO, run_cli
 
 RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
 STEPS, GROUPS, GROUP_SIZE = 40, 32, 8
-SOURCE_ENV = {"ARITH_STEPS": str(STEPS), "ARITH_WARMUP_STEPS": "350", "ARITH_VALIDATE_EVERY": str(STEPS),
+SOURCE_ENV = {"ARITH_STEPS": str(STEPS), "ARITH_WARMUP_STEPS": "550", "ARITH_VALIDATE_EVERY": str(STEPS),
               "ARITH_SYNC_MODE": "fully-async"}
 
 
