@@ -4,7 +4,8 @@ A library that enforces its own time limit with `signal.alarm` (math-verify does
 only on the main thread; evaluators run on worker threads. So the call runs in a child
 process without that limit, and the limit is the parent's: a call past it kills its
 child (the next call gets a new one) and raises TimeoutError, which the evaluator
-records as an error rather than a silent reward of 0."""
+records as an error rather than a silent reward of 0. A child's start-up (spawning and
+importing) is waited for apart, so it never counts against a call's limit."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ import queue
 from multiprocessing.connection import Connection
 
 
+# How long a new child may take to start and import what it runs (a spawned Python
+# importing sympy and math-verify takes seconds, more on a loaded machine): not counted
+# against a call's limit.
+STARTUP_S = 120.0
+
+
 def _serve(fn, connection: Connection) -> None:
+    connection.send(("ready", None))  # `fn` and its module are loaded: calls are timed from here
     while True:
         args = connection.recv()
         try:
@@ -28,6 +36,10 @@ class _Child:
         self.connection, child_end = context.Pipe()
         self.process = context.Process(target=_serve, args=(fn, child_end), daemon=True)
         self.process.start()
+        if not self.connection.poll(STARTUP_S):
+            self.kill()
+            raise RuntimeError(f"a child process did not start within {STARTUP_S:g} s")
+        self.connection.recv()
 
     def kill(self) -> None:
         self.process.kill()

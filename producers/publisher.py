@@ -22,6 +22,7 @@ from pathlib import Path
 
 from schema.events import RunEvent, Task, WeightVersion
 from runtime.bus import EventPublisher, RunReader, create_run_topics
+from runtime.topic_retention import topic_configs
 from runtime.dataset import epoch_batches, lookup, read_rows, saved_chat_template
 from runtime.config import Recipe
 from runtime.settings import Settings
@@ -85,7 +86,7 @@ def git_sha() -> str | None:
 
 def create_run(settings: Settings, run_id: str, recipe: Recipe, publisher: EventPublisher,
                parent_run_id: str | None = None, tag: str | None = None) -> None:
-    create_run_topics(settings, run_id)
+    create_run_topics(settings, run_id, configs=topic_configs(recipe.service.broker, settings))
     config = recipe.to_dict()
     if recipe.data.apply_chat_template is not False and not recipe.data.chat_template:
         # the template the run renders with, as the model folder holds it now

@@ -49,8 +49,10 @@ class BlobReader(Protocol):
     def get(self, sha256: str) -> bytes: ...
 
 
-def create_topics(settings: Settings, names: list[str], partitions: int | None = None) -> list[str]:
-    """Create the topics that do not exist yet; returns the names created."""
+def create_topics(settings: Settings, names: list[str], partitions: int | None = None,
+                  configs: dict[str, str] | None = None) -> list[str]:
+    """Create the topics that do not exist yet (with the topic `configs`, e.g.
+    retention.ms); returns the names created."""
     admin = KafkaAdminClient(**settings.kafka_client_options())
     try:
         existing = set(admin.list_topics())
@@ -58,7 +60,8 @@ def create_topics(settings: Settings, names: list[str], partitions: int | None =
         created = []
         for name in missing:
             try:
-                admin.create_topics([NewTopic(name, partitions or settings.topic_partitions, 1)])
+                admin.create_topics([NewTopic(name, partitions or settings.topic_partitions, 1,
+                                              topic_configs=configs or {})])
                 created.append(name)
             except TopicAlreadyExistsError:  # another process won the race
                 pass
@@ -67,8 +70,9 @@ def create_topics(settings: Settings, names: list[str], partitions: int | None =
         admin.close()
 
 
-def create_run_topics(settings: Settings, run_id: str, partitions: int | None = None) -> list[str]:
-    return create_topics(settings, list(run_topics(run_id).values()), partitions)
+def create_run_topics(settings: Settings, run_id: str, partitions: int | None = None,
+                      configs: dict[str, str] | None = None) -> list[str]:
+    return create_topics(settings, list(run_topics(run_id).values()), partitions, configs)
 
 
 def make_producer(settings: Settings, **overrides) -> KafkaProducer:

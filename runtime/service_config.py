@@ -65,6 +65,10 @@ class Broker:
     retention: Literal["remove", "keep"] = knob(
         "remove", "remove: a finished run's topics leave the broker once the ledger holds every event; keep: "
         "they stay (Kafka-side replay); the embedded broker holds them in memory")
+    retention_ms: Optional[int] = knob(None, "an external Kafka: the run's topics keep records this long "
+                                       "(retention.ms, set when the run creates them; longer than a snapshot "
+                                       "interval, or a restarted learner cannot re-read its samples); the "
+                                       "embedded broker refuses it", ge=1)
     memory_warning_share: float = knob(0.25, "the run says once when the embedded broker's memory passes this share "
                                        "of the machine's", gt=0.0, le=1.0)
 

@@ -21,6 +21,7 @@ from kafka import KafkaAdminClient, TopicPartition
 
 from runtime.bus import make_consumer
 from runtime.db import connect
+from runtime.service_config import Broker
 from runtime.settings import Settings
 from schema.topics import run_topics
 
@@ -117,3 +118,15 @@ def retire_run_topics(settings: Settings, run_id: str) -> Retired:
         return Retired(removed=[], records=0, behind=behind)
     held = sum(positions.get(tp, 0) for tp in partitions)
     return Retired(removed=delete_run_topics(settings, run_id), records=held, behind={})
+
+
+def topic_configs(broker: Broker, settings: Settings) -> dict[str, str]:
+    """The topic configs a run creates its topics with: `retention.ms` on an external
+    Kafka; refused on the embedded broker, which expires nothing."""
+    if broker.retention_ms is None:
+        return {}
+    if not settings.kafka_bootstrap_env:
+        raise ValueError("service.broker.retention_ms: the embedded broker does not expire records (it holds a run's "
+                         "topics in memory until the run is over and they are removed); set it with an external "
+                         "Kafka (STREAMRL_KAFKA_BOOTSTRAP)")
+    return {"retention.ms": str(broker.retention_ms)}

@@ -22,6 +22,8 @@ from producers.config_reads import undeclared_keys
 from producers.rollout import ROLLOUT_WORKERS
 from runtime.config import Recipe
 from runtime.inert_keys import inert_key_problems
+from runtime.settings import Settings
+from runtime.topic_retention import topic_configs
 from runtime.registry import registry_problems
 from streamrl.data_checks import data_problems
 
@@ -62,6 +64,10 @@ def recipe_code_problems(recipe: Recipe) -> list[str]:
         cls = worker_class(recipe)
         problems += [f"rollout_worker.{key}: not one of {cls.__name__}.config_keys ({', '.join(cls.config_keys)})"
                      for key in undeclared_keys(cls, worker.extra)]
+    try:  # the broker this command would use (an external Kafka, or the embedded one)
+        topic_configs(recipe.service.broker, Settings.from_env())
+    except ValueError as exc:
+        problems.append(str(exc))
     # A key nothing reads in this combination, last: a misspelt registry name says so first.
     inert = [] if registry else inert_key_problems(recipe)
     return problems + data_problems(recipe) + tracker_problems(recipe) + registry + inert

@@ -33,7 +33,7 @@ from runtime.bus import EventPublisher, create_run_topics, make_consumer
 from runtime.config import Recipe
 from runtime.db import connect
 from runtime.settings import Settings
-from runtime.topic_retention import delete_run_topics
+from runtime.topic_retention import delete_run_topics, topic_configs
 
 
 @dataclass
@@ -90,7 +90,8 @@ def rebuild_from_ledger(settings: Settings, run_id: str, trained_step: int) -> R
             raise LookupError(f"run {run_id!r} has no 'created' event in the ledger")
         if not run_topics_intact(settings, run_id):
             delete_run_topics(settings, run_id)
-            create_run_topics(settings, run_id)
+            create_run_topics(settings, run_id, configs=topic_configs(Recipe.from_dict(created[0].config).service.broker,
+                                                                      settings))
             conn.execute("delete from consumer_offsets where topic = any(%s)", (list(run_topics(run_id).values()),))
             rebuilt.topics_recreated = True
         filtered = {r[0] for r in conn.execute("select group_id from filtered_groups where run_id = %s "

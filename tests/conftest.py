@@ -75,6 +75,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def broker_topics(settings, run_id: str) -> set[str]:
+    """Which of the run's topics the broker lists."""
+    from kafka import KafkaAdminClient
+
+    from schema.topics import run_topics
+
+    admin = KafkaAdminClient(**settings.kafka_client_options())
+    try:
+        return set(admin.list_topics()) & set(run_topics(run_id).values())
+    finally:
+        admin.close()
+
+
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120, check: bool = False):
     """Run the real `streamrl` CLI in a subprocess."""
     result = subprocess.run([sys.executable, "-m", "streamrl.cli", *args], capture_output=True, text=True,
@@ -89,13 +102,28 @@ def start_sink_process(run_id: str, *extra: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
 
 
-def start_serve_training(*args: str, port: int, timeout: float = 300) -> subprocess.Popen:
+def fresh_database(settings, prefix: str) -> str:
+    """The URL of a new, migrated database on the session's PostgreSQL: a training service
+    started on it restores no other module's sessions (a service restores every open
+    session of its ledger before it answers)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with db.connect(settings.database_url, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+    url = urlunsplit(urlsplit(db.psycopg_url(settings.database_url))._replace(path=f"/{name}"))
+    db.upgrade(url)
+    return url
+
+
+def start_serve_training(*args: str, port: int, timeout: float = 300, env: dict | None = None) -> subprocess.Popen:
     """`streamrl serve-training ARGS --port PORT --device cpu`, once it answers /healthz
-    (a service restores the open sessions of earlier tests first, hence the wait)."""
+    (a service restores the open sessions of its ledger first, hence the wait)."""
     import httpx
 
     process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "serve-training", *args, "--port", str(port),
-                                "--device", "cpu"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                "--device", "cpu"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, **(env or {})})
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

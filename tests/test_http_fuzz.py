@@ -11,7 +11,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from runtime.tiny_lm import build_tiny_model
-from tests.conftest import free_port, run_cli, start_serve_training
+from tests.conftest import fresh_database, free_port, run_cli, start_serve_training
 
 EXAMPLES = 25
 LOOPBACK = {"host": "127.0.0.1"}  # the browser answers only its own names
@@ -45,16 +45,19 @@ def test_the_run_browser_never_answers_5xx(stack):
 
 @pytest.fixture(scope="module")
 def training_service(stack, tmp_path_factory):
+    """The service on a ledger of its own; yields its URL and that ledger's environment."""
     port = free_port()
     model = build_tiny_model(tmp_path_factory.mktemp("fuzz") / "tiny")
-    process = start_serve_training("--model", f"tiny={model}", port=port)
-    yield f"http://127.0.0.1:{port}"
+    env = {"STREAMRL_DATABASE_URL": fresh_database(stack, "fuzz")}
+    process = start_serve_training("--model", f"tiny={model}", port=port, env=env)
+    yield f"http://127.0.0.1:{port}", env
     process.kill()
     process.wait()
 
 
 def test_the_training_service_never_answers_5xx(training_service):
-    key = run_cli("training-key", "create", "fuzz", check=True).stdout.split()[1]
-    schema = schemathesis.openapi.from_url(f"{training_service}/openapi.json")
+    url, env = training_service
+    key = run_cli("training-key", "create", "fuzz", env=env, check=True).stdout.split()[1]
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
     headers = {"X-API-Key": key}
-    assert fuzz(schema, lambda case: case.call(base_url=training_service, headers=headers, timeout=30)) == []
+    assert fuzz(schema, lambda case: case.call(base_url=url, headers=headers, timeout=30)) == []

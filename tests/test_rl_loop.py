@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, run_cli, wait_for
+from tests.conftest import REPO, broker_topics, run_cli, wait_for
 
 RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
 
@@ -95,18 +95,6 @@ def test_streamrl_run_end_to_end(stack, ledger, run_id, tmp_path):
     assert ledger_counts(ledger, run_id) == counts and not broker_topics(stack, run_id)
     from_kafka = run_cli("replay", run_id, "--into", f"{run_id}-kafka", "--from", "kafka", timeout=300)
     assert from_kafka.returncode != 0 and "no longer hold" in " ".join(from_kafka.stderr.split())
-
-
-def broker_topics(settings, run_id: str) -> set[str]:
-    from kafka import KafkaAdminClient
-
-    from schema.topics import run_topics
-
-    admin = KafkaAdminClient(**settings.kafka_client_options())
-    try:
-        return set(admin.list_topics()) & set(run_topics(run_id).values())
-    finally:
-        admin.close()
 
 
 def ledger_counts(conn, run_id: str) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """The training service's limits, probed as a hostile tenant would with raw HTTP: every
 size a client chooses is refused (413 / 429, naming the limit) before it is allocated or
-recorded, so neither memory nor the request ledger grows and a restart replays nothing;
+recorded, so neither memory nor the request ledger grows and a restart replays nothing (tested);
 malformed bodies are 400s, never 500s."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import zstandard
 from tinker.proto import tinker_public_pb2 as pb
 
 from runtime.tiny_lm import build_tiny_model
-from tests.conftest import free_port, run_cli, start_serve_training
+from runtime import db
+from tests.conftest import fresh_database, free_port, run_cli, start_serve_training
 from tests.test_rl_loop import scalar
 
 PORT = free_port()
@@ -26,18 +27,33 @@ LIMITS = {"max_body_bytes": 2 << 20, "max_decompressed_bytes": 8 << 20, "max_tok
 
 
 @pytest.fixture(scope="module")
-def service(stack, tmp_path_factory):
-    model = build_tiny_model(tmp_path_factory.mktemp("limits") / "tiny")
-    limits = [arg for name, value in LIMITS.items() for arg in ("--limit", f"{name}={value}")]
-    process = start_serve_training("--model", f"tiny={model}", *limits, port=PORT)
-    yield process
-    process.kill()
-    process.wait()
+def service_env(stack):
+    """A ledger of this module's own (the service's sessions and requests)."""
+    return {"STREAMRL_DATABASE_URL": fresh_database(stack, "limits")}
+
+
+@pytest.fixture
+def ledger(service_env):
+    conn = db.connect(service_env["STREAMRL_DATABASE_URL"], autocommit=True)
+    yield conn
+    conn.close()
 
 
 @pytest.fixture(scope="module")
-def key(service):
-    return run_cli("training-key", "create", "limits", check=True).stdout.split()[1]
+def service(service_env, tmp_path_factory):
+    """The service's process (a test may restart it) and the arguments it was started with."""
+    model = build_tiny_model(tmp_path_factory.mktemp("limits") / "tiny")
+    limits = [arg for name, value in LIMITS.items() for arg in ("--limit", f"{name}={value}")]
+    args = ["--model", f"tiny={model}", *limits]
+    running = {"process": start_serve_training(*args, port=PORT, env=service_env), "args": args}
+    yield running
+    running["process"].kill()
+    running["process"].wait()
+
+
+@pytest.fixture(scope="module")
+def key(service, service_env):
+    return run_cli("training-key", "create", "limits", env=service_env, check=True).stdout.split()[1]
 
 
 @pytest.fixture(scope="module")
@@ -74,16 +90,16 @@ def test_a_zstd_bomb_is_refused_without_the_memory_it_declares(service, key, mod
         for _ in range(64):  # 1 GiB of zeros
             writer.write(zeros)
     assert len(bomb.getvalue()) < 200_000
-    before = psutil.Process(service.pid).memory_info().rss
+    before = psutil.Process(service["process"].pid).memory_info().rss
     response = post("forward_backward", key, bomb.getvalue(), **{"Content-Encoding": "zstd"})
     assert response.status_code == 413 and "max_decompressed_bytes (8388608)" in response.text
-    assert psutil.Process(service.pid).memory_info().rss - before < 100 << 20  # never near 1 GiB
+    assert psutil.Process(service["process"].pid).memory_info().rss - before < 100 << 20  # never near 1 GiB
     corrupt = post("forward_backward", key, b"\x28\xb5\x2f\xfd" + b"garbage" * 10, **{"Content-Encoding": "zstd"})
     assert corrupt.status_code == 400 and "not valid zstd" in corrupt.text
     assert recorded(ledger, model_id) == 1  # only create_model
 
 
-def test_bodies_datums_and_requests_over_their_limits_are_not_recorded(service, key, model_id, ledger):
+def test_bodies_datums_and_requests_over_their_limits_are_not_recorded(service, service_env, key, model_id, ledger):
     too_big = post("forward_backward", key, bytes(3 << 20))
     assert too_big.status_code == 413 and "max_body_bytes" in too_big.text
     long_datum = post("forward_backward", key, forward_backward_body(model_id, [600]))
@@ -103,6 +119,12 @@ def test_bodies_datums_and_requests_over_their_limits_are_not_recorded(service, 
         if "try_again" not in done.text:
             break
     assert done.headers["content-type"].startswith("application/x-protobuf"), done.text
+    # restarted, the service replays what it had accepted: nothing of the refused requests
+    service["process"].kill()
+    service["process"].wait()
+    started = time.monotonic()
+    service["process"] = start_serve_training(*service["args"], port=PORT, env=service_env)
+    assert recorded(ledger, model_id) == 2 and time.monotonic() - started < 120
 
 
 def test_sample_requests_and_models_per_key_are_bounded(service, key, model_id):

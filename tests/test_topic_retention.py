@@ -5,21 +5,11 @@ for a Kafka-side replay: tests/test_replay.py."""
 
 from __future__ import annotations
 
-from kafka import KafkaAdminClient
-
 from producers.synthetic import synthetic_events
 from runtime.bus import EventPublisher, create_run_topics
 from runtime.services import broker_memory_bytes
 from schema.topics import run_topics
-from tests.conftest import SinkThread, count_rows, run_cli, wait_for
-
-
-def broker_topics(settings, run_id: str) -> set[str]:
-    admin = KafkaAdminClient(**settings.kafka_client_options())
-    try:
-        return set(admin.list_topics()) & set(run_topics(run_id).values())
-    finally:
-        admin.close()
+from tests.conftest import SinkThread, broker_topics, count_rows, run_cli, wait_for
 
 
 def test_topics_stay_until_the_ledger_holds_every_record_then_go(stack, ledger, run_id):
@@ -51,3 +41,22 @@ def test_status_shows_the_embedded_brokers_memory(stack):
     assert memory is not None and memory > 1_000_000
     result = run_cli("status", env={"COLUMNS": "200"}, check=True)
     assert " MB" in result.stdout and "memory" in result.stdout
+
+
+def test_retention_ms_goes_to_an_external_kafka_and_is_refused_by_the_embedded_broker(stack):
+    import dataclasses
+
+    import pytest
+
+    from runtime.service_config import Broker
+    from runtime.topic_retention import topic_configs
+
+    assert topic_configs(Broker(), stack) == {}
+    external = dataclasses.replace(stack, kafka_bootstrap_env="kafka-0:9092")
+    assert topic_configs(Broker(retention_ms=3_600_000), external) == {"retention.ms": "3600000"}
+    with pytest.raises(ValueError, match="service.broker.retention_ms: the embedded broker does not expire records"):
+        topic_configs(Broker(retention_ms=3_600_000), stack)
+    result = run_cli("recipe", "validate", "recipes/arith/recipe.yaml", "service.broker.retention_ms=60000",
+                     timeout=120)
+    said = " ".join(result.stdout.split() + result.stderr.split())
+    assert result.returncode != 0 and "service.broker.retention_ms: the embedded broker" in said, said
