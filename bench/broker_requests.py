@@ -11,7 +11,8 @@ import argparse
 from pathlib import Path
 
 from common import bench_settings, fresh_run_id
-from runtime.bus import RunReader, create_run_topics, make_producer
+from runtime.bus import RunReader, make_producer
+from runtime.topic_admin import create_run_topics
 from schema.topics import topic_name
 
 

@@ -18,7 +18,8 @@ from psycopg.types.json import Jsonb, set_json_dumps
 from consumers.ledger_sink import WRITERS, LedgerSink, json_dumps
 from schema.events import Trajectory
 from schema.ledger import event_row
-from runtime.bus import EventPublisher, create_run_topics
+from runtime.bus import EventPublisher
+from runtime.topic_admin import create_run_topics
 from runtime.db import connect
 
 BATCH = 2000

@@ -35,10 +35,12 @@ from psycopg.types.json import Jsonb, set_json_dumps
 from schema.codec import CodecError, split_bundle
 from schema.events import DeadLetter, Event, RunEvent
 from schema.ledger import TABLE_BY_EVENT, event_row
-from schema.topics import all_runs_pattern, parse_topic, run_pattern, topic_name
+from schema.topics import all_runs_pattern, parse_topic, run_pattern, topic_name, topic_window
 from runtime.backoff import backoff_delay
 from runtime.blobs import BlobMissing, PostgresBlobStore
-from runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, create_topics, dead_letter, make_consumer, unframe
+from runtime.topic_windows import RETIRE_EVERY_S, SinkWindows, delete_topics, ledger_holds
+from runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, dead_letter, make_consumer, unframe
+from runtime.topic_admin import create_topics
 from runtime.db import connect
 from runtime.outage import BrokerWatch, PostgresOutage
 from runtime.settings import Settings
@@ -142,7 +144,7 @@ def apply_run_event(cur: psycopg.Cursor, event: RunEvent) -> None:
              parent_run_id = coalesce(%s, parent_run_id),
              updated_at = now()
            where run_id = %s""",
-        (RUN_STATUS.get(event.kind), event.name,
+        (RUN_STATUS.get(event.kind), event.name if event.kind == "created" else "",  # the run's name, not a stage's
          Jsonb(event.config, dumps=json_dumps) if event.kind == "created" and event.config else None,
          event.parent_run_id, event.run_id),
     )
@@ -211,6 +213,7 @@ class LedgerSink:
         self.broker_watch = BrokerWatch(settings, self.consumer, run_id)
         self.stats = SinkStats()
         self._dead_letter_topics: set[str] = set()
+        self.windows = SinkWindows()  # rotating runs' windows, retired here (runtime/topic_windows.py)
 
     def _connect(self) -> None:
         """(Re)open the ledger connection. After a lost connection the partitions are
@@ -239,14 +242,14 @@ class LedgerSink:
         if time.monotonic() - self._last_refresh < every_s:
             return
         self._last_refresh = time.monotonic()
-        wanted = {
-            TopicPartition(topic, p)
-            for topic in self.consumer.topics() if self.topic_pattern.match(topic)
-            for p in (self.consumer.partitions_for_topic(topic) or ())
-        }
+        listed = [topic for topic in self.consumer.topics() if self.topic_pattern.match(topic)]
+        self.windows.observe(listed)
+        wanted = {TopicPartition(topic, p) for topic in listed for p in (self.consumer.partitions_for_topic(topic) or ())}
         wanted = {tp for tp in wanted if self.owns(tp)}
-        if not wanted - self.positions.keys():
+        if wanted == self.positions.keys():
             return
+        for tp in self.positions.keys() - wanted:  # a retired window's topic (runtime/topic_windows.py)
+            del self.positions[tp]
         stored = load_offsets(self.conn, self.group_id)
         for tp in wanted - self.positions.keys():
             self.positions[tp] = stored.get(tp, 0)
@@ -314,6 +317,7 @@ class LedgerSink:
                     self._connect()
                 self.broker_watch.check()
                 seen = self.poll_once()
+                self.retire_windows()
                 self.outage.recovered()
                 kafka_errors = 0
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:  # the ledger went away
@@ -336,6 +340,25 @@ class LedgerSink:
         if self.stop_requested.is_set():
             self.drain()
         return self.stats
+
+    def retire_windows(self) -> None:
+        """Delete the windows no reader needs whose records the ledger holds, after letting
+        go of their partitions (a sink of one shard only: shards would each hold some)."""
+        now = time.monotonic()
+        if self.shard[1] != 1 or now - self.windows.last_pass < RETIRE_EVERY_S:
+            return
+        self.windows.last_pass = now
+        for run_id, window in self.windows.due(self.conn, now):
+            partitions = [tp for tp in self.positions
+                          if topic_window(tp.topic) == window and parse_topic(tp.topic)[0] == run_id]
+            if not partitions or not ledger_holds(self.settings, partitions):
+                break
+            for tp in partitions:
+                del self.positions[tp]
+            self.consumer.assign(sorted(self.positions, key=lambda tp: (tp.topic, tp.partition)))
+            delete_topics(self.settings, sorted({tp.topic for tp in partitions}))
+            self.windows.forget(run_id, window)
+            log.info("retired window %d of run %s (%d partitions)", window, run_id, len(partitions))
 
     def drain(self, within_s: float = DRAIN_S) -> None:
         """Stopping: write what the topics hold now (what the run's other processes

@@ -36,7 +36,7 @@ from algos.advantages import advantage_scope, advantages_by_group
 from algos.lr_schedule import learning_rate_at
 from learner.batching import TrainItem
 from learner.checkpoint import directory_sha256, load_state, prune_weight_versions
-from learner.recorded_steps import exactly_recorded, recorded_steps
+from learner.recorded_steps import exactly_recorded, holds_untrained, recorded_steps
 from learner.policy import Policy
 from learner.remote_policy import RemotePolicy
 import learner.batch_trainers  # noqa: F401  (registers self_hosted_grpo)
@@ -173,6 +173,11 @@ class Learner:
         self.recorded: dict[int, TrainStep] = {}  # steps to re-train after the snapshot (rank 0)
         self.replay_to = self.step
 
+    def holds_window(self, window: int, newest: int) -> bool:
+        """A rotating run's sample windows the learner reads: those with steps it has not
+        trained (a window leaves the broker only once a snapshot is past it)."""
+        return holds_untrained(self.recipe.service.broker.window_steps, window, self.step)
+
     def snapshot_due(self, step: int) -> bool:
         return step % self.recipe.trainer.save_freq == 0 or step == self.total_steps
 
@@ -186,6 +191,9 @@ class Learner:
         keep_every = 0 if cfg.remove_previous_ckpt else cfg.save_freq  # 0: only the newest stays
         self.policy.call("write_checkpoint", step, folder, state, keep_every)
         self.snapshot_step = step
+        # what a rotating run's topic windows wait for before they leave the broker
+        self.publisher.publish(RunEvent(run_id=self.run_id, kind="snapshot", sequence=step, name="learner",
+                                        message=f"snapshot of step {step}"))
 
     def publish_version(self, version: int, folder: Path | None = None) -> None:
         """Announce weight version `version` (written now unless `folder` already holds it)."""
@@ -196,7 +204,8 @@ class Learner:
 
     def start(self) -> None:
         policy = self.policy
-        self.recorded = recorded_steps(self.settings, self.run_id, after=self.step)
+        self.recorded = recorded_steps(self.settings, self.run_id, after=self.step,
+                                       window_steps=self.recipe.service.broker.window_steps)
         self.resumed_from, self.replay_to = self.step, max(self.recorded, default=self.step)
         if self.step == 0 and self.resumed_record is None:
             details = policy.call("warm_up")  # seeded: a restart before the first snapshot does it again alike
@@ -235,7 +244,7 @@ class Learner:
     def _run(self, stop: threading.Event, on_step=None) -> int:
         self.start()
         reader = RunReader(self.settings, self.run_id, ["samples"], group_id=None,
-                           start_offsets=self.start_offsets, stage="learner")
+                           start_offsets=self.start_offsets, stage="learner", keep_window=self.holds_window)
         buffers: dict[int, StepBuffer] = defaultdict(StepBuffer)
         try:
             while not stop.is_set() and self.step < self.total_steps:

@@ -33,7 +33,13 @@ class ReplayMismatch(RuntimeError):
     """A recorded step's samples are not the ones the samples topic holds for it."""
 
 
-def recorded_steps(settings: Settings, run_id: str, after: int) -> dict[int, TrainStep]:
+def holds_untrained(window_steps: int | None, window: int, trained: int) -> bool:
+    """Whether a window of `window_steps` steps holds a step after `trained`."""
+    return window_steps is None or (window + 1) * window_steps - 1 > trained
+
+
+def recorded_steps(settings: Settings, run_id: str, after: int, window_steps: int | None = None
+                   ) -> dict[int, TrainStep]:
     """step -> the TrainStep the learner published for it, for every step after `after`."""
     outage = PostgresOutage(settings, run_id)  # a restart may meet the ledger restarting too
     while True:
@@ -44,7 +50,8 @@ def recorded_steps(settings: Settings, run_id: str, after: int) -> dict[int, Tra
             break
         except psycopg.OperationalError as exc:
             outage.wait(exc)
-    reader = RunReader(settings, run_id, ["steps"], group_id=None, stage="learner", wait_s=10.0)
+    reader = RunReader(settings, run_id, ["steps"], group_id=None, stage="learner", wait_s=10.0,
+                       keep_window=lambda window, newest: holds_untrained(window_steps, window, after))
     try:
         quiet = 0
         while quiet < QUIET_POLLS:

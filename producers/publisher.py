@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from schema.events import RunEvent, Task, WeightVersion
-from runtime.bus import EventPublisher, RunReader, create_run_topics
+from schema.topics import set_window_steps
+from runtime.bus import EventPublisher, RunReader
+from runtime.topic_admin import create_run_topics
 from runtime.topic_retention import topic_configs
 from runtime.dataset import epoch_batches, lookup, read_rows, saved_chat_template
 from runtime.config import Recipe
@@ -87,6 +89,7 @@ def git_sha() -> str | None:
 def create_run(settings: Settings, run_id: str, recipe: Recipe, publisher: EventPublisher,
                parent_run_id: str | None = None, tag: str | None = None) -> None:
     create_run_topics(settings, run_id, configs=topic_configs(recipe.service.broker, settings))
+    set_window_steps(run_id, recipe.service.broker.window_steps)  # a replay publishes the new run's rollouts next
     config = recipe.to_dict()
     if recipe.data.apply_chat_template is not False and not recipe.data.chat_template:
         # the template the run renders with, as the model folder holds it now
@@ -102,6 +105,7 @@ def run_publisher(settings: Settings, run_id: str, recipe: Recipe, stop: threadi
     finished ones); returns the number of training steps published."""
     skip = skip_task_ids or set()
     stop = stop or threading.Event()
+    set_window_steps(run_id, recipe.service.broker.window_steps)
     data = recipe.data
     rows = read_rows(data.data_files, data.type, prompt_keys=(data.prompt_key,))
     val_cfg = recipe.validate.data

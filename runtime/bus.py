@@ -12,20 +12,22 @@ Tuned for the embedded broker and for small latency-sensitive hops:
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from typing import Protocol
 
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
-from kafka.admin import NewTopic
+from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
 from kafka.errors import (CommitFailedError, FencedInstanceIdError, IllegalGenerationError, RebalanceInProgressError,
-                          TopicAlreadyExistsError, UnknownMemberIdError)
+                          UnknownMemberIdError)
 
 from schema import codec
 from schema.events import DeadLetter, Event
 from runtime.blobs import PostgresBlobStore
 from runtime.outage import BrokerWatch
-from schema.topics import event_key, run_topics, topic_name
+from runtime.topic_admin import WindowTopics
+from schema.topics import (ROTATED_KINDS, event_key, recent_windows, rotates, run_pattern, topic_for, topic_name,
+                           topic_window, windows_to_hold)
 from schema.topology import STAGE_FOLDERS, TopologyError, check_reads, check_writes
 from runtime.settings import Settings, SettingsError
 
@@ -47,32 +49,6 @@ class BlobWriter(Protocol):
 
 class BlobReader(Protocol):
     def get(self, sha256: str) -> bytes: ...
-
-
-def create_topics(settings: Settings, names: list[str], partitions: int | None = None,
-                  configs: dict[str, str] | None = None) -> list[str]:
-    """Create the topics that do not exist yet (with the topic `configs`, e.g.
-    retention.ms); returns the names created."""
-    admin = KafkaAdminClient(**settings.kafka_client_options())
-    try:
-        existing = set(admin.list_topics())
-        missing = [n for n in names if n not in existing]
-        created = []
-        for name in missing:
-            try:
-                admin.create_topics([NewTopic(name, partitions or settings.topic_partitions, 1,
-                                              topic_configs=configs or {})])
-                created.append(name)
-            except TopicAlreadyExistsError:  # another process won the race
-                pass
-        return created
-    finally:
-        admin.close()
-
-
-def create_run_topics(settings: Settings, run_id: str, partitions: int | None = None,
-                      configs: dict[str, str] | None = None) -> list[str]:
-    return create_topics(settings, list(run_topics(run_id).values()), partitions, configs)
 
 
 def make_producer(settings: Settings, **overrides) -> KafkaProducer:
@@ -179,12 +155,20 @@ class EventPublisher:
         self._in_flight_lock = threading.Lock()
         self._bundle = bundle
         self._held: dict[tuple[str, bytes], list[bytes]] = {}  # (topic, key) -> frames, under the lock
+        self._windows = WindowTopics(settings)
+        self._producer_overrides = producer_overrides
 
     def publish(self, event: Event):
         """Send `event` (with `bundle`: hold it until the next flush; returns None)."""
         if self._stage:
             check_writes(self._stage, event)
-        topic, key = topic_name(event.run_id, event.KIND), event_key(event)
+        topic, window = topic_for(event)
+        if window is not None:
+            with self._in_flight_lock:  # workers publish from several threads
+                partitions = lambda: len(self.producer.partitions_for(topic_name(event.run_id, "tasks")) or ())  # noqa: E731
+                if self._windows.open(event.run_id, window, partitions):
+                    self._replace_producer()
+        key = event_key(event)
         value = frame(event, self._settings.max_message_bytes, self._blobs)
         if self._bundle:
             with self._in_flight_lock:
@@ -192,9 +176,16 @@ class EventPublisher:
             return None
         return self._send(topic, key, value)
 
+    def _replace_producer(self) -> None:
+        """A fresh producer, after the old one delivered what it holds (see WindowTopics)."""
+        old = self.producer
+        old.flush()
+        self.producer = make_producer(self._settings, **self._producer_overrides)
+        old.close()
+
     def _send(self, topic: str, key: bytes, value: bytes):
-        future = self.producer.send(topic, key=key, value=value)
-        with self._in_flight_lock:
+        with self._in_flight_lock:  # the producer may be being replaced
+            future = self.producer.send(topic, key=key, value=value)
             self._in_flight.append(future)
         return future
 
@@ -263,7 +254,9 @@ class RunReader:
     def __init__(self, settings: Settings, run_id: str, kinds: list[str], group_id: str | None,
                  shard: tuple[int, int] = (0, 1), start_offsets: dict[TopicPartition, int] | None = None,
                  from_beginning: bool = False, stage: str = "", wait_s: float = 30.0, member: str | None = None,
-                 **consumer_overrides):
+                 keep_window=recent_windows, **consumer_overrides):
+        """`keep_window(window, newest)`: which of a rotating run's windows to hold
+        (schema/topics.py; the learner holds those with steps it has not trained)."""
         self.settings = settings
         self.run_id = run_id
         if stage:  # a component's reader: only the topics its stage reads (schema/topology.py)
@@ -279,22 +272,58 @@ class RunReader:
                 consumer_overrides["group_instance_id"] = f"{group_id}.{member}"
         self.consumer = make_consumer(settings, group_id, **consumer_overrides)
         topics = [topic_name(run_id, k) for k in kinds]
-        self._partitions = self._wait_for_partitions(topics, shard if member is None else (0, 1), wait_s)
+        self._shard = shard if member is None else (0, 1)
+        self._partitions = self._wait_for_partitions(topics, self._shard, wait_s)
         self.broker_watch = BrokerWatch(settings, self.consumer, run_id, topics)
         self._blobs = None
+        # A rotating run's window topics come and go (schema/topics.py): followed by name.
+        rotated = [k for k in kinds if k in ROTATED_KINDS]
+        self._windows = re.compile(run_pattern(run_id, rotated)) if rotated else None
+        self._windows_checked, self._keep = 0.0, keep_window
         if member is not None:  # the group decides, and starts each partition at its committed offset
+            if self._windows is not None and rotates(run_id):
+                raise SettingsError(f"run {run_id} rotates its topics (service.broker.window_steps), which group "
+                                    "members do not follow: use STREAMRL_PARTITION_ASSIGNMENT=shard")
             self.consumer.subscribe(topics)
             return
-        self.consumer.assign(self._partitions)
-        for tp in self._partitions:
-            if start_offsets is not None:
-                offset = start_offsets.get(tp, 0)
-            elif from_beginning or group_id is None:
-                offset = 0
-            else:
-                committed = self.consumer.committed(tp)
-                offset = committed if committed is not None else 0
-            self.consumer.seek(tp, offset)
+        self._start_offsets, self._from_start = start_offsets, from_beginning or group_id is None
+        self._assign([*self._partitions, *self._window_partitions()])
+
+    def _start_at(self, tp: TopicPartition) -> int:
+        if self._start_offsets is not None:
+            return self._start_offsets.get(tp, 0)
+        if self._from_start:
+            return 0
+        committed = self.consumer.committed(tp)
+        return committed if committed is not None else 0
+
+    def _window_partitions(self) -> list[TopicPartition]:
+        """The shard's partitions of the run's window topics the broker has now."""
+        if self._windows is None:
+            return []
+        self._windows_checked = time.monotonic()
+        index, count = self._shard
+        return [TopicPartition(topic, p) for topic in windows_to_hold(self.consumer.topics(), self._windows, self._keep)
+                for p in self.consumer.partitions_for_topic(topic) or () if p % count == index]
+
+    def _assign(self, partitions: list[TopicPartition]) -> None:
+        """Hold `partitions`: new ones start at their start offset (a new window's at 0),
+        those held already keep their position, gone ones (a retired window's) are let go."""
+        held = set(self.consumer.assignment())
+        self.consumer.assign(partitions)
+        for tp in partitions:
+            if tp not in held:
+                self.consumer.seek(tp, self._start_at(tp))
+        self._partitions = sorted(partitions)
+
+    def follow_windows(self, every_s: float = 1.0) -> None:
+        """Take up the windows opened and let go of those retired since the last look."""
+        if self.member is not None or self._windows is None or time.monotonic() - self._windows_checked < every_s:
+            return
+        plain = [tp for tp in self._partitions if topic_window(tp.topic) is None]
+        wanted = [*plain, *self._window_partitions()]
+        if set(wanted) != set(self._partitions):
+            self._assign(wanted)
 
     @property
     def partitions(self) -> list[TopicPartition]:
@@ -322,6 +351,7 @@ class RunReader:
 
     def poll(self, timeout_ms: int = 100, max_records: int = 500) -> tuple[list[tuple[Event, TopicPartition, int]], list]:
         self.broker_watch.check()
+        self.follow_windows()
         try:
             batch = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
         except FencedInstanceIdError:

@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from runtime.config import Recipe, check_against, coerce_strings, missing_files
-from runtime.service_config import TinkerService
+from runtime.service_config import TinkerService, window_problems
 from runtime.guide_forms import apply_guide_forms
 from runtime.dataset import DatasetError, data_section_problems, resolve_chat_template
 
@@ -282,6 +282,8 @@ def consistency_problems(recipe: Recipe) -> list[str]:
     if worker.trace_path and not worker.save_trace:
         problems.append("rollout_worker.trace_path: traces are written only with save_trace: true")
     problems += algorithm_number_problems(recipe.algorithm) + data_section_problems(recipe)
+    staleness = 0 if recipe.weight.sync_mode == "sync" else recipe.weight.staleness_threshold
+    problems += window_problems(recipe.service.broker, staleness)
     return problems + inference_service_problems(recipe)
 
 

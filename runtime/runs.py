@@ -12,6 +12,7 @@ import threading
 import time
 
 from schema.events import RunEvent
+from schema.topics import set_window_steps
 from runtime.bus import RunReader
 from runtime.config import Recipe
 from runtime.settings import Settings
@@ -29,7 +30,9 @@ def fetch_run_config(settings: Settings, run_id: str, timeout_s: float = 60.0) -
             events, _ = reader.poll(timeout_ms=200)
             for event, _, _ in events:
                 if isinstance(event, RunEvent) and event.kind == "created":
-                    return Recipe.from_dict(event.config)
+                    recipe = Recipe.from_dict(event.config)
+                    set_window_steps(run_id, recipe.service.broker.window_steps)  # where this process publishes
+                    return recipe
     finally:
         reader.close()
     raise RunNotFound(f"run {run_id!r} has no 'created' event on its runs topic after {timeout_s:.0f} s "

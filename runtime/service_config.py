@@ -59,6 +59,13 @@ class TinkerService:
     api_key: Optional[str] = knob(None, "default: $TINKER_API_KEY")
 
 
+WINDOWS_NEED_PLAIN_PROCESSOR = (
+    "service.broker.window_steps: the faust processor (STREAMRL_PARTITION_ASSIGNMENT=group) reads fixed topics and "
+    "cannot follow rotating windows; unset STREAMRL_PARTITION_ASSIGNMENT (`streamrl run` then gives its processes "
+    "fixed shards) or set it to shard, or leave window_steps unset (an external Kafka bounds topics with "
+    "retention_ms)")
+
+
 @dataclass
 class Broker:
     """What the run leaves on the Kafka broker (runtime/topic_retention.py)."""
@@ -69,6 +76,10 @@ class Broker:
                                        "(retention.ms, set when the run creates them; longer than a snapshot "
                                        "interval, or a restarted learner cannot re-read its samples); the "
                                        "embedded broker refuses it", ge=1)
+    window_steps: Optional[int] = knob(None, "rotate the topics of tasks, rollouts, samples and steps every this "
+                                       "many steps: a window's topics leave the broker once the ledger holds them "
+                                       "and the learner's newest snapshot (trainer.save_freq) is past them, so a "
+                                       "long run's broker memory stops growing; none: one topic per kind", ge=1)
     memory_warning_share: float = knob(0.25, "the run says once when the embedded broker's memory passes this share "
                                        "of the machine's", gt=0.0, le=1.0)
 
@@ -79,3 +90,14 @@ class Service:
     train_service: TrainService = knob(help="where a remote trainer trains", factory=TrainService)
     tinker_service: TinkerService = knob(help="the training service's model options", factory=TinkerService)
     broker: Broker = knob(help="the run's topics on the Kafka broker", factory=Broker)
+
+
+def window_problems(broker: Broker, staleness: int) -> list[str]:
+    """A window must be longer than how far the writers run ahead of the learner (at most
+    `staleness` + 1 steps), or a reader's hold (schema/topics.py HELD_WINDOWS) could miss
+    a step not yet trained."""
+    if broker.window_steps is not None and broker.window_steps < staleness + 2:
+        return [f"service.broker.window_steps: {broker.window_steps} is too short: a window must hold more steps than "
+                f"the rollouts run ahead of the learner (weight.staleness_threshold {staleness} + 1), so at least "
+                f"{staleness + 2}"]
+    return []

@@ -14,6 +14,7 @@ topics it needs (streamrl/recovery.py).
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ from runtime.bus import make_consumer
 from runtime.db import connect
 from runtime.service_config import Broker
 from runtime.settings import Settings
-from schema.topics import run_topics
+from schema.topics import run_pattern
 
 # Deleting a topic is asynchronous on the broker: how long to wait for it to go.
 DELETE_WAIT_S = 30.0
@@ -48,12 +49,17 @@ class Retired:
                 f"(the ledger holds all {self.records} records they held)")
 
 
+def existing_run_topics(run_id: str, listed) -> list[str]:
+    """The run's topics among those the broker lists: plain ones and windows."""
+    pattern = re.compile(run_pattern(run_id))
+    return sorted(topic for topic in listed if pattern.match(topic))
+
+
 def run_partitions(settings: Settings, run_id: str) -> list[TopicPartition]:
     """Every partition of the run's topics the broker still has."""
     consumer = make_consumer(settings, None)
     try:
-        existing = consumer.topics()
-        return [TopicPartition(topic, p) for topic in run_topics(run_id).values() if topic in existing
+        return [TopicPartition(topic, p) for topic in existing_run_topics(run_id, consumer.topics())
                 for p in consumer.partitions_for_topic(topic) or ()]
     finally:
         consumer.close()
@@ -93,7 +99,7 @@ def delete_run_topics(settings: Settings, run_id: str) -> list[str]:
     """Delete the run's topics and wait until the broker no longer lists them."""
     admin = KafkaAdminClient(**settings.kafka_client_options())
     try:
-        doomed = [name for name in run_topics(run_id).values() if name in set(admin.list_topics())]
+        doomed = existing_run_topics(run_id, admin.list_topics())
         if doomed:
             admin.delete_topics(doomed)
         deadline = time.monotonic() + DELETE_WAIT_S

@@ -259,7 +259,7 @@ class WeightVersion(Event, tag="weight_version", kw_only=True):
 
 
 RUN_EVENT_KINDS = ("created", "started", "finished", "failed", "replayed_from", "resumed", "resume_checked",
-                   "config_unread")
+                   "config_unread", "snapshot")
 
 
 class RunEvent(Event, tag="run_event", kw_only=True):

@@ -8,7 +8,8 @@ from rich.progress import Progress
 
 from consumers.ledger_sink import LedgerSink
 from producers.synthetic import synthetic_events
-from runtime.bus import EventPublisher, create_run_topics
+from runtime.bus import EventPublisher
+from runtime.topic_admin import create_run_topics
 from runtime.settings import Settings
 from runtime.sql import QueryResult, run_readonly
 from schema.events import RunEvent

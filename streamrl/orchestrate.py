@@ -28,6 +28,7 @@ from runtime.service_config import Broker
 from runtime.services import broker_memory_bytes
 from runtime.settings import Settings
 from runtime.topic_retention import retire_run_topics
+from runtime.topic_windows import windows_left
 from streamrl.report import RunSummary, load_summary, plot_reward_curve, summary_table, val_accuracy_at
 from streamrl.supervise import RestartPolicy, RunFailed, Supervisor
 
@@ -39,6 +40,7 @@ def child_env(settings: Settings) -> dict:
     env["STREAMRL_HOME"] = str(settings.home)
     env["STREAMRL_KAFKA_BOOTSTRAP"] = settings.kafka_bootstrap
     env["STREAMRL_DATABASE_URL"] = settings.database_url
+    env["STREAMRL_PARTITION_ASSIGNMENT"] = settings.partition_assignment
     # Several torch processes on 2 cores stall each other unless each keeps to one thread.
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MKL_NUM_THREADS", "1")
@@ -133,6 +135,8 @@ class LocalRun:
             raise
         finally:
             self.stop()
+        if self.broker.window_steps:
+            self.say(windows_left(self.settings, self.run_id, total_steps, self.broker.window_steps))
         self.retire_topics()
         wall = time.monotonic() - started
         summary = load_summary(self.settings.database_url, self.run_id)

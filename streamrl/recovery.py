@@ -28,8 +28,9 @@ from kafka import TopicPartition
 
 from schema.events import Evaluation, GroupFiltered, RunEvent, Sample, Trajectory
 from schema.ledger import query_events
-from schema.topics import run_topics, topic_name
-from runtime.bus import EventPublisher, create_run_topics, make_consumer
+from schema.topics import run_pattern, set_window_steps, topic_name
+from runtime.bus import EventPublisher, make_consumer
+from runtime.topic_admin import create_run_topics
 from runtime.config import Recipe
 from runtime.db import connect
 from runtime.settings import Settings
@@ -88,11 +89,12 @@ def rebuild_from_ledger(settings: Settings, run_id: str, trained_step: int) -> R
         created = query_events(conn, RunEvent, "select * from run_events where run_id = %s and kind = 'created'", (run_id,))
         if not created:
             raise LookupError(f"run {run_id!r} has no 'created' event in the ledger")
+        broker = Recipe.from_dict(created[0].config).service.broker
+        set_window_steps(run_id, broker.window_steps)
         if not run_topics_intact(settings, run_id):
             delete_run_topics(settings, run_id)
-            create_run_topics(settings, run_id, configs=topic_configs(Recipe.from_dict(created[0].config).service.broker,
-                                                                      settings))
-            conn.execute("delete from consumer_offsets where topic = any(%s)", (list(run_topics(run_id).values()),))
+            create_run_topics(settings, run_id, configs=topic_configs(broker, settings))
+            conn.execute("delete from consumer_offsets where topic ~ %s", (run_pattern(run_id),))  # windows too
             rebuilt.topics_recreated = True
         filtered = {r[0] for r in conn.execute("select group_id from filtered_groups where run_id = %s "
                                                 "and reason <> 'late'", (run_id,))}

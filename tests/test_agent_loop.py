@@ -21,7 +21,8 @@ from producers.interaction import ScriptedUser
 from producers.rollout import InferenceClient
 from producers.tools import ToolConfigError, ToolRegistry
 from schema.events import Task, unpack_float32, unpack_int32, unpack_mask
-from runtime.bus import EventPublisher, create_run_topics
+from runtime.bus import EventPublisher
+from runtime.topic_admin import create_run_topics
 from runtime.tiny_lm import build_tiny_model, build_tokenizer
 from tests.conftest import SinkThread, wait_for
 

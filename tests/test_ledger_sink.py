@@ -17,7 +17,8 @@ from schema import codec
 from schema.events import Trajectory, pack_float32, pack_int32, pack_mask
 from schema.topics import run_topics, topic_name
 from runtime.blobs import PostgresBlobStore
-from runtime.bus import EventPublisher, MessageTooLarge, create_run_topics, make_consumer
+from runtime.bus import EventPublisher, MessageTooLarge, make_consumer
+from runtime.topic_admin import create_run_topics
 from tests.conftest import SinkThread, count_rows, start_sink_process, wait_for
 
 TABLES = {"Task": "tasks", "Trajectory": "trajectories", "Evaluation": "evaluations", "Sample": "samples",

@@ -10,7 +10,8 @@ import time
 import msgspec
 
 from consumers.processor import StreamProcessor
-from runtime.bus import EventPublisher, RunReader, create_run_topics
+from runtime.bus import EventPublisher, RunReader
+from runtime.topic_admin import create_run_topics
 from runtime.config import Recipe
 from schema.events import GroupFiltered
 from tests.test_processor import member

@@ -68,7 +68,7 @@ def test_external_postgres_by_url(stack, external_database, tmp_path, run_id):
     assert status.stdout.count("external") == 2
     # The sink writes into the external database.
     from producers.synthetic import synthetic_events
-    from runtime.bus import create_run_topics
+    from runtime.topic_admin import create_run_topics
     from tests.test_ledger_sink import publish
 
     create_run_topics(stack, run_id)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from producers.synthetic import synthetic_events
-from runtime.bus import create_run_topics
+from runtime.topic_admin import create_run_topics
 from tests.conftest import REPO, SinkThread, count_rows, run_cli, wait_for
 from tests.test_ledger_sink import publish
 

@@ -6,7 +6,8 @@ for a Kafka-side replay: tests/test_replay.py."""
 from __future__ import annotations
 
 from producers.synthetic import synthetic_events
-from runtime.bus import EventPublisher, create_run_topics
+from runtime.bus import EventPublisher
+from runtime.topic_admin import create_run_topics
 from runtime.services import broker_memory_bytes
 from schema.topics import run_topics
 from tests.conftest import SinkThread, broker_topics, count_rows, run_cli, wait_for

@@ -79,7 +79,7 @@ def topics(
 ) -> None:
     """Create RUN's topics (tasks, trajectories, ..., dead_letters) if they do not exist;
     with --remove, free them from the broker once the ledger holds everything."""
-    from runtime.bus import create_run_topics
+    from runtime.topic_admin import create_run_topics
     from runtime.topic_retention import retire_run_topics
     from schema.topics import run_topics
 

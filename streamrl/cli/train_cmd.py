@@ -3,13 +3,16 @@ cluster runs one by one (publish, worker, processor, learner)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from runtime.config import ReplaySource
+from runtime.service_config import WINDOWS_NEED_PLAIN_PROCESSOR
 from streamrl.cli.common import (
     CommandFailed, UsageError, checked_run_id, cli_command, console, database_url, new_run_id, sharding,
     prepared_recipe, settings,
@@ -122,6 +125,12 @@ def run_recipe(
         run, recipe = resume, resumed.recipe
         console.print(resumed.describe(run), highlight=False)
         check_mode(mode, recipe)
+    if recipe.service.broker.window_steps is not None and current.partition_assignment == "group":
+        if os.environ.get("STREAMRL_PARTITION_ASSIGNMENT"):  # asked for by name: refused, not overridden
+            raise UsageError(WINDOWS_NEED_PLAIN_PROCESSOR)
+        current = dataclasses.replace(current, partition_assignment="shard")
+        console.print("service.broker.window_steps: the run's processor and workers take fixed shards "
+                      "(consumer groups do not follow rotating topics)", highlight=False)
     run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
     try:
         run_locally(current, file, recipe, run, workers or recipe.rollout_worker.num_workers, out, console,
@@ -163,7 +172,6 @@ def check_mode(mode: str | None, recipe) -> None:
 def check_training_service(recipe) -> None:
     """A remote trainer's service answers and takes the key before any process starts
     (otherwise one sentence says which not)."""
-    import os
 
     service = recipe.service.train_service
     if service.backend == "tinker" and service.url:
@@ -245,7 +253,6 @@ def processor(
     """Join RUN's trajectories with their evaluations, complete groups, compute advantages
     and emit samples (or a GroupFiltered record for a group that gives none). By default
     a faust app in the run's processor group: start as many as you like."""
-    import os
 
     from runtime.runs import stop_on_signals
 
@@ -254,6 +261,9 @@ def processor(
     recipe = run_config(current, run)
     if current.partition_assignment == "group":
         from consumers.faust_processor import FaustProcessor
+
+        if recipe.service.broker.window_steps is not None:
+            raise UsageError(WINDOWS_NEED_PLAIN_PROCESSOR)
 
         if idle_exit is not None:
             raise UsageError("--idle-exit: a processor in a consumer group runs until stopped "
@@ -308,7 +318,6 @@ def launch_ranks_if_asked(recipe, run: str, reset_offsets: bool) -> None:
     """`trainer.nproc_per_node` > 1 on one node: become torchrun, which starts that many
     learner processes of this same command (they see WORLD_SIZE and train as ranks).
     Several nodes need a cluster launcher to start torchrun on each."""
-    import os
     import sys
 
     cfg = recipe.trainer

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
-from runtime.bus import create_topics
+from runtime.topic_admin import create_topics
 from runtime.settings import Settings
 
 MEMBER = Path(__file__).resolve().parent / "group_member.py"
