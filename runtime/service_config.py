@@ -76,6 +76,9 @@ class Broker:
                                        "(retention.ms, set when the run creates them; longer than a snapshot "
                                        "interval, or a restarted learner cannot re-read its samples); the "
                                        "embedded broker refuses it", ge=1)
+    retention_bytes: Optional[int] = knob(None, "an external Kafka: each partition of the run's topics keeps at most "
+                                          "this many bytes (retention.bytes, as retention_ms); the embedded broker "
+                                          "refuses it", ge=1)
     window_steps: Optional[int] = knob(None, "rotate the topics of tasks, rollouts, samples and steps every this "
                                        "many steps: a window's topics leave the broker once the ledger holds them "
                                        "and the learner's newest snapshot (trainer.save_freq) is past them, so a "
@@ -96,6 +99,10 @@ def window_problems(broker: Broker, staleness: int) -> list[str]:
     """A window must be longer than how far the writers run ahead of the learner (at most
     `staleness` + 1 steps), or a reader's hold (schema/topics.py HELD_WINDOWS) could miss
     a step not yet trained."""
+    if broker.window_steps is not None and (broker.retention_ms or broker.retention_bytes):
+        return ["service.broker.window_steps: not with retention_ms or retention_bytes: a rotating run's windows "
+                "leave the broker whole once nothing needs them, and an expiry would only reach its run-level "
+                "topics; choose one"]
     if broker.window_steps is not None and broker.window_steps < staleness + 2:
         return [f"service.broker.window_steps: {broker.window_steps} is too short: a window must hold more steps than "
                 f"the rollouts run ahead of the learner (weight.staleness_threshold {staleness} + 1), so at least "

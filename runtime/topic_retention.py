@@ -127,12 +127,14 @@ def retire_run_topics(settings: Settings, run_id: str) -> Retired:
 
 
 def topic_configs(broker: Broker, settings: Settings) -> dict[str, str]:
-    """The topic configs a run creates its topics with: `retention.ms` on an external
-    Kafka; refused on the embedded broker, which expires nothing."""
-    if broker.retention_ms is None:
-        return {}
-    if not settings.kafka_bootstrap_env:
-        raise ValueError("service.broker.retention_ms: the embedded broker does not expire records (it holds a run's "
-                         "topics in memory until the run is over and they are removed); set it with an external "
-                         "Kafka (STREAMRL_KAFKA_BOOTSTRAP)")
-    return {"retention.ms": str(broker.retention_ms)}
+    """The topic configs a run creates its topics with: `retention.ms` and
+    `retention.bytes` on an external Kafka; refused on the embedded broker, which
+    expires nothing."""
+    configs = {name: str(value) for name, value in (("retention.ms", broker.retention_ms),
+                                                    ("retention.bytes", broker.retention_bytes)) if value is not None}
+    if configs and not settings.kafka_bootstrap_env:
+        key = "retention_ms" if broker.retention_ms is not None else "retention_bytes"
+        raise ValueError(f"service.broker.{key}: the embedded broker does not expire records (it holds a run's "
+                         "topics in memory until the run is over and they are removed; service.broker.window_steps "
+                         "bounds a long run); set it with an external Kafka (STREAMRL_KAFKA_BOOTSTRAP)")
+    return configs

@@ -41,9 +41,9 @@ from runtime.topic_retention import DELETE_WAIT_S, ledger_positions, records_pas
 from schema.topics import HELD_WINDOWS, parse_topic, run_pattern, topic_window
 
 # How long a window stays eligible before it goes: readers look again every second.
-SETTLE_S = 5.0
+SETTLE_S = 3.0
 # How often the sink looks for windows to retire.
-RETIRE_EVERY_S = 5.0
+RETIRE_EVERY_S = 2.0
 
 
 def window_closed(window: int, window_steps: int, snapshot: int | None, windows_seen: set[int]) -> bool:

@@ -76,14 +76,14 @@ def free_port() -> int:
 
 
 def broker_topics(settings, run_id: str) -> set[str]:
-    """Which of the run's topics the broker lists."""
+    """Which of the run's topics (plain and windows) the broker lists."""
     from kafka import KafkaAdminClient
 
-    from schema.topics import run_topics
+    from runtime.topic_retention import existing_run_topics
 
     admin = KafkaAdminClient(**settings.kafka_client_options())
     try:
-        return set(admin.list_topics()) & set(run_topics(run_id).values())
+        return set(existing_run_topics(run_id, admin.list_topics()))  # window topics too
     finally:
         admin.close()
 

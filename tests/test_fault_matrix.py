@@ -2,7 +2,8 @@
 SIGKILL of each process type (restarted by `streamrl run`'s supervisor), a PostgreSQL
 restart (every process waits for it), a burst of malformed and oversized records on
 every topic (dead letters), and finally a broker restart that loses every topic
-(`streamrl run --resume`). Its ledger must equal a fault-free run's of the same recipe
+(`streamrl run --resume`). The faulty run rotates its topics by windows of steps
+(service.broker.window_steps), retiring them while it trains. Its ledger must equal a fault-free run's of the same recipe
 and seed: the same rows per table, the same tasks, trajectories and steps, every
 trajectory accounted for, every sample trained once, and one dead letter per bad record.
 
@@ -26,8 +27,8 @@ from kafka import KafkaProducer
 
 from runtime import db, services
 from runtime.settings import Settings
-from schema.topics import run_topics
-from tests.conftest import REPO, command_lines, free_port, run_cli, wait_for
+from schema.topics import run_topics, topic_window
+from tests.conftest import REPO, broker_topics as broker_topic_names, command_lines, free_port, run_cli, wait_for
 from tests.test_rl_loop import assert_ledger_consistent, small_run_env
 
 RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
@@ -149,7 +150,11 @@ def test_fault_matrix_ends_with_the_ledger_of_a_fault_free_run(private_stack, tm
     faults = [*KILLED, "postgres restart", "bad records"]
     rng.shuffle(faults)  # in a random order, 1-3 s apart, from the first trained step on
     out = tmp_path / "faulty"
-    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--out", str(out)],
+    # The faulty run rotates its topics in windows of 4 steps, retired as it trains (a
+    # snapshot every 4 steps): its ledger must still equal the plain reference run's.
+    rotation = ["service.broker.window_steps=4", "trainer.save_freq=4"]
+    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", RECIPE, *rotation, "--run", run_id,
+                            "--out", str(out)],
                            cwd=REPO, env={**os.environ, **env}, stdout=open(tmp_path / "run.log", "wb"),
                            stderr=subprocess.STDOUT)
     injected, bad = [], 0
@@ -178,6 +183,9 @@ def test_fault_matrix_ends_with_the_ledger_of_a_fault_free_run(private_stack, tm
                          timeout=30, what=f"the restart of {fault}")
         broker_restart_at = steps_done(settings, run_id)
         assert broker_restart_at < STEPS, f"the run finished before the broker restart: {injected}"
+        windows_held = sorted({topic_window(t) for t in broker_topic_names(settings, run_id)} - {None})
+        if broker_restart_at >= 24:  # windows 0-2 are past a snapshot and out of every reader's hold
+            assert windows_held and windows_held[0] > 0, (broker_restart_at, windows_held)
         restart_broker(settings)
     finally:
         run.send_signal(signal.SIGKILL)
@@ -200,6 +208,7 @@ def test_fault_matrix_ends_with_the_ledger_of_a_fault_free_run(private_stack, tm
     with db.connect(settings.database_url, autocommit=True) as conn:
         assert_ledger_consistent(conn, run_id, steps=STEPS, staleness_threshold=0)
     print(f"\nfault matrix: {len(injected) + 1} faults ({', '.join(f'{f} at step {s}' for f, s in injected)}, "
-          f"broker restart at step {broker_restart_at}); {got['trajectories']} trajectories, "
+          f"broker restart at step {broker_restart_at}, topic windows then on the broker {windows_held}); "
+          f"{got['trajectories']} trajectories, "
           f"{len(got['sample ids'])} samples, {bad} bad records -> {dead[0]} dead letters; "
           f"lost 0, trained twice {got['trained twice']}")

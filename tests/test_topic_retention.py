@@ -5,6 +5,9 @@ for a Kafka-side replay: tests/test_replay.py."""
 
 from __future__ import annotations
 
+import os
+import re
+
 from producers.synthetic import synthetic_events
 from runtime.bus import EventPublisher
 from runtime.topic_admin import create_run_topics
@@ -55,9 +58,47 @@ def test_retention_ms_goes_to_an_external_kafka_and_is_refused_by_the_embedded_b
     assert topic_configs(Broker(), stack) == {}
     external = dataclasses.replace(stack, kafka_bootstrap_env="kafka-0:9092")
     assert topic_configs(Broker(retention_ms=3_600_000), external) == {"retention.ms": "3600000"}
+    assert topic_configs(Broker(retention_bytes=2**30), external) == {"retention.bytes": str(2**30)}
+    with pytest.raises(ValueError, match="service.broker.retention_bytes: the embedded broker does not expire"):
+        topic_configs(Broker(retention_bytes=2**30), stack)
     with pytest.raises(ValueError, match="service.broker.retention_ms: the embedded broker does not expire records"):
         topic_configs(Broker(retention_ms=3_600_000), stack)
     result = run_cli("recipe", "validate", "recipes/arith/recipe.yaml", "service.broker.retention_ms=60000",
                      timeout=120)
     said = " ".join(result.stdout.split() + result.stderr.split())
     assert result.returncode != 0 and "service.broker.retention_ms: the embedded broker" in said, said
+
+
+def test_a_long_run_with_a_small_window_keeps_a_bounded_set_of_topics(stack, ledger, run_id, tmp_path):
+    """60 steps in windows of 4 (15 windows), a snapshot every 4 steps: the sink retires
+    windows as the run trains, the broker never holds more than a few, and the ledger is
+    exactly that of a run without rotation."""
+    import subprocess
+    import sys
+    import time
+
+    from schema.topics import topic_window
+    from tests.conftest import REPO
+    from tests.test_rl_loop import RECIPE, assert_ledger_consistent, small_run_env
+
+    env = {**os.environ, **small_run_env(ARITH_STEPS="60", ARITH_WARMUP_STEPS="30", ARITH_VALIDATE_EVERY="20")}
+    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", RECIPE, "service.broker.window_steps=4",
+                            "trainer.save_freq=4", "--run", run_id, "--out", str(tmp_path)], cwd=REPO, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    alive: list[tuple[int, int]] = []  # (trained steps, windows on the broker)
+    while run.poll() is None:
+        windows = {topic_window(t) for t in broker_topics(stack, run_id)} - {None}
+        alive.append((count_rows(ledger, "train_steps", run_id), len(windows)))
+        time.sleep(0.5)
+    said = " ".join(run.stdout.read().split())
+    assert run.returncode == 0, said[-3000:]
+    left = re.search(r"(\d+) of run \S+ 16 topic windows \(4 steps each\) left the broker while it trained", said)
+    print(f"\nwindows on the broker by trained steps: {alive[::4]}")
+    assert left and int(left.group(1)) >= 10, said[-2000:]
+    # the broker's windows stop growing: after the first third of the run, never more than
+    # the three the readers hold, the one being opened and those waiting for a snapshot
+    late = [n for steps, n in alive if steps >= 20]
+    assert late and max(late) <= 8, alive
+    assert not broker_topics(stack, run_id)
+    assert_ledger_consistent(ledger, run_id, steps=60, staleness_threshold=1)
+    assert count_rows(ledger, "tasks", run_id) == 60 * 256 + 4 * 200  # every training and validation task

@@ -28,3 +28,62 @@ def test_group_events_share_a_key_and_run_events_use_the_run():
     evaluation = Evaluation(run_id="r", trajectory_id="t", group_id="g7", reward=1.0)
     assert event_key(evaluation) == b"g7"
     assert event_key(TrainStep(run_id="r", step=1)) == b"r"
+
+
+def test_a_rotating_runs_events_go_to_the_window_of_their_step():
+    from schema.events import Sample, WeightVersion
+    from schema.topics import set_window_steps, topic_for, topic_window, window_topic
+
+    set_window_steps("rot", 5)
+    try:
+        # steps 0-4 are window 0, 5-9 window 1; run-level kinds keep their one topic
+        assert topic_for(Sample(run_id="rot", trajectory_id="t", group_id="g", step=4)) == \
+            ("streamrl.rot.samples.w000000", 0)
+        assert topic_for(TrainStep(run_id="rot", step=5)) == ("streamrl.rot.steps.w000001", 1)
+        assert topic_for(WeightVersion(run_id="rot", version=7)) == ("streamrl.rot.weights", None)
+        assert topic_for(TrainStep(run_id="other", step=5)) == ("streamrl.other.steps", None)
+    finally:
+        set_window_steps("rot", None)
+    assert topic_for(TrainStep(run_id="rot", step=5)) == ("streamrl.rot.steps", None)
+    assert parse_topic("streamrl.rot.samples.w000012") == ("rot", "samples")
+    assert topic_window("streamrl.rot.samples.w000012") == 12 and topic_window("streamrl.rot.samples") is None
+    assert parse_topic("streamrl.rot.weights.w000001") is None  # weights do not rotate
+    with pytest.raises(TopicNameError, match="does not rotate"):
+        window_topic("rot", "runs", 3)
+
+
+def test_readers_hold_the_newest_three_windows_and_the_learner_those_it_has_not_trained():
+    import re
+
+    from learner.recorded_steps import holds_untrained
+    from schema.topics import run_pattern, windows_to_hold
+
+    listed = ["streamrl.r.samples", "streamrl.r2.samples.w000009", "streamrl.r.tasks.w000009",
+              *[f"streamrl.r.samples.w{w:06d}" for w in range(8)]]
+    samples = re.compile(run_pattern("r", ["samples"]))
+    assert windows_to_hold(listed, samples) == [f"streamrl.r.samples.w{w:06d}" for w in (5, 6, 7)]
+    # a learner that trained step 22 with windows of 5 steps still needs window 4 (steps 20-24)
+    learner = windows_to_hold(listed, samples, lambda w, newest: holds_untrained(5, w, 22))
+    assert learner == [f"streamrl.r.samples.w{w:06d}" for w in (4, 5, 6, 7)]
+    assert holds_untrained(5, 4, 24) is False and holds_untrained(None, 0, 10**6) is True
+
+
+def test_a_window_closes_when_the_snapshot_and_every_readers_hold_are_past_it():
+    from runtime.topic_windows import window_closed
+
+    seen = {0, 1, 2, 3}
+    assert window_closed(0, 5, snapshot=4, windows_seen=seen)  # steps 0-4, window 3 opened
+    assert not window_closed(0, 5, snapshot=3, windows_seen=seen)  # step 4 not in a snapshot yet
+    assert not window_closed(1, 5, snapshot=20, windows_seen=seen)  # readers still hold window 1
+    assert not window_closed(0, 5, snapshot=None, windows_seen=seen)
+
+
+def test_a_window_shorter_than_the_rollouts_lead_is_refused():
+    from runtime.service_config import Broker, window_problems
+
+    assert window_problems(Broker(window_steps=3), staleness=1) == []
+    problems = window_problems(Broker(window_steps=2), staleness=1)
+    assert len(problems) == 1 and "window_steps: 2 is too short" in problems[0] and "at least 3" in problems[0]
+    assert window_problems(Broker(), staleness=4) == []
+    both = window_problems(Broker(window_steps=50, retention_ms=60_000), staleness=1)
+    assert len(both) == 1 and "not with retention_ms or retention_bytes" in both[0]
