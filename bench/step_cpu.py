@@ -7,7 +7,7 @@ the run's own processes (publisher, sink, processor, learner, workers), the embe
 broker and PostgreSQL. The baseline in the same run is the wall-clock time per step,
 which on 2 cores can be no less than the total CPU per step / 2.
 
-    python bench/step_cpu.py [--sync-mode fully-async] [--steps 80] [--window 20:70]
+    python bench/step_cpu.py [--sync-mode fully-async] [--steps 80] [--window 20:70] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ def main() -> None:
     parser.add_argument("--sync-mode", default="fully-async")
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--window", default="20:70", help="ledger steps A:B to measure between")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe override, e.g. service.broker.window_steps=10 (repeatable)")
     args = parser.parse_args()
     first, last = (int(x) for x in args.window.split(":"))
     settings = bench_settings()
@@ -73,7 +75,7 @@ def main() -> None:
     model_dir = warmed_model(recipe, OUT / "time_to_accuracy" / "warm_model")
     run_id = fresh_run_id(f"cpu-{args.sync_mode}")
     path = bench_recipe(recipe, model_dir, args.sync_mode, args.steps, OUT / "step_cpu" / f"{run_id}.yaml")
-    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(path), "--run", run_id,
+    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(path), *args.set, "--run", run_id,
                             "--out", str(OUT / "step_cpu" / run_id)], stdout=subprocess.DEVNULL)
     marks = {}
     with connect(settings.database_url, autocommit=True) as conn:

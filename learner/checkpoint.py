@@ -53,15 +53,17 @@ def link_files(source: Path, folder: Path) -> None:
                 shutil.copy2(path, folder / path.name)
 
 
-def save_checkpoint(root: Path, step: int, model_folder: Path, optimizer_state: dict, state: dict,
+def save_checkpoint(root: Path, step: int, model_folder: Path | None, optimizer_state: dict, state: dict,
                     keep_every: int = 0) -> Path:
     """Write checkpoint `step` under root and point LATEST at it; returns its folder.
     `model_folder` holds the step's saved model (its weight version): the checkpoint
-    links to its files rather than serialising the model a second time."""
+    links to its files rather than serialising the model a second time (None: a remote
+    trainer's, whose model the training service keeps)."""
     root.mkdir(parents=True, exist_ok=True)
 
     def fill(folder: Path) -> None:
-        link_files(model_folder, folder)
+        if model_folder is not None:
+            link_files(model_folder, folder)
         torch.save({"optimizer": optimizer_state, "rng": rng_state()}, folder / "trainer_state.pt")
         (folder / "state.json").write_text(json.dumps({"step": step, **state}))
 
@@ -86,13 +88,6 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def load_state(folder: Path) -> dict:
     return json.loads((folder / "state.json").read_text())
-
-
-def load_trainer_state(folder: Path) -> dict:
-    """The checkpoint's optimizer state (restore RNG as a side effect, as it was saved)."""
-    saved = torch.load(folder / "trainer_state.pt", weights_only=False)
-    set_rng_state(saved["rng"])
-    return saved["optimizer"]
 
 
 def directory_sha256(folder: Path) -> str:

@@ -25,16 +25,16 @@ import shutil
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
 import numpy as np
 from kafka import TopicPartition
 
-from algos.advantages import advantage_scope, advantages_by_group
 from algos.lr_schedule import learning_rate_at
-from learner.batching import TrainItem
+from learner.step_inputs import (
+    StepBuffer, sample_to_item, staleness_split, with_batch_advantages, with_behaviour_lag,
+)
 from learner.checkpoint import directory_sha256, load_state, prune_weight_versions
 from learner.recorded_steps import exactly_recorded, holds_untrained, recorded_steps
 from learner.policy import Policy
@@ -46,8 +46,9 @@ from runtime.config import Recipe
 from runtime.dataset import total_train_steps
 from runtime.plugins import load_module
 from runtime.settings import Settings
+from runtime.versions import is_version_step, newest_version
 from schema.events import (
-    GroupFiltered, RunEvent, Sample, TrainStep, WeightVersion, unpack_float32, unpack_int32, unpack_mask,
+    GroupFiltered, RunEvent, Sample, TrainStep, WeightVersion,
 )
 
 log = logging.getLogger("streamrl.learner")
@@ -60,79 +61,6 @@ def run_dir(settings: Settings, run_id: str, configured: str) -> Path:
     if not base.is_absolute():
         base = settings.home / base
     return base / run_id
-
-
-def sample_to_item(sample: Sample) -> TrainItem:
-    advantages = unpack_float32(sample.token_advantages) if sample.token_advantages else None
-    return TrainItem(tokens=unpack_int32(sample.tokens), mask=unpack_mask(sample.loss_mask),
-                     behaviour_logprobs=unpack_float32(sample.logprobs), advantage=sample.advantage,
-                     token_advantages=advantages, weight_version=sample.weight_version,
-                     trajectory_id=sample.trajectory_id, reward=sample.reward, group_id=sample.group_id,
-                     token_versions=unpack_int32(sample.token_versions) if sample.token_versions else None)
-
-
-def with_behaviour_lag(items: list[TrainItem], learner_version: int) -> list[TrainItem]:
-    """Each token's distance from the learner's weights: how many versions older the
-    weights that sampled it are (the logprob-gap metric is broken down by it)."""
-    for item in items:
-        versions = item.token_versions if item.token_versions is not None else \
-            np.full(len(item.tokens), item.weight_version, np.int32)
-        item.behaviour_lag = (learner_version - versions).astype(np.int32)
-    return items
-
-
-def with_batch_advantages(kept: list[TrainItem], algorithm, metrics: dict[str, float]) -> list[float]:
-    """A batch-scope estimator (`algorithm.type`, e.g. reinforce_plus_plus) sets the
-    advantages of the samples the step trains, over all of them at once: the learner is
-    where a whole step meets. Returns them, in the order of `kept`, for the step's record
-    (empty for a group-scope estimator, whose advantages the samples already carry)."""
-    if not kept or advantage_scope(algorithm.type) != "batch":
-        return []
-    advantages = advantages_by_group([i.group_id for i in kept], [i.reward for i in kept],
-                                     [float(i.mask.sum()) for i in kept], algorithm.type)
-    for item, advantage in zip(kept, advantages):
-        item.advantage, item.token_advantages = float(advantage), None
-    metrics["batch_advantage_abs_mean"] = float(np.abs(advantages).mean())
-    return [float(a) for a in advantages]
-
-
-def staleness_split(items: list[TrainItem], learner_version: int, threshold: int
-                    ) -> tuple[list[TrainItem], list[TrainItem]]:
-    """(kept, dropped): a sample is stale when its behaviour version is more than
-    `threshold` versions behind the weights about to be updated."""
-    kept = [i for i in items if learner_version - i.weight_version <= threshold]
-    dropped = [i for i in items if learner_version - i.weight_version > threshold]
-    return kept, dropped
-
-
-@dataclass
-class StepBuffer:
-    """What has arrived for one step: samples by event id, filtered groups, offsets, and
-    per group how many samples arrived of how many the processor emitted."""
-
-    samples: dict = field(default_factory=dict)
-    filtered: dict = field(default_factory=dict)
-    offsets: list = field(default_factory=list)
-    arrived: dict = field(default_factory=dict)  # group id -> [arrived, expected]
-    complete: int = 0  # groups fully arrived (a group's samples may span several polls)
-
-    def add(self, event, tp: TopicPartition, offset: int) -> None:
-        self.offsets.append((tp, offset))
-        if isinstance(event, GroupFiltered):
-            if event.reason == "late":  # its group was already accounted for
-                return
-            if event.group_id not in self.filtered:
-                self.filtered[event.group_id] = event
-                self.complete += 1
-        elif event.event_id not in self.samples:  # a re-emitted copy counts once
-            self.samples[event.event_id] = event
-            counts = self.arrived.setdefault(event.group_id, [0, event.group_size])
-            counts[0] += 1
-            self.complete += counts[0] == counts[1]
-
-    @property
-    def groups(self) -> set:
-        return set(self.arrived) | set(self.filtered)
 
 
 class Learner:
@@ -154,6 +82,7 @@ class Learner:
         # belongs to the source run's lineage, so nothing is dropped as stale.
         self.replay = recipe.replay
         self.staleness_threshold = math.inf if self.replay else recipe.weight.staleness_threshold
+        self.sync_every = recipe.weight.sync_every
         self.keep_weight_versions = recipe.weight.staleness_threshold + 3
         cls = trainer_class(recipe)
         # A remote trainer's model lives in the training service; the loop is the same.
@@ -169,6 +98,7 @@ class Learner:
             self.start_offsets = {_tp(key): offset for key, offset in state["offsets"].items()}
             self.resumed_record = state.get("train_step")
         self.snapshot_step = self.step
+        self.writing_snapshot: int | None = None  # the step whose snapshot is being written
         self.last_state: dict | None = None  # the newest step's snapshot state, for a snapshot on stop
         self.recorded: dict[int, TrainStep] = {}  # steps to re-train after the snapshot (rank 0)
         self.replay_to = self.step
@@ -182,18 +112,36 @@ class Learner:
         return step % self.recipe.trainer.save_freq == 0 or step == self.total_steps
 
     def write_snapshot(self, step: int, state: dict) -> None:
-        """The snapshot of `step`; it links the files of the step's weight version (written
-        again only when it has been pruned since)."""
-        folder = self.weights / f"v{step:06d}"
-        if not folder.is_dir():
-            folder = self.policy.call("write_version", self.weights, step)
+        """Start the snapshot of `step`: it is written while the next steps train
+        (learner/snapshots.py), and complete when the `snapshot` run event says so."""
         cfg = self.recipe.trainer
         keep_every = 0 if cfg.remove_previous_ckpt else cfg.save_freq  # 0: only the newest stays
-        self.policy.call("write_checkpoint", step, folder, state, keep_every)
+        self.finish_snapshot()
+        self.policy.call("write_checkpoint", step, state, keep_every)
+        self.writing_snapshot = step
+
+    def finish_snapshot(self, wait: bool = True) -> None:
+        """Once the snapshot being written is complete (`wait`: wait for it), it is the one
+        a restart loads, and the run hears of it."""
+        if self.writing_snapshot is None or not self.policy.call("finish_checkpoint", wait):
+            return
+        step, self.writing_snapshot = self.writing_snapshot, None
         self.snapshot_step = step
         # what a rotating run's topic windows wait for before they leave the broker
         self.publisher.publish(RunEvent(run_id=self.run_id, kind="snapshot", sequence=step, name="learner",
                                         message=f"snapshot of step {step}"))
+
+    def is_version(self, step: int) -> bool:
+        """Whether the weights after `step` are published (weight.sync_every)."""
+        return is_version_step(step, self.sync_every, self.total_steps)
+
+    def announce_again(self, step: int) -> None:
+        """After a restart, announce the newest version again (the same event): a broker
+        that lost its topics lost it too. The weights after `step` are it if published."""
+        version = step if self.is_version(step) else newest_version(step, self.sync_every)
+        folder = self.weights / f"v{version:06d}"
+        if version == step or folder.is_dir():
+            self.publish_version(version, folder if folder.is_dir() else None)
 
     def publish_version(self, version: int, folder: Path | None = None) -> None:
         """Announce weight version `version` (written now unless `folder` already holds it)."""
@@ -207,6 +155,8 @@ class Learner:
         self.recorded = recorded_steps(self.settings, self.run_id, after=self.step,
                                        window_steps=self.recipe.service.broker.window_steps)
         self.resumed_from, self.replay_to = self.step, max(self.recorded, default=self.step)
+        # the re-trained weights are checked against the newest version among the replayed steps
+        self.check_at = max((s for s in self.recorded if self.is_version(s)), default=None)
         if self.step == 0 and self.resumed_record is None:
             details = policy.call("warm_up")  # seeded: a restart before the first snapshot does it again alike
             if self.replay:
@@ -222,7 +172,7 @@ class Learner:
             # The snapshot's records may not have reached Kafka before the crash.
             if self.resumed_record is not None:
                 self.publisher.publish(TrainStep(**self.resumed_record))
-            self.publish_version(self.step)
+            self.announce_again(self.step)
         if self.step or self.recorded:
             self.publisher.publish(RunEvent(
                 run_id=self.run_id, kind="resumed", sequence=self.replay_to, name="learner",
@@ -257,11 +207,14 @@ class Learner:
                     buffers[event.step].add(event, tp, offset)
                 target = self.step + 1
                 if buffers[target].complete >= self.groups_per_step:
+                    self.finish_snapshot(wait=False)
                     record = self.train_step(target, buffers.pop(target), reader, buffers)
                     if on_step and target > self.replay_to:
                         on_step(record)
-            if self.step > self.snapshot_step and self.last_state is not None:  # stopped between snapshots
+            stopped_between = self.step > self.snapshot_step and self.writing_snapshot != self.step
+            if stopped_between and self.last_state is not None:
                 self.write_snapshot(self.step, self.last_state)
+            self.finish_snapshot()
             if self.step >= self.total_steps:
                 details = {"val_accuracy_after_replay": self.policy.call("val_accuracy")} if self.replay else {}
                 self.publisher.publish(RunEvent(run_id=self.run_id, kind="finished", name="learner",
@@ -276,7 +229,7 @@ class Learner:
         learner_version = step - 1
         items = with_behaviour_lag([sample_to_item(s) for s in sorted(buffer.samples.values(),
                                                                       key=lambda s: s.trajectory_id)], learner_version)
-        kept, dropped = staleness_split(items, learner_version, self.staleness_threshold)
+        kept, dropped = staleness_split(items, learner_version, self.staleness_threshold, self.sync_every)
         recorded = self.recorded.pop(step, None)
         if recorded is not None:  # re-trained after a restart: exactly what was trained then
             kept, dropped = exactly_recorded(items, recorded)
@@ -320,13 +273,14 @@ class Learner:
         if recorded is not None:
             return self.replayed(step, recorded, loss)
         self.last_state = {"offsets": record.consumed_offsets, "train_step": _record_dict(record)}
-        # The weights are written once: a snapshot links to the version's files, and the
-        # version is announced only after the snapshot (when one is due) exists.
-        version_folder = self.policy.call("write_version", self.weights, step)
+        # A version every weight.sync_every steps; the snapshot (when due) is started
+        # first and written while the next steps train.
+        version_folder = self.policy.call("write_version", self.weights, step) if self.is_version(step) else None
         if self.snapshot_due(step):
             self.write_snapshot(step, self.last_state)
         self.step = step
-        self.publish_version(step, version_folder)
+        if version_folder is not None:
+            self.publish_version(step, version_folder)
         self.publisher.publish(record)
         self.publisher.flush()
         return record
@@ -339,11 +293,14 @@ class Learner:
         print(f"replayed step {step}: loss {loss:.6f} (recorded {recorded.loss:.6f})", flush=True)
         if self.snapshot_due(step):
             self.write_snapshot(step, self.last_state)
-        if step == self.replay_to:
+        if step == self.check_at:
             self.check_replayed_weights(step)
-            # announced again (the same event): a broker that lost its topics lost it too
-            written = self.weights / f"v{step:06d}"
-            self.publish_version(step, written if written.is_dir() else None)
+        if step == self.replay_to:
+            if self.check_at is None:
+                self.say_resume_checked(step, None, f"re-trained steps {self.resumed_from + 1}-{step}: none of them "
+                                                    f"published a version to compare with (weight.sync_every "
+                                                    f"{self.sync_every})")
+            self.announce_again(step)
             self.publisher.flush()
         return recorded
 
@@ -357,7 +314,10 @@ class Learner:
         shutil.rmtree(self.weights / ".replayed", ignore_errors=True)
         message = (f"re-trained steps {self.resumed_from + 1}-{step} from the snapshot of step {self.resumed_from}: "
                    f"the weights {'equal' if same else 'DIFFER from'} version {step}'s as first written")
-        (log.info if same else log.warning)(message)
+        self.say_resume_checked(step, same, message)
+
+    def say_resume_checked(self, step: int, same: bool | None, message: str) -> None:
+        (log.warning if same is False else log.info)(message)
         print(message, flush=True)
         self.publisher.publish(RunEvent(run_id=self.run_id, kind="resume_checked", sequence=step, name="learner",
                                         message=message, details={"weights_match_version": same}))

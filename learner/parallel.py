@@ -13,8 +13,8 @@ What the ranks share, and how:
   forward, a collective), short shares padded with zero-weight micro-batches;
 - the loss is normalised by the whole step's token count; FSDP averages gradients over
   ranks, so each rank's loss is multiplied by the world size to make the sum exact;
-- checkpoints and weight versions: the full state dict is gathered (a collective) and
-  rank 0 writes it.
+- weight versions: the full state dict is gathered (a collective) and rank 0 writes it;
+  snapshots: each rank writes its own shards (learner/snapshots.py).
 """
 
 from __future__ import annotations
@@ -160,27 +160,6 @@ def full_state_dict(model: torch.nn.Module, placement: Placement) -> dict | None
 
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return state if placement.is_main else None
-
-
-def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, placement: Placement) -> dict | None:
-    """The optimizer's full state on rank 0 (a collective when sharded)."""
-    if not placement.sharded:
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return state if placement.is_main else None
-
-
-def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict,
-                         placement: Placement) -> None:
-    if not placement.sharded:
-        optimizer.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state,
-                             options=StateDictOptions(full_state_dict=True))
 
 
 def close(placement: Placement) -> None:

@@ -18,9 +18,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from learner import parallel
 from learner.trainer_factory import build_trainer
 from learner.batching import TrainItem
-from learner.checkpoint import (
-    latest_checkpoint, load_trainer_state, save_checkpoint, write_model_dir, write_weight_version,
-)
+from learner.checkpoint import latest_checkpoint, write_model_dir, write_weight_version
+from learner.snapshots import SnapshotStore, load_snapshot
 from learner.trainers import StepResult, Trainer, plan_step
 from learner.warmup import cross_entropy_warmup, demonstration_items, greedy_exact_match, supervised_items
 from runtime.config import Recipe
@@ -37,8 +36,9 @@ class Policy:
         torch.set_num_threads(cfg.num_threads)
         self.placement = parallel.setup(cfg)
         self.checkpoints = checkpoints
+        self.snapshots = SnapshotStore(checkpoints, self.placement)
         self.checkpoint = latest_checkpoint(checkpoints)
-        source = self.checkpoint or recipe.rollout_worker.model_path
+        source = recipe.rollout_worker.model_path  # a snapshot holds the weights, not the model's files
         self.tokenizer = AutoTokenizer.from_pretrained(source)
         # fp32 master weights; bf16 is the compute dtype (autocast, or FSDP's policy)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
@@ -50,8 +50,10 @@ class Policy:
         self.trainer = build_trainer(trainer_class, recipe, self.model, self.tokenizer.pad_token_id,
                                      ref_model=self.ref_model, placement=self.placement)
         if self.checkpoint is not None:
-            parallel.load_optimizer_state(self.model, self.trainer.optimizer, load_trainer_state(self.checkpoint),
-                                          self.placement)
+            if not (self.checkpoint / "shards").is_dir():
+                raise RuntimeError(f"{self.checkpoint}: a snapshot of an earlier format (whole model files, no "
+                                   "shards/); resume it with the StreamRL version that wrote it")
+            load_snapshot(self.checkpoint, self.model, self.trainer.optimizer)
 
     def _load_reference(self, folder) -> torch.nn.Module:
         device = torch.device("cpu") if self.recipe.trainer.ref_model_offload else self.placement.device
@@ -142,10 +144,16 @@ class Policy:
             return None
         return write_weight_version(root, version, self.model, self.tokenizer, state)
 
-    def write_checkpoint(self, step: int, version_folder: Path | None, state: dict, keep_every: int) -> None:
-        optimizer = parallel.optimizer_state(self.model, self.trainer.optimizer, self.placement)
-        if self.is_main:
-            save_checkpoint(self.checkpoints, step, version_folder, optimizer, state, keep_every=keep_every)
+    def write_checkpoint(self, step: int, state: dict, keep_every: int) -> None:
+        """Start the snapshot of `step` (sharded, written in the background)."""
+        self.snapshots.save(step, self.model, self.trainer.optimizer, state, keep_every)
+
+    def finish_checkpoint(self, wait: bool) -> bool:
+        """Whether the snapshot being written is complete (`wait`: once it is)."""
+        if wait:
+            self.snapshots.finish()
+            return True
+        return self.snapshots.ready()
 
     def fix_reference(self) -> None:
         """The KL reference is the policy RL starts from (after any warm-up)."""

@@ -266,10 +266,14 @@ class RemotePolicy:
             raise service_lost(self.url, f"did not send the weights {path} within {self.timeout:.0f} s",
                                error) from None
 
-    def write_checkpoint(self, step: int, version_folder: Path | None, state: dict, keep_every: int) -> None:
+    def write_checkpoint(self, step: int, state: dict, keep_every: int) -> None:
         saved = self._result(self.client.save_state(f"step-{step:06d}"), "did not save the training state")
-        save_checkpoint(self.checkpoints, step, version_folder, {"service_state": saved.path},
+        save_checkpoint(self.checkpoints, step, None, {"service_state": saved.path},
                         {**state, "service_state": saved.path, "service_model": self.model_id}, keep_every=keep_every)
+
+    def finish_checkpoint(self, wait: bool) -> bool:
+        """The service's save_state has answered: nothing is left in flight."""
+        return True
 
     def fix_reference(self) -> None:
         raise RuntimeError("a remote trainer has no local KL reference (refused when the recipe is checked)")

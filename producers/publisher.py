@@ -28,6 +28,7 @@ from runtime.topic_retention import topic_configs
 from runtime.dataset import epoch_batches, lookup, read_rows, saved_chat_template
 from runtime.config import Recipe
 from runtime.settings import Settings
+from runtime.versions import newest_version
 
 log = logging.getLogger("streamrl.publisher")
 
@@ -35,23 +36,26 @@ log = logging.getLogger("streamrl.publisher")
 @dataclass
 class Pacing:
     total_steps: int
-    staleness: int  # k: tasks of step s need weight version >= s - 1 - k
+    staleness: int  # k: tasks of step s need a version at most k published versions behind the learner's
+    sync_every: int = 1  # a version every this many steps
 
     def min_version(self, step: int) -> int:
-        return max(0, step - 1 - self.staleness)
+        """The oldest version step s's tasks may be sampled by: the learner, about to train
+        step s, has published newest_version(s - 1); k versions before it."""
+        return max(0, newest_version(step - 1, self.sync_every) - self.staleness * self.sync_every)
 
 
 def pacing_for(recipe: Recipe, rows: int) -> Pacing:
     weight = recipe.weight
     k = 0 if weight.sync_mode == "sync" else weight.staleness_threshold
-    return Pacing(recipe.total_train_steps(rows), k)
+    return Pacing(recipe.total_train_steps(rows), k, weight.sync_every)
 
 
 def validation_versions(recipe: Recipe, total_steps: int) -> list[int]:
     validate = recipe.validate
     if not validate.data.data_files:
         return []
-    every = max(1, validate.eval.compute_interval)
+    every = max(1, validate.eval.compute_interval) * recipe.weight.sync_every  # in published versions
     versions = set(range(every, total_steps + 1, every)) | {total_steps}
     if validate.validate_before_train:
         versions.add(0)

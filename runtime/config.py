@@ -207,7 +207,9 @@ class Weight:
                 "staleness_threshold versions (fully-async)")
     staleness_threshold: int = knob(1, "a sample more versions behind the learner than this is dropped, counted",
                                     ge=0)
-    sync_every: int = only(1, "a weight version per step; the publisher paces by it")
+    sync_every: int = knob(1, "publish a weight version every this many steps (and at the last): fewer writes and "
+                              "loads of a large model; pacing, staleness_threshold and validate.eval.compute_interval "
+                              "count published versions", ge=1)
     sync_weight_path: str = knob("runs/${experiment_name}/weights", "where weight versions go (relative: under "
                                                                     "STREAMRL_HOME)")
 

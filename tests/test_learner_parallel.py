@@ -3,6 +3,7 @@ packing, bf16 and non-finite steps, on the CPU."""
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +40,18 @@ def test_two_processes_train_and_resume_to_the_same_parameters_as_one(tiny, tmp_
     # two ranks sum gradients in another order than one does
     for n in (1, 2):
         run_ranks(n, tiny, tmp_path / f"ranks{n}", "train")
-        run_ranks(n, tiny, tmp_path / f"ranks{n}", "resume")  # from the checkpoint of step 3
+        if n == 2:  # the two ranks' sharded snapshot, to resume on one process too
+            shutil.copytree(tmp_path / "ranks2" / "checkpoints", tmp_path / "ranks2to1" / "checkpoints")
+        run_ranks(n, tiny, tmp_path / f"ranks{n}", "resume")  # from the snapshot of step 3
+    run_ranks(1, tiny, tmp_path / "ranks2to1", "resume")
+    snapshot = tmp_path / "ranks2" / "checkpoints" / "step-000004"
+    assert len(list((snapshot / "shards").glob("*.distcp"))) == 2  # each rank wrote its own shards
+    # resharded on load: the one process holds exactly the weights the two ranks saved ...
+    two_at_3, loaded = (torch.load(tmp_path / name) for name in ("ranks2/params-train.pt", "ranks2to1/params-loaded.pt"))
+    assert all(torch.equal(two_at_3[name], loaded[name]) for name in two_at_3)
+    # ... and its next step lands where the two ranks' does
+    two, two_to_one = (torch.load(tmp_path / name) for name in ("ranks2/params-resume.pt", "ranks2to1/params-resume.pt"))
+    assert all(torch.allclose(two[name], two_to_one[name], atol=1e-6, rtol=0) for name in two)
     start = load(tiny)[1].state_dict()
     for mode in ("train", "resume"):
         one = torch.load(tmp_path / "ranks1" / f"params-{mode}.pt")

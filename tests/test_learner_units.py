@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from learner.batching import TrainItem, collate, micro_batches_by_tokens
-from learner.checkpoint import (
-    latest_checkpoint, load_state, load_trainer_state, prune_weight_versions, save_checkpoint, write_weight_version,
-)
+from learner.checkpoint import latest_checkpoint, load_state
+from learner.parallel import Placement
+from learner.snapshots import SnapshotStore, load_snapshot
 from algos.kl import AdaptiveKLController, kl_reward_to_go
-from learner.loop import staleness_split
+from learner.step_inputs import staleness_split
 from learner.trainers import CrossEntropyTrainer, GRPOTrainer
 from runtime.config import Algorithm as AlgorithmConfig
 from runtime.config import Trainer as TrainerConfig
@@ -43,6 +43,17 @@ def test_staleness_split_drops_samples_beyond_the_threshold():
     kept, dropped = staleness_split(items, learner_version=9, threshold=2)
     assert [i.weight_version for i in kept] == [9, 8, 7]
     assert [i.weight_version for i in dropped] == [6]
+
+
+def test_staleness_counts_published_versions_with_sync_every():
+    from runtime.versions import is_version_step, versions_behind
+
+    # a version every 3 steps; the learner has trained step 7, so version 6 is its newest
+    assert [versions_behind(7, v, 3) for v in (6, 3, 0)] == [0, 1, 2]
+    assert [is_version_step(s, 3, 10) for s in range(1, 11)] == [False, False, True] * 3 + [True]
+    items = [item([1], [1], version=v) for v in (6, 3, 0)]
+    kept, dropped = staleness_split(items, learner_version=7, threshold=1, sync_every=3)
+    assert [i.weight_version for i in kept] == [6, 3] and [i.weight_version for i in dropped] == [0]
 
 
 def test_adaptive_kl_controller():
@@ -96,37 +107,43 @@ def test_cross_entropy_step_lowers_the_loss(tiny):
     assert last < first
 
 
-def test_checkpoint_round_trip_restores_model_optimizer_and_rng(tiny, tmp_path):
+def test_a_snapshot_round_trip_restores_model_optimizer_and_rng(tiny, tmp_path):
     tokenizer, model = load(tiny)
-    trainer = CrossEntropyTrainer(model, tokenizer.pad_token_id, TrainerConfig(lr=1e-2, micro_batch_tokens=64, grad_clip=1.0))
+    config = TrainerConfig(lr=1e-2, micro_batch_tokens=64, grad_clip=1.0)
+    trainer = CrossEntropyTrainer(model, tokenizer.pad_token_id, config)
     trainer.step([item([5, 6, 7], [0, 1, 1])])
     torch.manual_seed(123)
-    weights, checkpoints = tmp_path / "weights", tmp_path / "checkpoints"
-    version = write_weight_version(weights, 4, model, tokenizer)
-    save_checkpoint(checkpoints, 4, version, trainer.optimizer.state_dict(), {"offsets": {"t:0": 17}})
+    store = SnapshotStore(tmp_path / "checkpoints", Placement(torch.device("cpu")))
+    store.save(4, model, trainer.optimizer, {"offsets": {"t:0": 17}}, keep_every=0)
+    saved = {name: value.clone() for name, value in model.state_dict().items()}
     expected_draw = torch.rand(3)
-    # the checkpoint outlives its weight version's folder (workers only keep recent ones)
-    for later in (5, 6):
-        write_weight_version(weights, later, model, tokenizer)
-    prune_weight_versions(weights, keep_last=2)
-    assert not version.exists()
-    folder = latest_checkpoint(checkpoints)
+    trainer.step([item([8, 9, 10, 11], [0, 0, 1, 1])])  # the write is staged: the next step trains meanwhile
+    assert latest_checkpoint(tmp_path / "checkpoints") is None  # not complete until finished
+    store.finish()
+    folder = latest_checkpoint(tmp_path / "checkpoints")
     assert folder.name == "step-000004" and load_state(folder) == {"step": 4, "offsets": {"t:0": 17}}
-    _, restored = load(folder)
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), restored.state_dict().values()))
-    fresh = CrossEntropyTrainer(restored, tokenizer.pad_token_id, TrainerConfig(lr=1e-2, micro_batch_tokens=64, grad_clip=1.0))
-    fresh.optimizer.load_state_dict(load_trainer_state(folder))
-    assert fresh.optimizer.state_dict()["state"][0]["step"] == trainer.optimizer.state_dict()["state"][0]["step"]
+    assert (folder / "shards" / ".metadata").is_file() and not list(folder.glob("*.safetensors"))
+
+    _, restored = load(tiny)  # the model's files at their start; the snapshot holds the weights
+    fresh = CrossEntropyTrainer(restored, tokenizer.pad_token_id, config)
+    load_snapshot(folder, restored, fresh.optimizer)
+    assert all(torch.equal(saved[name], value) for name, value in restored.state_dict().items())
+    assert fresh.optimizer.state_dict()["state"][0]["step"] == 1  # as at the snapshot, not the step after
     assert torch.equal(torch.rand(3), expected_draw)  # the RNG continues where it was saved
-    save_checkpoint(checkpoints, 5, weights / "v000005", trainer.optimizer.state_dict(), {"offsets": {}})
-    assert latest_checkpoint(checkpoints).name == "step-000005"
-    assert not (checkpoints / "step-000004").exists()  # only the newest is kept (keep_every=0)
+
+    # a learner killed while a snapshot is written resumes from the previous complete one
+    store.save(5, model, trainer.optimizer, {"offsets": {}}, keep_every=0)
+    store.pending.future.result()  # the shards are on disk, but state.json is not: the kill came first
+    assert latest_checkpoint(tmp_path / "checkpoints").name == "step-000004"
+    store.finish()
+    assert latest_checkpoint(tmp_path / "checkpoints").name == "step-000005"
+    assert not (tmp_path / "checkpoints" / "step-000004").exists()  # only the newest is kept (keep_every=0)
 
 
 def test_step_buffer_counts_a_group_once_all_its_samples_arrived():
     from kafka import TopicPartition
 
-    from learner.loop import StepBuffer
+    from learner.step_inputs import StepBuffer
     from schema.events import GroupFiltered, Sample
 
     tp = TopicPartition("t", 0)

@@ -15,7 +15,7 @@ from algos.kl import kl_penalty
 from algos.losses import POLICY_LOSSES, aggregate_loss, ppo_clip_token_loss
 from consumers.processor import group_outcome
 from learner.batching import TrainItem
-from learner.loop import with_batch_advantages
+from learner.step_inputs import with_batch_advantages
 from schema.events import Evaluation, Trajectory, Turn, pack_float32, pack_int32, pack_mask, unpack_float32
 
 CLIP = SimpleNamespace(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)

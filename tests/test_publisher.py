@@ -25,6 +25,18 @@ def test_validation_versions():
     assert validation_versions(recipe, 8) == [4, 8]
 
 
+def test_with_a_version_every_three_steps_pacing_and_validation_count_versions():
+    # versions 0, 3, 6, ...: the learner about to train step s has published the newest
+    # multiple of 3 at or before s - 1; one version of staleness is 3 steps
+    async_pacing, sync_pacing = Pacing(12, staleness=1, sync_every=3), Pacing(12, staleness=0, sync_every=3)
+    assert [async_pacing.min_version(s) for s in range(1, 11)] == [0, 0, 0, 0, 0, 0, 3, 3, 3, 6]
+    assert [sync_pacing.min_version(s) for s in range(1, 11)] == [0, 0, 0, 3, 3, 3, 6, 6, 6, 9]
+    recipe = Recipe.from_dict({"weight": {"sync_every": 3}, "validate": {"data": {"data_files": ["v.jsonl"]},
+                                                                         "eval": {"compute_interval": 2}}})
+    assert validation_versions(recipe, 14) == [0, 6, 12, 14]  # every 2 versions, and the last
+    assert pacing_for(recipe, 100).sync_every == 3
+
+
 def test_step_tasks_repeat_each_prompt_group_size_times():
     rows = [{"prompt": "1+1=", "answer": "2"}, {"prompt": "2+2=", "answer": "4"}]
     tasks = step_tasks("run", 3, rows, group_size=4, prompt_key="prompt", min_weight_version=2)

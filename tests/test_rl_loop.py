@@ -103,6 +103,28 @@ def ledger_counts(conn, run_id: str) -> dict[str, int]:
             for table in ("tasks", "trajectories", "evaluations", "samples", "train_steps", "weight_versions")}
 
 
+def test_a_weight_version_every_three_steps(stack, ledger, run_id, tmp_path):
+    """weight.sync_every 3: versions 0, 3, 6, 9 only; the rollouts' staleness counted in
+    published versions (fully-async, staleness_threshold 1); validation every version."""
+    from runtime.versions import versions_behind
+
+    env = small_run_env(ARITH_STEPS="9", ARITH_VALIDATE_EVERY="1")
+    result = run_cli("run", RECIPE, "weight.sync_every=3", "--run", run_id, "--out", str(tmp_path), env=env,
+                     timeout=420)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert [r[0] for r in ledger.execute("select version from weight_versions where run_id = %s order by version",
+                                         (run_id,))] == [0, 3, 6, 9]
+    trained = ledger.execute("""select ts.step, s.weight_version from train_steps ts
+                                cross join unnest(ts.sample_ids) as t(trajectory_id)
+                                join samples s on s.run_id = ts.run_id and s.trajectory_id = t.trajectory_id
+                                where ts.run_id = %s""", (run_id,)).fetchall()
+    assert trained and {version for _, version in trained} <= {0, 3, 6}
+    assert max(versions_behind(step - 1, version, 3) for step, version in trained) <= 1
+    assert [r[0] for r in ledger.execute("select distinct step from evaluations where run_id = %s and is_val "
+                                         "order by 1", (run_id,))] == [0, 3, 6, 9]
+    assert_ledger_consistent(ledger, run_id, steps=9, staleness_threshold=5)  # in steps: 2 versions of 3, less 1
+
+
 def test_the_guides_launch_form_without_r_prints_what_would_run_and_starts_nothing():
     plan = run_cli("run", "-m", "self-hosted", "-c", RECIPE, timeout=300)
     assert plan.returncode == 0, plan.stderr

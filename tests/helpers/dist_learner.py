@@ -53,18 +53,25 @@ def main(model: str, work: str, mode: str) -> None:
             # its own optimizer (sharded forwards without a backward must leave the
             # model's parameters the sharded ones).
             assert policy.call("warm_up")["warmup_steps"] == 3
+        else:  # the snapshot's weights, as this many ranks loaded them
+            save_params(policy.call("write_version", work / "loaded", 3), work / "params-loaded.pt")
         for step in steps:
             result = policy.call("train", 1e-3, items=step_items(step))
             assert result.skipped is None, result.skipped
         folder = policy.call("write_version", work / "weights", steps[-1])
-        policy.call("write_checkpoint", steps[-1], folder, {"offsets": {}}, 0)
+        policy.call("write_checkpoint", steps[-1], {"offsets": {}}, 0)  # sharded, in the background
+        policy.call("finish_checkpoint", True)
         policy.stop_followers()
-        from transformers import AutoModelForCausalLM
-        saved = AutoModelForCausalLM.from_pretrained(folder)
-        torch.save({k: v.clone() for k, v in saved.state_dict().items()}, work / f"params-{mode}.pt")
+        save_params(folder, work / f"params-{mode}.pt")
     else:
         policy.follow()
     policy.close()
+
+
+def save_params(folder: Path, path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+    saved = AutoModelForCausalLM.from_pretrained(folder)
+    torch.save({k: v.clone() for k, v in saved.state_dict().items()}, path)
 
 
 if __name__ == "__main__":
