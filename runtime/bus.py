@@ -25,7 +25,7 @@ from schema import codec
 from schema.events import DeadLetter, Event
 from runtime.blobs import PostgresBlobStore
 from runtime.outage import BrokerWatch
-from runtime.topic_admin import WindowTopics
+from runtime.topic_admin import WindowTopics, track_topic
 from schema.topics import (ROTATED_KINDS, event_key, recent_windows, rotates, run_pattern, topic_for, topic_name,
                            topic_window, windows_to_hold)
 from schema.topology import STAGE_FOLDERS, TopologyError, check_reads, check_writes
@@ -151,6 +151,7 @@ class EventPublisher:
             raise TopologyError(f"unknown stage {stage!r}; known: {', '.join(STAGE_FOLDERS)}")
         self._blobs = blobs
         self.producer = make_producer(settings, **producer_overrides)
+        self._tracked: set[str] = set()  # the topics the producer's metadata follows (track_topic)
         self._in_flight: list = []  # futures since the last flush (workers publish from several threads)
         self._in_flight_lock = threading.Lock()
         self._bundle = bundle
@@ -180,11 +181,14 @@ class EventPublisher:
         """A fresh producer, after the old one delivered what it holds (see WindowTopics)."""
         old = self.producer
         old.flush()
-        self.producer = make_producer(self._settings, **self._producer_overrides)
+        self.producer, self._tracked = make_producer(self._settings, **self._producer_overrides), set()
         old.close()
 
     def _send(self, topic: str, key: bytes, value: bytes):
         with self._in_flight_lock:  # the producer may be being replaced
+            if topic not in self._tracked:
+                track_topic(self.producer, topic)
+                self._tracked.add(topic)
             future = self.producer.send(topic, key=key, value=value)
             self._in_flight.append(future)
         return future

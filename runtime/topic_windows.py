@@ -8,8 +8,8 @@ wW .. (w+1)W - 1. It leaves the broker when all of these hold:
   restarted learner re-reads samples from its snapshot's offsets on, and the steps it
   re-trains are all later;
 - window w + HELD_WINDOWS exists, so the other readers (processor, workers, tracker),
-  which hold the newest HELD_WINDOWS windows, have let go of it. Every step those
-  windows do not cover has been trained;
+  which hold the newest HELD_WINDOWS windows (the newest made ahead of its first
+  event), have let go of it. Every step those windows do not cover has been trained;
 - both have been true for `SETTLE_S`, so every reader has looked again since (they
   look every second);
 - the ledger holds every record of the window's topics.
@@ -133,6 +133,6 @@ def windows_left(settings: Settings, run_id: str, steps: int, window_steps: int)
                        for w in [topic_window(topic)] if w is not None})
     finally:
         consumer.close()
-    opened = steps // window_steps + 1
+    opened = steps // window_steps + 2  # the last step's window and the one made ahead of it
     return (f"{opened - len(left)} of run {run_id}'s {opened} topic windows ({window_steps} steps each) left the "
             f"broker while it trained; {len(left)} remained at its end")

@@ -90,11 +90,16 @@ def topic_window(topic: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-# A reader holds the newest window and the ones before it, this many in all. The writers
-# are at most `weight.staleness_threshold` + 1 steps ahead of the learner, and a window
-# is longer than that (runtime/recipe.py checks it), so every step not yet trained is in
-# one of them; a window leaves the broker only after it fell out of every reader's hold.
-HELD_WINDOWS = 3
+# A reader holds the newest windows, this many in all: the next window (made ahead, so
+# that readers hold it before its first event), the current one and those before it. The
+# writers are at most `weight.staleness_threshold` + 1 steps ahead of the learner, and a
+# window is longer than that (runtime/service_config.py checks it), so every step not
+# yet trained is in one of them. A window leaves the broker only after it fell out of
+# every reader's hold (runtime/topic_windows.py).
+HELD_WINDOWS = 4
+# A publisher's producer writes to the newest this many windows it opened (runtime/
+# topic_admin.py WindowTopics says why): it lets go of a window before readers do.
+WRITTEN_WINDOWS = 2
 
 
 def recent_windows(window: int, newest: int) -> bool:

@@ -52,7 +52,7 @@ def test_a_rotating_runs_events_go_to_the_window_of_their_step():
         window_topic("rot", "runs", 3)
 
 
-def test_readers_hold_the_newest_three_windows_and_the_learner_those_it_has_not_trained():
+def test_readers_hold_the_newest_four_windows_and_the_learner_those_it_has_not_trained():
     import re
 
     from learner.recorded_steps import holds_untrained
@@ -61,7 +61,7 @@ def test_readers_hold_the_newest_three_windows_and_the_learner_those_it_has_not_
     listed = ["streamrl.r.samples", "streamrl.r2.samples.w000009", "streamrl.r.tasks.w000009",
               *[f"streamrl.r.samples.w{w:06d}" for w in range(8)]]
     samples = re.compile(run_pattern("r", ["samples"]))
-    assert windows_to_hold(listed, samples) == [f"streamrl.r.samples.w{w:06d}" for w in (5, 6, 7)]
+    assert windows_to_hold(listed, samples) == [f"streamrl.r.samples.w{w:06d}" for w in (4, 5, 6, 7)]
     # a learner that trained step 22 with windows of 5 steps still needs window 4 (steps 20-24)
     learner = windows_to_hold(listed, samples, lambda w, newest: holds_untrained(5, w, 22))
     assert learner == [f"streamrl.r.samples.w{w:06d}" for w in (4, 5, 6, 7)]
@@ -71,8 +71,8 @@ def test_readers_hold_the_newest_three_windows_and_the_learner_those_it_has_not_
 def test_a_window_closes_when_the_snapshot_and_every_readers_hold_are_past_it():
     from runtime.topic_windows import window_closed
 
-    seen = {0, 1, 2, 3}
-    assert window_closed(0, 5, snapshot=4, windows_seen=seen)  # steps 0-4, window 3 opened
+    seen = {0, 1, 2, 3, 4}
+    assert window_closed(0, 5, snapshot=4, windows_seen=seen)  # steps 0-4, window 4 made
     assert not window_closed(0, 5, snapshot=3, windows_seen=seen)  # step 4 not in a snapshot yet
     assert not window_closed(1, 5, snapshot=20, windows_seen=seen)  # readers still hold window 1
     assert not window_closed(0, 5, snapshot=None, windows_seen=seen)
