@@ -94,6 +94,7 @@ bench: $(BENCH_STAMP)
 	$(PY) bench/processor_cpu.py
 	$(PY) bench/group_membership.py
 	$(PY) bench/broker_memory.py
+	$(PY) bench/broker_window.py
 	$(PY) bench/ui_pages.py
 	$(PY) bench/time_to_accuracy.py
 	STREAMRL_HOME=bench/out/home $(VENV)/bin/streamrl down

@@ -116,9 +116,11 @@ class Policy:
             rows = read_rows(data.data_files, data.type, (data.prompt_key, data.answer_key))
             items = supervised_items(rows, recipe_renderer(self.recipe, self.tokenizer), data.prompt_key,
                                      data.answer_key)
+        target = cfg.warmup_until_accuracy
+        done = (lambda: self.val_accuracy() >= target) if target is not None else None
         details = cross_entropy_warmup(self.model, self.tokenizer, items, cfg.warmup_cross_entropy_steps,
                                        cfg.warmup_batch_size, dataclasses.replace(cfg, lr=cfg.warmup_lr or cfg.lr),
-                                       cfg.seed, self.placement)
+                                       cfg.seed, self.placement, done=done, check_every=cfg.warmup_check_every)
         return {**details, "val_accuracy_before_warmup": before, "val_accuracy_after_warmup": self.val_accuracy()}
 
     def val_accuracy(self) -> float:

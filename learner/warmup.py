@@ -64,16 +64,20 @@ def greedy_exact_match(model, renderer: ChatRenderer, rows: list[dict], prompt_k
 
 
 def cross_entropy_warmup(model, tokenizer, items: list[TrainItem], steps: int, batch_size: int,
-                         trainer_config: TrainerConfig, seed: int, placement: Placement | None = None) -> dict:
-    """`steps` steps of cross-entropy on batches drawn with `seed` (the same batches on
-    every rank; each rank trains its share of each)."""
+                         trainer_config: TrainerConfig, seed: int, placement: Placement | None = None,
+                         done=None, check_every: int = 0) -> dict:
+    """At most `steps` steps of cross-entropy on batches drawn with `seed` (the same
+    batches on every rank; each rank trains its share of each); with `done`, it is asked
+    every `check_every` steps whether to stop (on every rank: it may be collective)."""
     trainer = CrossEntropyTrainer(model, tokenizer.pad_token_id, trainer_config, placement=placement)
     rank, world = trainer.placement.rank, trainer.placement.world_size
     rng = np.random.default_rng(seed)
     started, losses = time.perf_counter(), []
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         batch = [items[i] for i in rng.integers(0, len(items), batch_size)]
         plan = plan_step(batch, world, trainer.micro_batches)
         losses.append(trainer.train(plan.shares[rank], plan.totals, plan.rounds).loss)
-    return {"warmup_steps": steps, "warmup_first_loss": losses[0], "warmup_last_loss": float(np.mean(losses[-10:])),
-            "warmup_seconds": time.perf_counter() - started}
+        if done is not None and step % check_every == 0 and step < steps and done():
+            break
+    return {"warmup_steps": len(losses), "warmup_first_loss": losses[0],
+            "warmup_last_loss": float(np.mean(losses[-10:])), "warmup_seconds": time.perf_counter() - started}

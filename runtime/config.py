@@ -174,6 +174,11 @@ class Trainer:
     micro_batch_tokens: int = knob(8192, "padded tokens per micro-batch (bounds a forward pass's memory); a "
                                          "remote trainer: tokens per forward_backward request", ge=1)
     warmup_cross_entropy_steps: int = knob(0, "supervised steps on the data's answers before GRPO", ge=0)
+    warmup_until_accuracy: Optional[float] = knob(
+        None, "end the warm-up once greedy held-out accuracy reaches this, checked every warmup_check_every "
+              "steps (warmup_cross_entropy_steps at most): where a fixed count lands differs between machines",
+        gt=0.0, le=1.0)
+    warmup_check_every: int = knob(25, "warm-up steps between held-out checks (with warmup_until_accuracy)", ge=1)
     warmup_batch_size: int = knob(64, "rows per warm-up step", ge=1)
     warmup_lr: Optional[float] = knob(None, "the warm-up's learning rate (default: lr)", gt=0.0)
     warmup_messages_key: Optional[str] = knob(None, "rows hold multi-turn demonstrations under this key")

@@ -48,6 +48,18 @@ def always(recipe: Recipe) -> bool:
     return True
 
 
+def no_warmup_target(recipe: Recipe) -> bool:
+    return recipe.trainer.warmup_until_accuracy is None
+
+
+def no_learner_accuracy(recipe: Recipe) -> bool:
+    """The learner measures held-out accuracy itself only for a built-in single-turn
+    worker with validation rows (learner/policy.py val_accuracy)."""
+    worker = recipe.rollout_worker
+    return (not recipe.validate.data.data_files or worker.type != "single_turn"
+            or bool(worker.custom_rollout_worker_module_path) or remote(recipe))
+
+
 @dataclass(frozen=True)
 class Inert:
     key: str  # dotted path
@@ -78,6 +90,10 @@ RULES = (
     Inert("algorithm.policy_loss", remote, "the service's loss is service.train_service.config.loss_fn"),
     Inert("trainer.dtype", remote, REMOTE),
     Inert("trainer.gradient_checkpointing", remote, REMOTE),
+    Inert("trainer.warmup_check_every", no_warmup_target, "read only with trainer.warmup_until_accuracy"),
+    Inert("trainer.warmup_until_accuracy", no_learner_accuracy,
+          "the learner measures held-out accuracy only with validate.data.data_files and a built-in single_turn "
+          "worker, and not with a remote trainer"),
     Inert("weight.staleness_threshold", sync_mode, "weight.sync_mode sync trains every step on rollouts of the "
                                                    "newest version (staleness 0)"),
 )

@@ -208,7 +208,7 @@ def test_grpo_raises_the_reward_of_the_built_in_recipe(stack, ledger, run_id, tm
     """100 GRPO steps after the recipe's warm-up: the mean train reward of the last 20 steps
     must beat the first 20 by 0.06. A learner that does not learn (no update, wrong sign,
     a broken ratio) stays flat or falls; 20-step means of 256 rollouts vary by ~0.02."""
-    env = small_run_env(ARITH_STEPS="100", ARITH_WARMUP_STEPS="550", ARITH_VALIDATE_EVERY="100")
+    env = small_run_env(ARITH_STEPS="100", ARITH_WARMUP_STEPS="1000", ARITH_VALIDATE_EVERY="100")
     result = run_cli("run", RECIPE, "--run", run_id, "--out", str(tmp_path), env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rewards = [r[0] for r in ledger.execute(
@@ -222,7 +222,7 @@ def test_the_built_in_recipe_learns_with_a_learner_of_two_processes(stack, ledge
     """The same 100 steps with `trainer.nproc_per_node: 2`: `streamrl learner` becomes
     torchrun, two ranks shard the model with FSDP2 over gloo, rank 0 alone reads and
     publishes; the reward rises as with one process, and the ledger is exact."""
-    env = small_run_env(ARITH_STEPS="100", ARITH_WARMUP_STEPS="550", ARITH_VALIDATE_EVERY="100",
+    env = small_run_env(ARITH_STEPS="100", ARITH_WARMUP_STEPS="1000", ARITH_VALIDATE_EVERY="100",
                         ARITH_LEARNER_PROCS="2")
     result = run_cli("run", RECIPE, "--run", run_id, "--out", str(tmp_path), env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -81,7 +81,9 @@ def test_a_long_run_with_a_small_window_keeps_a_bounded_set_of_topics(stack, led
     from tests.conftest import REPO
     from tests.test_rl_loop import RECIPE, assert_ledger_consistent, small_run_env
 
-    env = {**os.environ, **small_run_env(ARITH_STEPS="60", ARITH_WARMUP_STEPS="30", ARITH_VALIDATE_EVERY="20")}
+    # sync mode: steps slow enough that retirement (3 s after a window closes) keeps pace
+    env = {**os.environ, **small_run_env(ARITH_STEPS="60", ARITH_WARMUP_STEPS="30", ARITH_VALIDATE_EVERY="20",
+                                         ARITH_SYNC_MODE="sync")}
     run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", RECIPE, "service.broker.window_steps=4",
                             "trainer.save_freq=4", "--run", run_id, "--out", str(tmp_path)], cwd=REPO, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -98,7 +100,7 @@ def test_a_long_run_with_a_small_window_keeps_a_bounded_set_of_topics(stack, led
     # the broker's windows stop growing: after the first third of the run, never more than
     # the four the readers hold and those waiting for a snapshot or the sink
     late = [n for steps, n in alive if steps >= 20]
-    assert late and max(late) <= 8, alive
+    assert late and max(late) <= 9, alive
     assert not broker_topics(stack, run_id)
-    assert_ledger_consistent(ledger, run_id, steps=60, staleness_threshold=1)
+    assert_ledger_consistent(ledger, run_id, steps=60, staleness_threshold=0)
     assert count_rows(ledger, "tasks", run_id) == 60 * 256 + 4 * 200  # every training and validation task
