@@ -100,16 +100,22 @@ def delete_run_topics(settings: Settings, run_id: str) -> list[str]:
     admin = KafkaAdminClient(**settings.kafka_client_options())
     try:
         doomed = existing_run_topics(run_id, admin.list_topics())
-        if doomed:
-            admin.delete_topics(doomed)
-        deadline = time.monotonic() + DELETE_WAIT_S
-        while set(doomed) & set(admin.list_topics()):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the broker did not delete the topics {doomed} within {DELETE_WAIT_S:.0f} s")
-            time.sleep(0.2)
+        delete_and_wait(admin, doomed)
         return doomed
     finally:
         admin.close()
+
+
+def delete_and_wait(admin: KafkaAdminClient, topics: list[str]) -> None:
+    """Delete `topics` (deletion is asynchronous on the broker) and wait until it no
+    longer lists them."""
+    if topics:
+        admin.delete_topics(topics)
+    deadline = time.monotonic() + DELETE_WAIT_S
+    while set(topics) & set(admin.list_topics()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the broker did not delete the topics {topics} within {DELETE_WAIT_S:.0f} s")
+        time.sleep(0.2)
 
 
 def retire_run_topics(settings: Settings, run_id: str) -> Retired:

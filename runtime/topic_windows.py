@@ -29,7 +29,6 @@ written twice, because the ledger keeps the first copy of an event id.
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
 
 from kafka import KafkaAdminClient, TopicPartition
@@ -37,7 +36,7 @@ from kafka import KafkaAdminClient, TopicPartition
 from runtime.bus import make_consumer
 from runtime.db import connect
 from runtime.settings import Settings
-from runtime.topic_retention import DELETE_WAIT_S, ledger_positions, records_past
+from runtime.topic_retention import delete_and_wait, ledger_positions, records_past
 from schema.topics import HELD_WINDOWS, parse_topic, run_pattern, topic_window
 
 # How long a window stays eligible before it goes: readers look again every second.
@@ -112,12 +111,7 @@ def delete_topics(settings: Settings, topics: list[str]) -> None:
     positions in them (a topic made again under the same name starts at offset 0)."""
     admin = KafkaAdminClient(**settings.kafka_client_options())
     try:
-        admin.delete_topics(topics)
-        deadline = time.monotonic() + DELETE_WAIT_S
-        while set(topics) & set(admin.list_topics()):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the broker did not delete the topics {topics} within {DELETE_WAIT_S:.0f} s")
-            time.sleep(0.2)
+        delete_and_wait(admin, topics)
     finally:
         admin.close()
     with connect(settings.database_url, autocommit=True) as conn:

@@ -172,6 +172,7 @@ def test_requests_without_a_valid_key_or_with_a_bad_datum_are_refused_and_change
     assert scalar(ledger, "select count(*) from service_requests where model_id = %s", trainer.model_id) == requests
     # a run whose training service is down stops before it starts, with one sentence
     result = run_cli("run", RECIPE, "--mode", "training-service", "trainer.type=remote_api_grpo",
+                     "trainer.warmup_until_accuracy=null",  # a remote warm-up runs its fixed count
                      "service.train_service.backend=tinker", "service.train_service.url=http://127.0.0.1:9",
                      f"service.tinker_service.api_key={api_key}")
     said = " ".join(result.stderr.split())
@@ -195,7 +196,8 @@ def test_the_built_in_recipe_learns_through_the_service_killed_mid_run(stack, se
     finishes, no optimizer step is applied twice, the ledger is exact, and held-out
     accuracy rises from the untrained model's (measured by the service's own sampler) to
     the final validation's."""
-    overrides = ["trainer.type=remote_api_grpo", "service.train_service.backend=tinker",
+    overrides = ["trainer.type=remote_api_grpo", "trainer.warmup_until_accuracy=null",  # its fixed count
+                 "service.train_service.backend=tinker",
                  f"service.train_service.url={URL}", "service.train_service.base_model=arith",
                  "service.tinker_service.lora_rank=0", f"service.tinker_service.api_key={api_key}",
                  # a snapshot of the service's state every step: the killed trainer resumes from
