@@ -108,6 +108,7 @@ def test_sink_killed_three_times_loses_and_duplicates_nothing(stack, ledger, run
     sink = start_sink_process(run_id)
     try:
         wait_for(lambda: sink_reached(ledger, log_ends(produced)), 180, what="restarted sink to catch up")
+        time.sleep(3)  # the ledger may be caught up before the new sink has set its SIGTERM handler
     finally:
         sink.send_signal(signal.SIGTERM)
         assert sink.wait(30) == 0
