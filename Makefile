@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench install clean sglang-env browser
+.PHONY: run test test-fast lint bench install clean sglang-env cookbook-env browser
 
 # SGLang serves rollouts from its own virtual environment (it pins its own torch and CUDA
 # packages); StreamRL only talks HTTP to it. Built once per machine, outside the checkout,
@@ -24,6 +24,25 @@ $(SGLANG_STAMP):
 	touch $(SGLANG_STAMP)
 
 sglang-env: $(SGLANG_STAMP)
+
+# tinker-cookbook is a client program of `streamrl serve-training`, not part of StreamRL:
+# it pins its own transformers and tinker, so it gets its own environment, built like the
+# SGLang one. 0.5.8 is the newest release the index serves whole (0.6.x needs
+# tml-renderers>=0.4.1, which it lacks). STREAMRL_COOKBOOK_PYTHON points elsewhere instead.
+COOKBOOK_VERSION := 0.5.8
+COOKBOOK_ENV := $(HOME)/.cache/streamrl/tinker-cookbook-$(COOKBOOK_VERSION)
+COOKBOOK_STAMP := $(COOKBOOK_ENV)/.installed
+
+$(COOKBOOK_STAMP):
+	@echo "building the tinker-cookbook $(COOKBOOK_VERSION) environment in $(COOKBOOK_ENV) (about 2 GB, once per machine)"
+	rm -rf $(COOKBOOK_ENV)
+	python3 -m venv $(COOKBOOK_ENV)
+	$(COOKBOOK_ENV)/bin/python -m pip install --quiet --upgrade pip
+	command -v nvidia-smi >/dev/null || $(COOKBOOK_ENV)/bin/python -m pip install --quiet '$(TORCH_CPU)'
+	$(COOKBOOK_ENV)/bin/python -m pip install --quiet 'tinker-cookbook[math-rl]==$(COOKBOOK_VERSION)'
+	touch $(COOKBOOK_STAMP)
+
+cookbook-env: $(COOKBOOK_STAMP)
 
 # The run browser's tests drive the machine's chromium through Playwright: Debian's
 # package (Playwright's own browser download comes from a host outside the registries).
@@ -67,6 +86,9 @@ TEST_WORKERS ?= 2
 test: $(STAMP) browser
 ifeq ($(STREAMRL_SGLANG_PYTHON),)
 	@$(MAKE) --no-print-directory sglang-env || echo "could not build the SGLang environment (the error is above): the SGLang tests will be skipped"
+endif
+ifeq ($(STREAMRL_COOKBOOK_PYTHON),)
+	@$(MAKE) --no-print-directory cookbook-env || echo "could not build the tinker-cookbook environment (the error is above): its tests will be skipped"
 endif
 	$(PY) -m ruff check .
 	$(PY) -m pytest -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder

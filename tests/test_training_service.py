@@ -26,15 +26,16 @@ RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
 ARITH_MODEL = REPO / "recipes" / "arith" / "generated" / "last_digit" / "model"
 
 
-def start_service(models: dict) -> subprocess.Popen:
+def start_service(models: dict, port: int = PORT) -> subprocess.Popen:
+    """`streamrl serve-training` as a user starts it, once it answers on `port`."""
     args = [arg for name, folder in models.items() for arg in ("--model", f"{name}={folder}")]
-    process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "serve-training", *args, "--port", str(PORT),
+    process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "serve-training", *args, "--port", str(port),
                                 "--device", "cpu"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{URL}/api/v1/healthz", timeout=1).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}/api/v1/healthz", timeout=1).status_code == 200:
                 return process
         except httpx.HTTPError:
             pass

@@ -1,0 +1,76 @@
+"""A task and a warmed model for running tinker-cookbook's loops against the service.
+
+The cookbook's RL loop rewards `\\boxed{ANSWER}` against a GSM8K-style `#### ANSWER`; a
+randomly initialised model never writes `\\boxed{`, every group scores 0, and the loop
+skips every optimiser step. So the model is first taught the format here (full
+fine-tuning in plain torch on the conversations the loop will render), to the point
+where it writes the format and copies the digit only sometimes: groups then score
+unevenly and the loop's GRPO steps train."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+# The RL loop's few-shot prefix and question suffix (tinker_cookbook/recipes/rl_loop.py).
+SUFFIX = " Provide a numerical answer without units, written inside \\boxed{}."
+STRAWBERRY = [
+    {"role": "user", "content": "How many r's are in strawberry?" + SUFFIX},
+    {"role": "assistant", "content": "Let's spell the word out and number all the letters: 1) s 2) t 3) r 4) a 5) w "
+                                     "6) b 7) e 8) r 9) r 10) y. We have r's at positions 3, 8, and 9. \\boxed{3}"},
+]
+
+
+def question(digit: int) -> str:
+    return f"Copy the digit {digit}."
+
+
+def write_datasets(folder: Path, rows: int, seed: int = 0) -> tuple[Path, Path]:
+    """`chat.jsonl` (the SL loop's `messages` rows, as HuggingFaceH4/no_robots has them)
+    and `gsm8k.jsonl` (the RL loop's `question` / `answer` rows, as openai/gsm8k has them)."""
+    rng = random.Random(seed)
+    chat, gsm8k = folder / "chat.jsonl", folder / "gsm8k.jsonl"
+    with chat.open("w") as chat_file, gsm8k.open("w") as gsm8k_file:
+        for _ in range(rows):
+            digit = rng.randint(0, 9)
+            messages = [{"role": "user", "content": question(digit) + SUFFIX},
+                        {"role": "assistant", "content": f"\\boxed{{{digit}}}"}]
+            chat_file.write(json.dumps({"messages": messages}) + "\n")
+            gsm8k_file.write(json.dumps({"question": question(digit), "answer": f"It is {digit}.\n#### {digit}"}) + "\n")
+    return chat, gsm8k
+
+
+def warm_up(model_folder: Path, out: Path, steps: int, seed: int = 0) -> Path:
+    """Fine-tune `model_folder` on the RL loop's prompts answered `\\boxed{d}`; write `out`."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_folder)
+    model = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        digits = [rng.randint(0, 9) for _ in range(8)]
+        prompts = [tokenizer.apply_chat_template([*STRAWBERRY, {"role": "user", "content": question(d) + SUFFIX}],
+                                                 add_generation_prompt=True, tokenize=False) for d in digits]
+        answers = [f"\\boxed{{{d}}}{tokenizer.eos_token}" for d in digits]
+        prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        answer_ids = [tokenizer(a, add_special_tokens=False)["input_ids"] for a in answers]
+        width = max(len(p) + len(a) for p, a in zip(prompt_ids, answer_ids))
+        ids = torch.full((len(digits), width), tokenizer.pad_token_id)
+        labels = torch.full((len(digits), width), -100)
+        mask = torch.zeros((len(digits), width), dtype=torch.long)
+        for row, (p, a) in enumerate(zip(prompt_ids, answer_ids)):
+            ids[row, :len(p) + len(a)] = torch.tensor(p + a)
+            labels[row, len(p):len(p) + len(a)] = torch.tensor(a)
+            mask[row, :len(p) + len(a)] = 1
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
