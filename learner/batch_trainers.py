@@ -32,10 +32,75 @@ from learner.batching import ForwardInputs, TrainItem, collate
 from learner.step_metrics import _stats
 from learner.trainers import GRPOTrainer, register_trainer
 
+ROW_NUMBERS = ("rewards", "advantages")  # metadata with one number per row
+
+
+def row_numbers(key: str, value) -> torch.Tensor:
+    """One number per row (a list of floats or of 0-d tensors, or a tensor) as float32 [B]."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().float().reshape(-1)
+    try:
+        return torch.tensor([float(v) for v in value], dtype=torch.float32)
+    except (TypeError, ValueError):
+        raise TypeError(f"Batch.metadata[{key!r}]: expected one number per row, got {value!r:.200}") from None
+
+
+class RowData(dict):
+    """`Batch.metadata`: one entry per row. The numeric ones (`rewards`, `advantages`) are
+    held as float tensors [B] whatever is assigned, so the guide's listings can do tensor
+    maths on them (`torch.mean(batch.metadata["rewards"])`) and loop over them alike."""
+
+    def __init__(self, values=()):
+        super().__init__()
+        for key, value in dict(values).items():
+            self[key] = value
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, row_numbers(key, value) if key in ROW_NUMBERS else value)
+
+
+class TokenData(dict):
+    """`Batch.values`: [B, T] tensors. Where only the rows' advantages are given
+    (`metadata["advantages"]`, one per row), `values["advantages"]` reads them ([B]): the
+    guide's pattern-1 listing writes the one and reads the other."""
+
+    def __init__(self, values=(), rows: RowData | None = None):
+        super().__init__(values)
+        self._rows = rows if rows is not None else RowData()
+
+    def _from_rows(self, key) -> bool:
+        return key == "advantages" and not super().__contains__(key) and key in self._rows
+
+    def __contains__(self, key) -> bool:
+        return super().__contains__(key) or self._from_rows(key)
+
+    def __getitem__(self, key):
+        return self._rows[key] if self._from_rows(key) else super().__getitem__(key)
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def own(self, key):
+        """The [B, T] value itself, never the rows' stand-in."""
+        return super().get(key)
+
+
 @dataclass
 class Batch:
-    values: dict[str, torch.Tensor] = field(default_factory=dict)  # [B, T] tensors
-    metadata: dict[str, list] = field(default_factory=dict)  # one entry per row
+    values: dict[str, torch.Tensor] = field(default_factory=dict)  # [B, T] tensors (TokenData)
+    metadata: dict[str, list] = field(default_factory=dict)  # one entry per row (RowData)
+
+    def __setattr__(self, name, value):
+        if name == "metadata":
+            value = value if isinstance(value, RowData) else RowData(value)
+            if isinstance(self.__dict__.get("values"), TokenData):
+                self.__dict__["values"]._rows = value
+        elif name == "values":
+            value = TokenData(value, self.__dict__.get("metadata"))
+        super().__setattr__(name, value)
+
+    def __post_init__(self):
+        self.values._rows = self.metadata
 
     def __len__(self) -> int:
         return int(self.values["input_ids"].shape[0]) if "input_ids" in self.values else 0
@@ -58,9 +123,14 @@ class Batch:
         """The rows as the learner trains them (see the module's docstring)."""
         by_id = {item.trajectory_id: item for item in originals}
         rows = []
-        token_advantages = self.values.get("advantages")
+        token_advantages = self.values.own("advantages")
         row_advantages = self.metadata.get("advantages")
-        old = self.values.get("old_log_probs")
+        old = self.values.own("old_log_probs")
+        count = len(self.metadata["trajectory_ids"])
+        for key in ("rewards", "advantages"):
+            if key in self.metadata and len(self.metadata[key]) != count:
+                raise ValueError(f"_prepare_batch left metadata[{key!r}] with {len(self.metadata[key])} entries for "
+                                 f"{count} rows")
         for row, trajectory_id in enumerate(self.metadata["trajectory_ids"]):
             item = by_id[trajectory_id]
             keep = self.values["attention_mask"][row].bool()
@@ -131,13 +201,13 @@ class SelfHostedTrainer(GRPOTrainer):
     def __init__(self, config):
         # The guide's signature is `cls(config)`; the model and the rest are set on the
         # instance by the factory before this runs (learner/trainer_factory.py).
-        parts = getattr(self, "_runtime_parts", None)
-        if parts is None:
-            raise RuntimeError(f"{type(self).__name__}(config) is built by the learner; in a test, build it "
-                               "with learner.trainer_factory.build_trainer(cls, recipe, model, pad_id)")
+        parts = self.__dict__.get("_runtime_parts")
+        if parts is None:  # built outside the learner, as the guide's unit test does: a detached trainer
+            parts = detached_parts(config)
         super().__init__(**parts)
         self._config = config
         self._pad_token_id = parts["pad_id"]
+        self._use_kl_in_reward = self.algorithm.use_kl_in_reward
         self._rollout_metrics: dict[str, float] = {}
 
     def _prepare_batch(self, batch: Batch) -> tuple[Batch, dict]:
@@ -219,6 +289,33 @@ class SelfHostedTrainer(GRPOTrainer):
         metrics = _stats("critic/score", batch.values["token_level_scores"].sum(dim=1).tolist())
         metrics.update(_stats("critic/advantages", batch.values["advantages"][trained].tolist()))
         return metrics
+
+
+class DetachedModel(torch.nn.Module):
+    """The model of a trainer built outside the learner: it has no weights to train."""
+
+    def __init__(self):
+        super().__init__()
+        self.unused = torch.nn.Parameter(torch.zeros(1))
+        self.config = None  # no attention implementation: no packing
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("this trainer was built as cls(config), outside the learner: _prepare_batch and its "
+                           "helpers work, a forward pass or a step needs the learner's model (run the recipe, or "
+                           "build it with learner.trainer_factory.build_trainer)")
+
+
+def detached_parts(config) -> dict:
+    """What a trainer built as `cls(config)` outside the learner holds: the config's
+    algorithm and trainer sections, no model. The pad id is 0: padding is found by the
+    attention mask, and the pad id is only the fallback for a batch without one."""
+    from runtime.config import Algorithm, Trainer as TrainerSection, _build
+
+    def section(name: str) -> dict:
+        value = config.get(name) if hasattr(config, "get") else None
+        return dict(value or {})
+    return dict(model=DetachedModel(), pad_id=0, trainer_config=_build(TrainerSection, section("trainer"), "trainer."),
+                algorithm_config=_build(Algorithm, section("algorithm"), "algorithm."))
 
 
 @register_trainer("self_hosted_grpo")

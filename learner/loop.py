@@ -102,6 +102,7 @@ class Learner:
         self.last_state: dict | None = None  # the newest step's snapshot state, for a snapshot on stop
         self.recorded: dict[int, TrainStep] = {}  # steps to re-train after the snapshot (rank 0)
         self.replay_to = self.step
+        self.unread_reported = self.step > 0  # said in the run's first life
 
     def holds_window(self, window: int, newest: int) -> bool:
         """A rotating run's sample windows the learner reads: those with steps it has not
@@ -209,6 +210,8 @@ class Learner:
                 if buffers[target].complete >= self.groups_per_step:
                     self.finish_snapshot(wait=False)
                     record = self.train_step(target, buffers.pop(target), reader, buffers)
+                    if record.samples and not self.unread_reported:
+                        self.report_unread_keys()
                     if on_step and target > self.replay_to:
                         on_step(record)
             stopped_between = self.step > self.snapshot_step and self.writing_snapshot != self.step
@@ -284,6 +287,22 @@ class Learner:
         self.publisher.publish(record)
         self.publisher.flush()
         return record
+
+    def report_unread_keys(self) -> None:
+        """Once, after the first step that trained: the trainer's own `algorithm` keys it
+        never read (runtime/config_reads.py), in the learner's log and in the ledger."""
+        self.unread_reported = True
+        unread = self.policy.call("unread_config_keys")
+        if not unread:
+            return
+        message = (f"algorithm: {', '.join(unread)} read by nothing in the first step of the trainer (a misspelt "
+                   "key?); declare the trainer's keys with `config_keys = (...)` to have the others refused when "
+                   "the recipe is checked")
+        log.warning(message)
+        # sequence 1: the workers' report (rollout_worker keys) is sequence 0, and a run
+        # event's identity is its kind and sequence
+        self.publisher.publish(RunEvent(run_id=self.run_id, kind="config_unread", sequence=1, name="learner",
+                                        message=message, details={"section": "algorithm", "keys": unread}))
 
     def replayed(self, step: int, recorded: TrainStep, loss: float) -> TrainStep:
         """A recorded step re-trained: nothing is published (it was); a snapshot when due;

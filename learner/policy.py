@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from learner import parallel
-from learner.trainer_factory import build_trainer
+from learner.trainer_factory import build_trainer, unread_trainer_keys
 from learner.batching import TrainItem
 from learner.checkpoint import latest_checkpoint, write_model_dir, write_weight_version
 from learner.snapshots import SnapshotStore, load_snapshot
@@ -156,6 +156,10 @@ class Policy:
             self.snapshots.finish()
             return True
         return self.snapshots.ready()
+
+    def unread_config_keys(self) -> list[str]:
+        """The trainer's own algorithm keys it has not read (runtime/config_reads.py)."""
+        return unread_trainer_keys(self.trainer, self.recipe)
 
     def fix_reference(self) -> None:
         """The KL reference is the policy RL starts from (after any warm-up)."""

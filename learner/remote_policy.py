@@ -27,7 +27,6 @@ import httpx
 from tenacity import Retrying, retry_if_exception, retry_if_exception_type, stop_after_attempt, stop_after_delay
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 from learner.batching import TrainItem
 from learner.checkpoint import latest_checkpoint, load_state, save_checkpoint
@@ -35,6 +34,7 @@ from runtime.backoff import backoff_wait
 from runtime.folders import write_folder
 from learner.parallel import Placement
 from learner.remote_trainers import RemoteApiTrainer, merged_metrics, request_chunks, service_datums
+from learner.trainer_factory import build_guide_trainer, unread_trainer_keys
 from learner.trainers import StepResult
 from runtime.config import Recipe
 from runtime.outage import ServiceLost
@@ -79,7 +79,7 @@ class RemotePolicy:
         self.api_key = recipe.service.tinker_service.api_key or os.environ.get("TINKER_API_KEY")
         self.placement = Placement(torch.device("cpu"))
         self.ref_model = None
-        self.trainer = trainer_class(OmegaConf.create(recipe.to_dict()))
+        self.trainer = build_guide_trainer(trainer_class, recipe)
         self.loss_fn = service.config.loss_fn or trainer_class.loss_fn
         self.checkpoint = latest_checkpoint(checkpoints)
         self.val_saves = 0
@@ -274,6 +274,9 @@ class RemotePolicy:
     def finish_checkpoint(self, wait: bool) -> bool:
         """The service's save_state has answered: nothing is left in flight."""
         return True
+
+    def unread_config_keys(self) -> list[str]:
+        return unread_trainer_keys(self.trainer, self.recipe)
 
     def fix_reference(self) -> None:
         raise RuntimeError("a remote trainer has no local KL reference (refused when the recipe is checked)")

@@ -178,7 +178,11 @@ class AgentRolloutWorker(BaseRolloutWorker):
 
     def __init__(self, config: dict, *args, **kwargs):
         super().__init__(config, *args, **kwargs)
-        setup = load_agent_setup(config)
+        # Built without an agent config (the guide's unit tests: `Worker(DictConfig({...}))`):
+        # no system prompt, no tools. A recipe without one is refused before any run.
+        setup = load_agent_setup(config) if (config or {}).get("agent_config_path") else \
+            AgentSetup({"_dir": str(Path.cwd())}, ToolRegistry.from_config([], Path.cwd(), "tools", 2000), None,
+                       AgentLimits(max_tokens_per_turn=int((config or {}).get("max_tokens", 64))))
         self.agent_config, self.tools = setup.config, setup.tools
         self.interaction_class, self.limits = setup.interaction_class, setup.limits
 
@@ -233,7 +237,51 @@ class AgentRolloutWorker(BaseRolloutWorker):
             return self.run_episode(task, self.format_query(task)[:-1] + [{"role": "user", "content": query}],
                                     client)
         provider = custom_llm_client_provider or (lambda: self._inference_client)
-        return LoopAgent(run_episode, self._inference_client), provider
+        return LoopAgent(run_episode, self._inference_client, self.trajectory_infos), provider
+
+    @property
+    def agent(self) -> LoopAgent:
+        """The guide's `self.agent`: this worker's agent config, bound to the task being
+        rolled out (`self.agent.run(query, client=self.client, tracer=tracer)`)."""
+        return self.__dict__.get("_agent") or self.load_agent_from_config()[0]
+
+    @agent.setter
+    def agent(self, value) -> None:
+        self.__dict__["_agent"] = value
+
+    @property
+    def client(self):
+        """The guide's `self.client`: the inference client the agent samples from."""
+        return self.__dict__.get("_client") or self._inference_client
+
+    @client.setter
+    def client(self, value) -> None:
+        self.__dict__["_client"] = value
+
+    def child_processor(self, child: dict[str, Any], trajectories: list[dict[str, Any]]) -> None:
+        """The guide's walk over a trace's children: an LLM call's span adds its
+        trajectory info to `trajectories`; other spans add nothing. A per-call loss mask
+        given to `_put_trajectory` is read against these infos."""
+        if child.get("type") == "llm":
+            trajectories.append({key: value for key, value in child.items() if key != "type"})
+        self._local.call_infos = trajectories
+
+    def _generate_tokens(self, trajectory_infos: list[dict[str, Any]]) -> list[int]:
+        """The rollout's tokens from its LLM calls' infos: each call's prompt holds every
+        earlier call, so the last call's prompt and response are the whole sequence."""
+        if not trajectory_infos:
+            return []
+        last = trajectory_infos[-1]
+        return list(last["prompt_tokens"]) + list(last["response_tokens"])
+
+    def _put_trajectory(self, trajectory) -> str:
+        infos = getattr(self._local, "call_infos", None)
+        if isinstance(trajectory, dict) and infos is not None and "tokens" in trajectory \
+                and len(trajectory.get("loss_mask", ())) != len(trajectory["tokens"]):
+            # a mask in the guide's per-call (or per-response-token) form, as get_train_loss_mask gives it
+            trajectory = {**trajectory,
+                          "loss_mask": token_loss_mask(trajectory["loss_mask"], infos, len(trajectory["tokens"]))}
+        return super()._put_trajectory(trajectory)
 
     def trace_processor(self, traces: list[Episode]) -> list[dict[str, Any]]:
         """The guide's trace processing: each traced episode as a trajectory dict
@@ -255,6 +303,7 @@ class AgentRolloutWorker(BaseRolloutWorker):
 
     # --- the rollout ------------------------------------------------------------------------
     def rollout(self, task: dict[str, Any]) -> str | None:
+        self._local.call_infos = None
         ran = self.run_agent(task)
         if isinstance(ran, Episode):
             return self._put_trajectory(self.episode_trajectory(task, ran))

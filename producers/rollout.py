@@ -24,7 +24,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from producers.config_reads import WorkerConfig
+from runtime.config_reads import WorkerConfig
 from producers.evaluator import BaseEvaluationTarget, Evaluator, run_evaluator
 from producers.inference import Completion, InferenceUnavailable
 from producers.inference_client import InferenceClient, behaviour_logprobs  # noqa: F401  (the seed API's names)
@@ -111,7 +111,7 @@ class BaseRolloutWorker:
                  worker_id: str | None = None):
         parts = getattr(_RUNTIME, "parts", None) or (None, None, None, "worker")
         # a plain dict gets attribute access (`self._config.temperature`) and records the
-        # keys read (producers/config_reads.py); an OmegaConf DictConfig (the guide's unit
+        # keys read (runtime/config_reads.py); an OmegaConf DictConfig (the guide's unit
         # tests) already has attribute access
         self._config = WorkerConfig(config or {}) if isinstance(config, dict) or config is None else config
         self._inference_client = inference_client if inference_client is not None else parts[0]

@@ -30,7 +30,7 @@ from kafka import TopicPartition
 import producers.agent_worker  # noqa: F401  (registers the "agent" worker type)
 import producers.openai_engine  # noqa: F401  (registers the "openai" inference backend)
 import producers.sglang_engine  # noqa: F401  (registers the "sglang" inference backend)
-from producers.config_reads import unread_keys
+from runtime.config_reads import unread_keys
 from producers.evaluator import Evaluator
 from producers.evaluator_builtins import make_evaluator as build_evaluator
 from producers.inference import INFERENCE_BACKENDS, SamplingParams
@@ -184,7 +184,7 @@ class WorkerLoop:
 
     def report_unread_keys(self) -> None:
         """Once, after the first rollouts: the worker's own keys it never read
-        (producers/config_reads.py), in its log and in the ledger."""
+        (runtime/config_reads.py), in its log and in the ledger."""
         self.unread_reported = True
         unread = unread_keys(self.worker._config, self.cfg.extra)
         if not unread:

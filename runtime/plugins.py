@@ -1,11 +1,15 @@
 """Loading a recipe's own Python: evaluators, rollout workers, trainers, advantage
 estimators, named as "path/to/file.py:ClassName" (or a bare file for modules whose
-import registers something). The file's folder goes on sys.path so the module can
-import its neighbours."""
+import registers something). A file is loaded as a module of a package standing for its
+folder, so it imports its neighbours relatively (`from .my_algorithm import f`, as the
+guide's trainers do); the folder also goes on sys.path, so plain `import my_algorithm`
+works too."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -21,7 +25,7 @@ def load_module(path: str | Path, spec: str | None = None) -> ModuleType:
     spec = spec or str(path)
     if not path.is_file():
         raise LoadError(f"{spec!r}: file not found: {path}")
-    module_name = f"streamrl_user_{path.stem}_{abs(hash(str(path)))}"
+    module_name = f"{folder_package(path.parent)}.{path.stem}"
     if module_name not in sys.modules:
         if str(path.parent) not in sys.path:
             sys.path.insert(0, str(path.parent))
@@ -34,6 +38,22 @@ def load_module(path: str | Path, spec: str | None = None) -> ModuleType:
             del sys.modules[module_name]
             raise LoadError(f"{spec!r}: importing {path} failed: {type(exc).__name__}: {exc}") from exc
     return sys.modules[module_name]
+
+
+def folder_package(folder: Path) -> str:
+    """The package standing for `folder` (named the same in every process, so a class
+    from it pickles by reference), made on first use."""
+    digest = hashlib.sha1(str(folder).encode()).hexdigest()[:12]
+    stem = re.sub(r"\W", "_", folder.name)
+    name = f"streamrl_user_{stem}_{digest}"
+    if name not in sys.modules:
+        package = ModuleType(name)
+        package.__path__ = [str(folder)]
+        package.__package__ = name
+        package.__spec__ = importlib.util.spec_from_loader(name, loader=None, is_package=True)
+        package.__spec__.submodule_search_locations = [str(folder)]
+        sys.modules[name] = package
+    return name
 
 
 def load_class(spec: str, base_dir: str | Path = ".", expected: type | None = None) -> type:

@@ -5,7 +5,7 @@ pointing its imports here (`from streamrl.api import BaseRolloutWorker, Trajecto
     nexrl.rollout_worker                 BaseRolloutWorker, BaseNexAURolloutWorker, Evaluator,
                                          BaseEvaluationTarget, NexAUEvaluationTarget, EvaluationRunResult
     nexrl.nexrl_types                    Trajectory, Batch
-    nexrl.trainer                        SelfHostedTrainer, SelfHostedGrpoTrainer, RemoteApiTrainer,
+    nexrl.trainer                        BaseTrainer, SelfHostedTrainer, SelfHostedGrpoTrainer, RemoteApiTrainer,
                                          RemoteApiGrpoTrainer, RemoteApiCrossEntropyTrainer
     nexrl.algorithm.core_algos           compute_grpo_advantage_for_trajectories
     nexrl.utils.torch_functional         padding_data, compute_position_id_with_mask
@@ -20,7 +20,7 @@ from learner.step_metrics import log_grpo_metrics, log_rollout_metrics  # noqa: 
 from learner.remote_trainers import (  # noqa: F401
     RemoteApiCrossEntropyTrainer, RemoteApiGrpoTrainer, RemoteApiTrainer,
 )
-from learner.trainers import compute_grpo_advantage_for_trajectories  # noqa: F401
+from learner.trainers import Trainer, compute_grpo_advantage_for_trajectories  # noqa: F401
 from producers.agent_facade import InMemoryTracer  # noqa: F401
 from producers.agent_worker import AgentRolloutWorker
 from producers.evaluator import (  # noqa: F401
@@ -29,3 +29,6 @@ from producers.evaluator import (  # noqa: F401
 from producers.rollout import BaseRolloutWorker, Trajectory  # noqa: F401
 
 BaseNexAURolloutWorker = AgentRolloutWorker  # the guide's agent worker base class
+# The guide's base of every trainer, "for a completely custom training loop": StreamRL's
+# Trainer, whose `prepare(items)` and `step(items)` a subclass overrides.
+BaseTrainer = Trainer

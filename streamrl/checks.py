@@ -18,7 +18,7 @@ import learner.remote_trainers  # noqa: F401
 import learner.trainers  # noqa: F401
 import producers.inference  # noqa: F401
 import producers.worker_loop  # noqa: F401
-from producers.config_reads import undeclared_keys
+from runtime.config_reads import undeclared_keys
 from producers.rollout import ROLLOUT_WORKERS
 from runtime.config import Recipe
 from runtime.inert_keys import inert_key_problems
@@ -64,6 +64,10 @@ def recipe_code_problems(recipe: Recipe) -> list[str]:
         cls = worker_class(recipe)
         problems += [f"rollout_worker.{key}: not one of {cls.__name__}.config_keys ({', '.join(cls.config_keys)})"
                      for key in undeclared_keys(cls, worker.extra)]
+    if custom_trainer and not problems:  # the same for a trainer class's own algorithm keys
+        cls = trainer_class(recipe)
+        problems += [f"algorithm.{key}: not one of {cls.__name__}.config_keys ({', '.join(cls.config_keys)})"
+                     for key in undeclared_keys(cls, recipe.algorithm.extra)]
     try:  # the broker this command would use (an external Kafka, or the embedded one)
         topic_configs(recipe.service.broker, Settings.from_env())
     except ValueError as exc:

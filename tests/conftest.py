@@ -205,3 +205,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.services)
     rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
     items.sort(key=lambda item: rank.get(module_name(item), len(rank)))  # stable: file order otherwise
+
+
+@pytest.fixture(scope="module")
+def sglang_python() -> Path:
+    """The SGLang environment's python (`make sglang-env`); without one the test is
+    skipped with that sentence, except under CI, where it fails."""
+    python = Settings.from_env().sglang_python
+    if not python.exists():
+        message = f"no SGLang environment at {python}: `make sglang-env` builds it (or set STREAMRL_SGLANG_PYTHON)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return python

@@ -10,7 +10,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from recipes.byo_math.setup import verl_row
 from tests.conftest import REPO, run_cli
-from tests.test_sglang import sglang_python  # noqa: F401  (the fixture)
 
 RECIPE = REPO / "recipes" / "byo_math"
 
@@ -46,7 +45,7 @@ def test_a_verl_parquet_trains_on_the_embedded_engine(stack, ledger, run_id, tmp
     train_and_check(ledger, run_id, tmp_path, "recipe.yaml", timeout=480)
 
 
-def test_a_verl_parquet_trains_on_sglang(stack, ledger, run_id, tmp_path, sglang_python):  # noqa: F811
+def test_a_verl_parquet_trains_on_sglang(stack, ledger, run_id, tmp_path, sglang_python):
     train_and_check(ledger, run_id, tmp_path, "sglang.yaml", timeout=600)
 
 

@@ -154,10 +154,47 @@ def test_a_worker_that_declares_its_keys_has_the_others_refused(tmp_path):
     assert not any("use_few_shot:" in p for p in problems)
 
 
+def test_a_trainer_that_declares_its_keys_has_the_others_refused(tmp_path):
+    from runtime.recipe import prepare_recipe
+    from streamrl.checks import recipe_code_problems
+
+    (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    (tmp_path / "t.py").write_text("from streamrl.api import SelfHostedTrainer\n\n"
+                                   "class T(SelfHostedTrainer):\n    config_keys = ('my_param',)\n")
+    (tmp_path / "r.yaml").write_text("data: {data_files: [train.jsonl]}\ntrainer: {custom_trainer_module_path: t.py:T}\n"
+                                     "algorithm: {my_param: 0.5, clip_ratio_hgh: 0.3, clip_ratio_high: 0.3}\n")
+    problems = recipe_code_problems(prepare_recipe(tmp_path / "r.yaml", run_setup=False))
+    assert "algorithm.clip_ratio_hgh: not one of T.config_keys (my_param)" in problems, problems
+    assert not any(p.startswith(("algorithm.my_param", "algorithm.clip_ratio_high")) for p in problems)
+
+
+def test_a_trainer_config_remembers_what_the_trainer_read(tmp_path):
+    """The config a guide-style trainer is built with (`cls(config)`) records the own
+    `algorithm` keys it reads, at any depth of attribute or item access."""
+    from learner.trainer_factory import build_trainer, unread_trainer_keys
+    from runtime.config import Recipe
+    from runtime.tiny_lm import build_tiny_model
+    from streamrl.api import SelfHostedTrainer
+    from transformers import AutoModelForCausalLM
+
+    class Reads(SelfHostedTrainer):
+        def __init__(self, config):
+            super().__init__(config)
+            self.scale = config.algorithm.get("my_param", 1.0) * config["algorithm"]["nested"].depth
+
+    recipe = Recipe.from_dict({"algorithm": {"extra": {"my_param": 2.0, "nested": {"depth": 3}, "my_parm": 1.0}}})
+    model = AutoModelForCausalLM.from_pretrained(build_tiny_model(tmp_path / "m", max_positions=32))
+    trainer = build_trainer(Reads, recipe, model, pad_id=0)
+    assert trainer.scale == 6.0 and trainer._config.trainer.lr == recipe.trainer.lr
+    assert unread_trainer_keys(trainer, recipe) == ["my_parm"]
+    with pytest.raises(AttributeError, match="recipe.algorithm config has no key 'missing'"):
+        trainer._config.algorithm.missing
+
+
 def test_a_worker_config_remembers_what_the_worker_read():
     import copy
 
-    from producers.config_reads import WorkerConfig, unread_keys
+    from runtime.config_reads import WorkerConfig, unread_keys
 
     config = WorkerConfig({"use_few_shot": True, "few_shot": [], "shots": 3, "temperature": 1.0})
     assert config.use_few_shot is True and config.get("shots") == 3 and "few_shot" not in {"x": 1}

@@ -29,23 +29,11 @@ from producers.openai_engine import OpenAIEngine
 from producers.sglang_engine import SGLangEngine, Server
 from producers.sglang_server import InferenceServerError, ManagedServer
 from runtime.recipe import prepare_recipe
-from runtime.settings import Settings
 from tests.conftest import REPO, run_cli, wait_for
 from tests.test_rl_loop import assert_ledger_consistent, scalar
 
 RECIPE = str(REPO / "recipes" / "arith" / "sglang.yaml")
 PROMPTS = ["12+34=", "7+8=", "99+1=", "5+55=", "40+2=", "3+3="]
-
-
-@pytest.fixture(scope="module")
-def sglang_python() -> Path:
-    python = Settings.from_env().sglang_python
-    if not python.exists():
-        message = f"no SGLang environment at {python}: `make sglang-env` builds it (or set STREAMRL_SGLANG_PYTHON)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return python
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import pytest
 
 from runtime.model_init import init_model
 from tests.conftest import free_port, run_cli
-from tests.helpers.boxed_digits import warm_up, write_datasets
+from tests.helpers.fine_tune import warm_up, write_datasets
 from tests.test_rl_loop import scalar
 from tests.test_training_service import start_service
 

@@ -1,4 +1,8 @@
-"""A task and a warmed model for running tinker-cookbook's loops against the service.
+"""Small models taught one behaviour by full fine-tuning (`fine_tune`), for tests that
+need a model that does something on purpose: tinker-cookbook's RL loop, and the guide's
+LLM-judge evaluator.
+
+The task and warmed model for running tinker-cookbook's loops against the service:
 
 The cookbook's RL loop rewards `\\boxed{ANSWER}` against a GSM8K-style `#### ANSWER`; a
 randomly initialised model never writes `\\boxed{`, every group scores 0, and the loop
@@ -46,23 +50,31 @@ def write_datasets(folder: Path, rows: int, seed: int = 0) -> tuple[Path, Path]:
 
 def warm_up(model_folder: Path, out: Path, steps: int, seed: int = 0) -> Path:
     """Fine-tune `model_folder` on the RL loop's prompts answered `\\boxed{d}`; write `out`."""
+    def examples(rng: random.Random) -> list[tuple[list[dict], str]]:
+        digits = [rng.randint(0, 9) for _ in range(8)]
+        return [([*STRAWBERRY, {"role": "user", "content": question(d) + SUFFIX}], f"\\boxed{{{d}}}") for d in digits]
+    return fine_tune(model_folder, out, examples, steps, seed=seed)
+
+
+def fine_tune(model_folder: Path, out: Path, examples, steps: int, lr: float = 3e-3, seed: int = 0) -> Path:
+    """Full fine-tuning in plain torch: `examples(rng)` gives a batch of (chat messages,
+    the assistant's answer); the loss is on the answer and its end-of-turn token only."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
     model = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     for _ in range(steps):
-        digits = [rng.randint(0, 9) for _ in range(8)]
-        prompts = [tokenizer.apply_chat_template([*STRAWBERRY, {"role": "user", "content": question(d) + SUFFIX}],
-                                                 add_generation_prompt=True, tokenize=False) for d in digits]
-        answers = [f"\\boxed{{{d}}}{tokenizer.eos_token}" for d in digits]
-        prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
-        answer_ids = [tokenizer(a, add_special_tokens=False)["input_ids"] for a in answers]
+        batch = examples(rng)
+        prompt_ids = [tokenizer(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                                add_special_tokens=False)["input_ids"] for messages, _ in batch]
+        answer_ids = [tokenizer(answer + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+                      for _, answer in batch]
         width = max(len(p) + len(a) for p, a in zip(prompt_ids, answer_ids))
-        ids = torch.full((len(digits), width), tokenizer.pad_token_id)
-        labels = torch.full((len(digits), width), -100)
-        mask = torch.zeros((len(digits), width), dtype=torch.long)
+        ids = torch.full((len(batch), width), tokenizer.pad_token_id)
+        labels = torch.full((len(batch), width), -100)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
         for row, (p, a) in enumerate(zip(prompt_ids, answer_ids)):
             ids[row, :len(p) + len(a)] = torch.tensor(p + a)
             labels[row, len(p):len(p) + len(a)] = torch.tensor(a)

@@ -1,12 +1,12 @@
-"""A custom worker's own keys (those of `rollout_worker` that StreamRL does not define)
-must be read by something, or the recipe says so: a misspelt `use_few_shot` must not be
-accepted and ignored.
+"""A custom worker's or trainer's own keys (those of `rollout_worker` or `algorithm` that
+StreamRL does not define) must be read by something, or the recipe says so: a misspelt
+`use_few_shot` or `clip_ratio_hgh` must not be accepted and ignored.
 
-A worker class that declares its keys (`config_keys = ("use_few_shot", ...)`) has the
-others refused when the recipe is checked (streamrl/checks.py). For one that does not,
-the config it is given records what it reads. After its first rollouts, the keys it never
-read are reported once, in the worker's log and in the ledger as a `config_unread` run
-event (producers/worker_loop.py).
+A class that declares its keys (`config_keys = ("use_few_shot", ...)`) has the others
+refused when the recipe is checked (streamrl/checks.py). For one that does not, the config
+it is given records what it reads. After a worker's first rollouts, or a trainer's first
+step, the keys it never read are reported once, in the process's log and in the ledger as
+a `config_unread` run event (producers/worker_loop.py, learner/loop.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import threading
 class WorkerConfig(dict):
     """Config keys as attributes too (`self._config.temperature`), as the guide writes
     them; every key read, by either spelling or `get`, is remembered in `read`."""
+
+    section = "rollout_worker"  # named in a missing key's error
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -75,12 +77,33 @@ class WorkerConfig(dict):
         try:
             return self[name]
         except KeyError:
-            raise AttributeError(f"rollout_worker config has no key {name!r}") from None
+            raise AttributeError(f"{self.section} config has no key {name!r}") from None
 
     @property
     def read(self) -> set[str]:
         with self._lock:
             return set(self._read)
+
+
+class ConfigSection(WorkerConfig):
+    """One section of the recipe as a trainer's `config` holds it (see `trainer_config`)."""
+
+    def __init__(self, section: str, values: dict):
+        super().__init__({key: ConfigSection(f"{section}.{key}", value) if isinstance(value, dict) else value
+                          for key, value in values.items()})
+        object.__setattr__(self, "section", section)
+
+    def __reduce__(self):
+        self._note_all()
+        return (type(self), (self.section, dict(super().items())))
+
+
+def trainer_config(values: dict) -> ConfigSection:
+    """The whole recipe as the guide's trainers are built with it (`cls(config)`, then
+    `config.algorithm.get("my_param", 0.5)` or `self._config.algorithm.discount_factor`):
+    every section a mapping with attribute access, remembering the keys it gave out
+    (`config["algorithm"].read`)."""
+    return ConfigSection("recipe", values)
 
 
 def unread_keys(config, own_keys) -> list[str]:
