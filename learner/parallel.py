@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from runtime.config import Trainer as TrainerConfig
 from runtime.device import resolve_device
+from runtime.lora import base_of
 
 
 @dataclass
@@ -82,7 +83,9 @@ def prepare_model(model: torch.nn.Module, cfg: TrainerConfig, placement: Placeme
         param_dtype=torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
         fully_shard(layer, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+    # the root is the Hugging Face model, also under a LoRA wrapper: peft's generate calls
+    # the base model's, which must be the module whose forward gathers the root's shards
+    fully_shard(base_of(model), mp_policy=policy)
     return model
 
 
@@ -100,6 +103,7 @@ def reshard(model: torch.nn.Module, placement: Placement) -> None:
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks of a Hugging Face causal LM (`model.model.layers` for the
     Llama/Qwen family), else every direct child holding parameters."""
+    model = base_of(model)  # under a LoRA wrapper, the base model's blocks
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is not None:

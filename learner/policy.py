@@ -25,6 +25,7 @@ from learner.warmup import cross_entropy_warmup, demonstration_items, greedy_exa
 from runtime.config import Recipe
 from runtime.chat_template import recipe_renderer
 from runtime.dataset import read_rows
+from runtime.lora import AdapterDisabled, base_of, lora_spec, merged_state_dict, with_lora
 
 STOP = "stop"
 
@@ -42,11 +43,17 @@ class Policy:
         self.tokenizer = AutoTokenizer.from_pretrained(source)
         # fp32 master weights; bf16 is the compute dtype (autocast, or FSDP's policy)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        self.lora = lora_spec(cfg.lora)
+        if self.lora is not None:  # only the adapter trains; the weight versions are merged
+            torch.manual_seed(cfg.seed)  # the adapter's initialisation: the same on every rank and restart
+            model = with_lora(model, self.lora)
         self.model = parallel.prepare_model(model, cfg, self.placement)
         self.ref_model = None
         if recipe.algorithm.use_kl_loss or recipe.algorithm.use_kl_in_reward:
             reference = checkpoints / "reference"
-            self.ref_model = self._load_reference(reference if reference.exists() else source)
+            # with LoRA the reference is the base model: the same weights, the adapter off
+            self.ref_model = AdapterDisabled(self.model) if self.lora is not None else \
+                self._load_reference(reference if reference.exists() else source)
         self.trainer = build_trainer(trainer_class, recipe, self.model, self.tokenizer.pad_token_id,
                                      ref_model=self.ref_model, placement=self.placement)
         if self.checkpoint is not None:
@@ -140,11 +147,14 @@ class Policy:
         return accuracy
 
     def write_version(self, root: Path, version: int) -> Path | None:
-        """The weights as a full safetensors folder (rank 0 writes; None on other ranks)."""
+        """The weights as a full safetensors folder (rank 0 writes; None on other ranks);
+        with LoRA, the base model with the adapter merged in."""
         state = parallel.full_state_dict(self.model, self.placement)
         if not self.is_main:
             return None
-        return write_weight_version(root, version, self.model, self.tokenizer, state)
+        if self.lora is not None:
+            state = merged_state_dict(state if state is not None else self.model.state_dict(), self.lora.scale)
+        return write_weight_version(root, version, base_of(self.model), self.tokenizer, state)
 
     def write_checkpoint(self, step: int, state: dict, keep_every: int) -> None:
         """Start the snapshot of `step` (sharded, written in the background)."""
@@ -162,7 +172,10 @@ class Policy:
         return unread_trainer_keys(self.trainer, self.recipe)
 
     def fix_reference(self) -> None:
-        """The KL reference is the policy RL starts from (after any warm-up)."""
+        """The KL reference is the policy RL starts from (after any warm-up); with LoRA it
+        stays the base model (the adapter off), which needs no second copy."""
+        if self.lora is not None:
+            return
         state = parallel.full_state_dict(self.model, self.placement)
         folder = self.checkpoints / "reference"
         if self.is_main:

@@ -158,6 +158,17 @@ class Algorithm:
 
 
 @dataclass
+class Lora:
+    rank: int = knob(8, "the adapter's rank r (A is r x in, B is out x r)", ge=1)
+    alpha: float = knob(16.0, "the update is scaled by alpha / rank", gt=0.0)
+    dropout: float = knob(0.0, "dropout on the adapter's input in training", ge=0.0, lt=1.0)
+    target_modules: list = knob(help="the linear layers that get an adapter (module names; 'lm_head' unties a "
+                                     "tied output embedding)",
+                                factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                 "down_proj"])
+
+
+@dataclass
 class Trainer:
     type: str = knob("grpo", "a registered trainer, or custom (the class custom_trainer_module_path names)")
     custom_trainer_module_path: Optional[str] = knob(None, "a custom trainer's class: file.py:Class, or the file "
@@ -202,6 +213,8 @@ class Trainer:
                               "on stop; a restart re-trains the recorded steps after it (exact resume)", ge=1)
     remove_previous_ckpt: bool = knob(False, "keep only the newest snapshot (else every one stays)")
     seed: int = knob(0, "the learner's seed")
+    lora: Optional[Lora] = knob(None, "train a LoRA adapter (peft) instead of every weight; weight versions are the "
+                                      "merged model, and the KL reference is the base model (the adapter off)")
 
 
 @dataclass

@@ -90,6 +90,8 @@ RULES = (
     Inert("algorithm.policy_loss", remote, "the service's loss is service.train_service.config.loss_fn"),
     Inert("trainer.dtype", remote, REMOTE),
     Inert("trainer.gradient_checkpointing", remote, REMOTE),
+    Inert("trainer.lora", remote, "the model is in the training service: a remote trainer's LoRA rank is "
+                                  "service.tinker_service.lora_rank"),
     Inert("trainer.warmup_check_every", no_warmup_target, "read only with trainer.warmup_until_accuracy"),
     Inert("trainer.warmup_until_accuracy", no_learner_accuracy,
           "the learner measures held-out accuracy only with validate.data.data_files and a built-in single_turn "
@@ -105,7 +107,7 @@ def value_at(recipe, key: str):
 
 def changed(value, default, key: str) -> list[tuple[str, object]]:
     """(key, value) for the key, or for each field of a section, set away from its default."""
-    if dataclasses.is_dataclass(value):
+    if dataclasses.is_dataclass(value) and dataclasses.is_dataclass(default):
         return [pair for f in dataclasses.fields(value)
                 for pair in changed(getattr(value, f.name), getattr(default, f.name), f"{key}.{f.name}")]
     return [(key, value)] if value != default else []

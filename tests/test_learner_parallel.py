@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 HARNESS = REPO / "tests" / "helpers" / "dist_learner.py"
 
 
-def run_ranks(n: int, model: Path, work: Path, mode: str) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
+def run_ranks(n: int, model: Path, work: Path, mode: str, **extra_env: str) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_DISABLE_PROGRESS_BARS="1", **extra_env)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
                str(HARNESS), str(model), str(work), mode]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)

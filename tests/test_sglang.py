@@ -76,6 +76,45 @@ def perturbed_copy(model_dir: Path, out: Path, seed: int) -> Path:
     return out
 
 
+def test_a_merged_lora_version_serves_the_learners_logprobs(sglang_python, model_dir, tmp_path):
+    """trainer.lora: the learner's weight version (the adapter merged) loads in SGLang as any
+    model folder, and the server's logprobs of its samples are the LoRA policy's own, to
+    the tolerance of the test below."""
+    import numpy as np
+
+    from learner.batching import TrainItem
+    from learner.policy import Policy
+    from learner.trainers import GRPOTrainer
+    from runtime.config import Recipe
+
+    recipe = Recipe.from_dict({"rollout_worker": {"model_path": str(model_dir)},
+                               "trainer": {"lr": 1e-2, "micro_batch_tokens": 64, "device": "cpu",
+                                           "lora": {"rank": 4, "alpha": 8.0}}})
+    policy = Policy(recipe, GRPOTrainer, tmp_path / "checkpoints")
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        items = [TrainItem(tokens=rng.integers(4, 30, 8).astype(np.int32), mask=np.array([0, 0] + [1] * 6, np.uint8),
+                           behaviour_logprobs=np.full(8, -2.0, np.float32), advantage=float(rng.normal()),
+                           trajectory_id=str(i), group_id="g") for i in range(4)]
+        policy.train(1e-2, items)
+    folder = policy.write_version(tmp_path / "weights", 3)
+    managed = ManagedServer(sglang_python, str(folder), "cpu", {}, tmp_path / "server.log")
+    managed.start()
+    engine = SGLangEngine([Server(managed.url)], AutoTokenizer.from_pretrained(folder))
+    try:
+        policy.model.eval()
+        for prompt_text in PROMPTS[:3]:
+            prompt = engine.tokenizer(prompt_text)["input_ids"]
+            completion = engine.complete(prompt, SamplingParams(max_new_tokens=6, temperature=0.7))
+            tokens = torch.tensor([prompt + completion.response_token_ids])
+            with torch.no_grad():
+                logprobs, _ = token_logprobs_and_entropy(policy.model(input_ids=tokens).logits, tokens, 0.7)
+            assert completion.logprobs == pytest.approx(logprobs[0, len(prompt):].tolist(), abs=1e-4)
+    finally:
+        engine.close()
+        managed.stop()
+
+
 def test_server_ids_and_logprobs_equal_the_learners_scoring(engine, model_dir):
     """Greedy: the server's ids are the argmax continuation and its logprobs the learner's
     log-softmax. Sampled (temperature 0.7): the logprobs are those of logits / 0.7, as the

@@ -10,7 +10,6 @@ shape every inference engine StreamRL drives loads.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import numpy as np
@@ -20,40 +19,22 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from algos.service_losses import SERVICE_LOSSES
 from runtime.folders import write_folder
+from runtime.lora import LoraSpec, base_of, lora_targets, merged_state_dict, with_lora
 from training_service.wire import ForwardBackward
 
 MICRO_BATCH_TOKENS = 16384  # padded tokens per forward pass
-ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
-MLP = ["gate_proj", "up_proj", "down_proj"]
-
-
-def lora_targets(train_attn: bool, train_mlp: bool, train_unembed: bool) -> list[str]:
-    return (ATTENTION if train_attn else []) + (MLP if train_mlp else []) + (["lm_head"] if train_unembed else [])
-
-
-def untied(model):
-    """The model with its own copy of the output embeddings (config says so, as saved)."""
-    model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
-    model.config.tie_word_embeddings = False
-    if hasattr(model.config, "get_text_config"):
-        model.config.get_text_config().tie_word_embeddings = False
-    return model
-
-
 class TrainableModel:
     def __init__(self, base_model: str, lora: dict | None, seed: int | None, device: torch.device):
         self.base_model, self.lora, self.device = base_model, lora, device
         torch.manual_seed(seed or 0)  # a LoRA's initialisation is reproducible from its seed
         model = AutoModelForCausalLM.from_pretrained(base_model, dtype=torch.float32)
         self.tokenizer = AutoTokenizer.from_pretrained(base_model)
-        if lora and lora.get("train_unembed", True) and model.config.tie_word_embeddings:
-            model = untied(model)  # an adapter on lm_head must not change the input embeddings when merged
-        if lora:
-            from peft import LoraConfig, get_peft_model
-            targets = lora_targets(lora.get("train_attn", True), lora.get("train_mlp", True),
-                                   lora.get("train_unembed", True))
-            model = get_peft_model(model, LoraConfig(r=lora["rank"], lora_alpha=32, lora_dropout=0.0,
-                                                     target_modules=targets))
+        self.spec = None
+        if lora:  # the learner's LoRA (runtime/lora.py); alpha 32, as Tinker's adapters
+            self.spec = LoraSpec(rank=lora["rank"], alpha=32.0, dropout=0.0,
+                                 target_modules=lora_targets(lora.get("train_attn", True), lora.get("train_mlp", True),
+                                                             lora.get("train_unembed", True)))
+            model = with_lora(model, self.spec)
         self.model = model.to(device)
         self.params = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
         self.optimizer = torch.optim.AdamW(self.params.values(), lr=1e-4)
@@ -138,8 +119,8 @@ class TrainableModel:
     def export_for_sampler(self, folder: Path) -> Path:
         """The weights as a Hugging Face folder (a LoRA merged), written atomically."""
         def fill(tmp: Path) -> None:
-            model = copy.deepcopy(self.model).merge_and_unload() if self.lora else self.model
-            model.save_pretrained(tmp)
+            state = merged_state_dict(self.model.state_dict(), self.spec.scale) if self.spec else None
+            base_of(self.model).save_pretrained(tmp, state_dict=state)
             self.tokenizer.save_pretrained(tmp)
         folder.parent.mkdir(parents=True, exist_ok=True)
         return write_folder(folder, fill)

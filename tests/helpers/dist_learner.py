@@ -44,7 +44,10 @@ def main(model: str, work: str, mode: str) -> None:
                                "trainer": {"lr": 1e-3, "micro_batch_tokens": 24, "warmup_cross_entropy_steps": 3,
                                            "warmup_batch_size": 4,
                                            "device": os.environ.get("STREAMRL_TEST_DEVICE", "cpu"),
-                                           "dtype": os.environ.get("STREAMRL_TEST_DTYPE", "float32")}})
+                                           "dtype": os.environ.get("STREAMRL_TEST_DTYPE", "float32"),
+                                           # STREAMRL_TEST_LORA=RANK: a LoRA adapter of that rank trains
+                                           "lora": {"rank": int(os.environ["STREAMRL_TEST_LORA"]), "alpha": 8.0}
+                                           if os.environ.get("STREAMRL_TEST_LORA") else None}})
     policy = Policy(recipe, GRPOTrainer, work / "checkpoints")
     steps = [1, 2, 3] if mode == "train" else [4]
     if policy.is_main:
