@@ -144,6 +144,11 @@ class Learner:
         if version == step or folder.is_dir():
             self.publish_version(version, folder if folder.is_dir() else None)
 
+    def announce_written(self, wait: bool = False) -> None:
+        """Announce the versions the background writer has finished (`wait`: all of them)."""
+        for version, folder in self.policy.written_versions(wait):
+            self.publish_version(version, folder)
+
     def publish_version(self, version: int, folder: Path | None = None) -> None:
         """Announce weight version `version` (written now unless `folder` already holds it)."""
         folder = folder or self.policy.call("write_version", self.weights, version)
@@ -206,6 +211,7 @@ class Learner:
                     if not isinstance(event, (Sample, GroupFiltered)) or event.step <= self.step:
                         continue  # trained (or accounted for) before a restart
                     buffers[event.step].add(event, tp, offset)
+                self.announce_written()
                 target = self.step + 1
                 if buffers[target].complete >= self.groups_per_step:
                     self.finish_snapshot(wait=False)
@@ -214,6 +220,7 @@ class Learner:
                         self.report_unread_keys()
                     if on_step and target > self.replay_to:
                         on_step(record)
+            self.announce_written(wait=True)
             stopped_between = self.step > self.snapshot_step and self.writing_snapshot != self.step
             if stopped_between and self.last_state is not None:
                 self.write_snapshot(self.step, self.last_state)
@@ -276,14 +283,14 @@ class Learner:
         if recorded is not None:
             return self.replayed(step, recorded, loss)
         self.last_state = {"offsets": record.consumed_offsets, "train_step": _record_dict(record)}
-        # A version every weight.sync_every steps; the snapshot (when due) is started
-        # first and written while the next steps train.
-        version_folder = self.policy.call("write_version", self.weights, step) if self.is_version(step) else None
+        # A version every weight.sync_every steps: copied now, written in the background and
+        # announced once on disk; the snapshot (when due) is written while the next steps train.
+        if self.is_version(step):
+            self.policy.call("start_version", self.weights, step)
         if self.snapshot_due(step):
             self.write_snapshot(step, self.last_state)
         self.step = step
-        if version_folder is not None:
-            self.publish_version(step, version_folder)
+        self.announce_written()
         self.publisher.publish(record)
         self.publisher.flush()
         return record

@@ -20,6 +20,7 @@ from learner.trainer_factory import build_trainer, unread_trainer_keys
 from learner.batching import TrainItem
 from learner.checkpoint import latest_checkpoint, write_model_dir, write_weight_version
 from learner.snapshots import SnapshotStore, load_snapshot
+from learner.version_writes import VersionWrites, cpu_copy
 from learner.trainers import StepResult, Trainer, plan_step
 from learner.warmup import cross_entropy_warmup, demonstration_items, greedy_exact_match, supervised_items
 from runtime.config import Recipe
@@ -38,6 +39,7 @@ class Policy:
         self.placement = parallel.setup(cfg)
         self.checkpoints = checkpoints
         self.snapshots = SnapshotStore(checkpoints, self.placement)
+        self.versions = VersionWrites()
         self.checkpoint = latest_checkpoint(checkpoints)
         source = recipe.rollout_worker.model_path  # a snapshot holds the weights, not the model's files
         self.tokenizer = AutoTokenizer.from_pretrained(source)
@@ -156,6 +158,23 @@ class Policy:
             state = merged_state_dict(state if state is not None else self.model.state_dict(), self.lora.scale)
         return write_weight_version(root, version, base_of(self.model), self.tokenizer, state)
 
+    def start_version(self, root: Path, version: int) -> None:
+        """Copy the weights now (gathered to rank 0 when sharded; the adapter merged with
+        LoRA) and write them as version `version` in the background (learner/version_writes.py)."""
+        state = parallel.full_state_dict(self.model, self.placement)
+        if not self.is_main:
+            return
+        self.versions.wait_idle()  # one copy in flight at most
+        state = state if state is not None else cpu_copy(self.model.state_dict())
+        if self.lora is not None:
+            state = merged_state_dict(state, self.lora.scale)
+        model, tokenizer = base_of(self.model), self.tokenizer
+        self.versions.submit(version, lambda: write_weight_version(root, version, model, tokenizer, state))
+
+    def written_versions(self, wait: bool = False) -> list[tuple[int, Path]]:
+        """Rank 0: the versions written since the last call, in order."""
+        return self.versions.written(wait)
+
     def write_checkpoint(self, step: int, state: dict, keep_every: int) -> None:
         """Start the snapshot of `step` (sharded, written in the background)."""
         self.snapshots.save(step, self.model, self.trainer.optimizer, state, keep_every)
@@ -186,4 +205,5 @@ class Policy:
         self.trainer.ref_model = self.ref_model
 
     def close(self) -> None:
+        self.versions.close()
         parallel.close(self.placement)

@@ -36,6 +36,7 @@ from learner.parallel import Placement
 from learner.remote_trainers import RemoteApiTrainer, merged_metrics, request_chunks, service_datums
 from learner.trainer_factory import build_guide_trainer, unread_trainer_keys
 from learner.trainers import StepResult
+from learner.version_writes import VersionWrites
 from runtime.config import Recipe
 from runtime.outage import ServiceLost
 
@@ -83,6 +84,7 @@ class RemotePolicy:
         self.loss_fn = service.config.loss_fn or trainer_class.loss_fn
         self.checkpoint = latest_checkpoint(checkpoints)
         self.val_saves = 0
+        self.versions = VersionWrites()
         wait_until_healthy(self.url, self.api_key)
         self.service = tinker.ServiceClient(base_url=self.url, api_key=self.api_key,
                                             user_metadata={"streamrl_run": run_id})
@@ -225,6 +227,13 @@ class RemotePolicy:
         return StepResult(loss=float(summed.get("loss:sum", 0.0)),
                           grad_norm=float((optimized.metrics or {}).get("grad_norm", 0.0)), tokens=tokens,
                           samples=len(items), seconds=time.perf_counter() - started, metrics={**metrics, **remote})
+
+    def start_version(self, root: Path, version: int) -> None:
+        """The service saves and serves the weights: written here, before the next step."""
+        self.versions.done(version, self.write_version(root, version))
+
+    def written_versions(self, wait: bool = False) -> list[tuple[int, Path]]:
+        return self.versions.written(wait)
 
     def write_version(self, root: Path, version: int) -> Path:
         """The service's sampler weights of `version`, downloaded as a model folder."""

@@ -197,3 +197,46 @@ def test_custom_trainer_prepare_trajectories_with_the_grpo_helper():
     # a: mean 0.5, std 0.5 -> 1, 0, -1;  b: mean 0.5, std sqrt(0.5) -> +-0.70711
     np.testing.assert_allclose(trainer.seen, [1.0, 0.0, -1.0, 0.70711, -0.70711], atol=1e-4)
     assert result.metrics["custom/advantage_mean"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_weight_versions_are_written_from_a_copy_and_announced_in_order(tiny, tmp_path):
+    """The version is the weights when it was started, not when the writer got to it; the
+    versions come out oldest first, only once written; a failed write raises."""
+    import threading
+
+    from learner.checkpoint import write_weight_version
+    from learner.version_writes import VersionWrites, cpu_copy
+    from runtime.tiny_lm import load
+
+    from learner.checkpoint import directory_sha256
+
+    tokenizer, model = load(tiny)
+    writes = VersionWrites()
+    gate = threading.Event()
+    copy = cpu_copy(model.state_dict())
+    # the copy keeps the tied embeddings tied: its folder is the model's own, byte for byte
+    # (a resumed learner compares the re-trained weights with a version by their hash)
+    assert directory_sha256(write_weight_version(tmp_path / "direct", 1, model, tokenizer)) == \
+        directory_sha256(write_weight_version(tmp_path / "copied", 1, model, tokenizer, copy))
+
+    def slow_write():
+        gate.wait(10)
+        return write_weight_version(tmp_path, 1, model, tokenizer, copy)
+    writes.submit(1, slow_write)
+    with torch.no_grad():  # the next step changes the weights while version 1 is being written
+        model.model.embed_tokens.weight.add_(1.0)
+    writes.done(2, tmp_path / "v000002")
+    assert writes.written() == []  # version 1 is not on disk yet, and 2 waits behind it
+    gate.set()
+    assert writes.written(wait=True) == [(1, tmp_path / "v000001"), (2, tmp_path / "v000002")]
+    written = load(tmp_path / "v000001")[1]
+    assert torch.equal(written.model.embed_tokens.weight, copy["model.embed_tokens.weight"])
+    assert not torch.equal(written.model.embed_tokens.weight, model.model.embed_tokens.weight)
+
+    def fails():
+        raise OSError("disk full")
+    writes.submit(3, fails)
+    writes.wait_idle()
+    with pytest.raises(OSError, match="disk full"):
+        writes.written()
+    writes.close()
