@@ -8,6 +8,7 @@ with LoRA by default), the learner's own Policy, a few identical GRPO steps.
     after   what it does now: a weight version every step copied on the path and written
             in the background; a sharded snapshot (torch.distributed.checkpoint
             async_save) every --save-freq steps, waited for only if still writing
+    sync3   as after, with a weight version every --save-freq steps (weight.sync_every)
 
 Each configuration runs in its own process (its peak RSS is its own). Printed per step:
 the step's own time, the time the step waits for checkpoints and versions, the bytes
@@ -33,6 +34,7 @@ import common  # noqa: F401  (puts the repo on sys.path)
 from common import OUT
 
 MODES = ("off", "before", "after")
+# and `sync3`: as after, with a weight version every --save-freq steps (weight.sync_every)
 
 
 def folder_bytes(folder: Path) -> int:
@@ -74,9 +76,10 @@ def child(model: str, kind: str, mode: str, steps: int, save_freq: int, work: Pa
         if mode == "before":
             old_full_checkpoint(policy, work / "old" / f"step-{step:06d}")
             policy.write_version(work / "weights", step)
-        elif mode == "after":  # as learner/loop.py does it
+        elif mode in ("after", "sync3"):  # as learner/loop.py does it
             policy.finish_checkpoint(wait=False)
-            policy.start_version(work / "weights", step)
+            if mode == "after" or step % save_freq == 0:
+                policy.start_version(work / "weights", step)
             if step % save_freq == 0:
                 policy.finish_checkpoint(wait=True)
                 policy.write_checkpoint(step, {"offsets": {}}, keep_every=0)
@@ -84,7 +87,7 @@ def child(model: str, kind: str, mode: str, steps: int, save_freq: int, work: Pa
         step_seconds.append(trained - started)
         waits.append(time.perf_counter() - trained)
         deleted += prune(work, keep=2)  # the disk holds a few steps' files, as the learner's pruning keeps it
-    if mode == "after":  # what is still in flight finishes off the path
+    if mode in ("after", "sync3"):  # what is still in flight finishes off the path
         policy.finish_checkpoint(wait=True)
         policy.written_versions(wait=True)
     policy.close()
@@ -120,6 +123,7 @@ def main() -> None:
                         help="ARCHITECTURE:full|lora, comma-separated")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--save-freq", type=int, default=3)
+    parser.add_argument("--modes", default=",".join(MODES) + ",sync3", help="which of off, before, after, sync3 to run")
     parser.add_argument("--child", nargs=4, metavar=("MODEL", "KIND", "MODE", "WORK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -130,7 +134,7 @@ def main() -> None:
     for spec in args.models.split(","):
         name, kind = spec.split(":")
         model = ensure_model(name)
-        for mode in MODES:
+        for mode in args.modes.split(","):
             work = OUT / "checkpoint_cost" / f"{name}-{kind}-{mode}"
             shutil.rmtree(work, ignore_errors=True)
             done = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--save-freq",
@@ -148,12 +152,17 @@ def main() -> None:
     print(f"\nsteps: {args.steps}, snapshot every {args.save_freq} (after); a weight version every step in both")
     for name_kind in dict.fromkeys((r["model"], r["kind"]) for r in results):
         rows = {r["mode"]: r for r in results if (r["model"], r["kind"]) == name_kind}
+        if not set(MODES) <= set(rows):
+            continue
         before, after = rows["before"], rows["after"]
         print(f"{name_kind[0]} ({name_kind[1]}, {before['parameters'] / 1e9:.2f}B parameters): the step waits "
               f"{before['wait_s']:.2f} s before, {after['wait_s']:.2f} s after "
               f"({before['wait_s'] / max(after['wait_s'], 1e-9):.1f}x less); writes "
               f"{before['bytes_per_step'] / 1e9:.2f} -> {after['bytes_per_step'] / 1e9:.2f} GB a step; peak RSS "
               f"{rows['off']['peak_rss_gb']:.1f} (off) / {before['peak_rss_gb']:.1f} / {after['peak_rss_gb']:.1f} GB")
+        if "sync3" in rows:
+            print(f"  with a version every {args.save_freq} steps: waits {rows['sync3']['wait_s']:.2f} s, writes "
+                  f"{rows['sync3']['bytes_per_step'] / 1e9:.2f} GB a step, peak RSS {rows['sync3']['peak_rss_gb']:.1f} GB")
 
 
 if __name__ == "__main__":

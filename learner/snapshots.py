@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
+    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
 )
 
 from learner.checkpoint import LATEST, rng_state, set_rng_state
@@ -72,7 +72,7 @@ class SnapshotStore:
             folder.mkdir(parents=True)
         if self.group is not None:
             dist.barrier()
-        shards = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+        shards = {"model": trained_state(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
         future = dcp.async_save(shards, checkpoint_id=str(folder / "shards"), process_group=self.group)
         self.pending = Pending(step, folder, future, state, rng_state(), keep_every)
 
@@ -108,11 +108,19 @@ def write_atomically(path: Path, text: str) -> None:
 def load_snapshot(folder: Path, model, optimizer) -> None:
     """Load a snapshot's model and optimizer into this rank's shards (however many ranks
     wrote it), and the RNG it saved."""
-    shards = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
+    shards = {"model": trained_state(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
     dcp.load(shards, checkpoint_id=str(folder / "shards"))
-    set_model_state_dict(model, shards["model"])
+    set_model_state_dict(model, shards["model"], options=StateDictOptions(strict=False))
     set_optimizer_state_dict(model, optimizer, shards["optimizer"])
     set_rng_state(torch.load(folder / "rng.pt", weights_only=False))
+
+
+def trained_state(model) -> dict:
+    """The model's state a snapshot keeps: all of it, or with frozen weights (a LoRA's
+    base) only what trains; the frozen rest is reloaded from the model folder on resume."""
+    state = get_model_state_dict(model)
+    frozen = {name for name, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return {name: value for name, value in state.items() if name not in frozen} if frozen else state
 
 
 def bytes_on_disk(folder: Path) -> int:

@@ -212,9 +212,15 @@ def sglang_python() -> Path:
     """The SGLang environment's python (`make sglang-env`); without one the test is
     skipped with that sentence, except under CI, where it fails."""
     python = Settings.from_env().sglang_python
+    return required_environment(python, f"no SGLang environment at {python}: `make sglang-env` builds it (or set "
+                                         "STREAMRL_SGLANG_PYTHON)")
+
+
+def required_environment(python: Path, missing: str) -> Path:
+    """`python` of a separate environment a test needs; without it the test is skipped
+    with the sentence `missing`, except under CI, where it fails."""
     if not python.exists():
-        message = f"no SGLang environment at {python}: `make sglang-env` builds it (or set STREAMRL_SGLANG_PYTHON)"
         if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+            pytest.fail(missing)
+        pytest.skip(missing)
     return python

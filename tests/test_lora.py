@@ -6,6 +6,7 @@ processes (FSDP2 on gloo) train to what one does."""
 from __future__ import annotations
 
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from learner.batching import TrainItem
 from learner.policy import Policy
+from learner.snapshots import bytes_on_disk
 from learner.trainers import GRPOTrainer
 from runtime.config import Recipe
 from runtime.lora import LoraSpec, merged_state_dict, with_lora
@@ -94,6 +96,15 @@ def test_two_processes_train_a_lora_to_what_one_does(tiny, tmp_path):
     adapted layers moved."""
     for n in (1, 2):
         run_ranks(n, tiny, tmp_path / f"ranks{n}", "train", STREAMRL_TEST_LORA="4")
+    # the snapshot keeps what trains (the adapter and its AdamW state), not the frozen base,
+    # and a snapshot of two processes resumes on one to the same weights
+    shards = tmp_path / "ranks2" / "checkpoints" / "step-000003" / "shards"
+    assert bytes_on_disk(shards) < bytes_on_disk(tiny) / 2, (bytes_on_disk(shards), bytes_on_disk(tiny))
+    shutil.copytree(tmp_path / "ranks2" / "checkpoints", tmp_path / "ranks2to1" / "checkpoints")
+    run_ranks(2, tiny, tmp_path / "ranks2", "resume", STREAMRL_TEST_LORA="4")
+    run_ranks(1, tiny, tmp_path / "ranks2to1", "resume", STREAMRL_TEST_LORA="4")
+    two, two_to_one = (torch.load(tmp_path / name / "params-resume.pt") for name in ("ranks2", "ranks2to1"))
+    assert all(torch.allclose(two[k], two_to_one[k], atol=1e-6, rtol=0) for k in two)
     one, two = (torch.load(tmp_path / f"ranks{n}" / "params-train.pt") for n in (1, 2))
     start = load(tiny)[1].state_dict()
     assert one.keys() == two.keys() == start.keys()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from runtime.model_init import init_model
-from tests.conftest import free_port, run_cli
+from tests.conftest import free_port, required_environment, run_cli
 from tests.helpers.fine_tune import warm_up, write_datasets
 from tests.test_rl_loop import scalar
 from tests.test_training_service import start_service
@@ -40,12 +40,7 @@ EDITS = {
 def cookbook_python() -> Path:
     default = Path.home() / ".cache" / "streamrl" / f"tinker-cookbook-{COOKBOOK_VERSION}" / "bin" / "python"
     python = Path(os.environ.get("STREAMRL_COOKBOOK_PYTHON") or default)
-    if not python.exists():
-        message = f"no tinker-cookbook environment at {python}: `make cookbook-env` builds it"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return python
+    return required_environment(python, f"no tinker-cookbook environment at {python}: `make cookbook-env` builds it")
 
 
 def edited_script(python: Path, name: str, data: Path, out: Path) -> Path:
