@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from runtime.model_init import init_model
-from tests.conftest import free_port, required_environment, run_cli
+from runtime import db
+from tests.conftest import free_port, fresh_database, required_environment, run_cli, start_serve_training
 from tests.helpers.fine_tune import warm_up, write_datasets
 from tests.test_rl_loop import scalar
-from tests.test_training_service import start_service
 
 COOKBOOK_VERSION = "0.5.8"
 PORT = free_port()
@@ -65,12 +65,17 @@ def cookbook(stack, tmp_path_factory):
     base = init_model("tiny-qwen2", folder / "tiny-qwen2", seed=0, dtype="float32")
     warmed = warm_up(base, folder / "tiny-qwen2-boxed", steps=150)
     chat, gsm8k = write_datasets(folder, rows=2048)
-    process = start_service({str(base): str(base), str(warmed): str(warmed)}, port=PORT)
-    key = run_cli("training-key", "create", "cookbook", check=True).stdout.split()[1]
+    # a ledger of its own: a service restores every open session of its ledger first
+    ledger_env = {"STREAMRL_DATABASE_URL": fresh_database(stack, "cookbook")}
+    process = start_serve_training("--model", f"{base}={base}", "--model", f"{warmed}={warmed}", port=PORT,
+                                   env=ledger_env)
+    key = run_cli("training-key", "create", "cookbook", env={**os.environ, **ledger_env}, check=True).stdout.split()[1]
     env = {**os.environ, "TINKER_API_KEY": key, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "HF_HOME": str(folder / "hf")}
+    ledger = db.connect(ledger_env["STREAMRL_DATABASE_URL"], autocommit=True)
     yield {"python": python, "folder": folder, "base": base, "warmed": warmed, "chat": chat, "gsm8k": gsm8k,
-           "env": env}
+           "env": env, "ledger": ledger}
+    ledger.close()
     process.kill()
     process.wait()
 
@@ -95,17 +100,17 @@ def optim_steps(ledger, recipe_name: str) -> int:
                              and r.status = 'complete' and r.runs = 1""", recipe_name)
 
 
-def test_the_cookbooks_supervised_loop(cookbook, ledger):
+def test_the_cookbooks_supervised_loop(cookbook):
     """sl_loop.py: LoRA rank 32, cross-entropy; its NLL falls, every step is an optim_step
     in the service's ledger, and its final state and sampler weights are saved."""
     metrics = run_script(cookbook, "sl_loop", cookbook["chat"], cookbook["base"], "batch_size=16", "max_steps=12",
                          "learning_rate=3e-3", "save_every=5")
     assert [row["step"] for row in metrics] == list(range(12))
     assert metrics[-1]["train_mean_nll"] < metrics[0]["train_mean_nll"] - 1.0, metrics
-    assert optim_steps(ledger, "recipe_sl_loop") == 12
+    assert optim_steps(cookbook["ledger"], "recipe_sl_loop") == 12
 
 
-def test_the_cookbooks_rl_loop(cookbook, ledger):
+def test_the_cookbooks_rl_loop(cookbook):
     """rl_loop.py: samples groups from the service's sampler after each save, grades
     `\\boxed{}` answers, and trains with importance_sampling where a group's rewards
     differ; the ledger has one optim_step per step it trained (it skips all-equal batches)."""
@@ -114,5 +119,5 @@ def test_the_cookbooks_rl_loop(cookbook, ledger):
     assert [row["step"] for row in metrics] == list(range(6))
     trained = [row for row in metrics if "optim_steps" in row]
     assert trained, metrics  # the warmed model answers correctly now and then: some groups differ
-    assert optim_steps(ledger, "recipe_rl_loop") == len(trained)
+    assert optim_steps(cookbook["ledger"], "recipe_rl_loop") == len(trained)
     assert any(row["reward/total"] > 0 for row in metrics)

@@ -60,7 +60,12 @@ class Executor:
 
     # --- life ---------------------------------------------------------------------------------
     def start(self) -> None:
-        for row in self.store.models_to_restore():
+        rows = self.store.models_to_restore()
+        missing = sorted({row["base_model"] for row in rows} - set(self.base_models))
+        if missing:  # an open session cannot continue on a model this service does not hold
+            raise ValueError(f"the ledger has open sessions on base models this service is not started with: "
+                             f"{', '.join(missing)}; add --model NAME=FOLDER for each (or finish those sessions)")
+        for row in rows:
             self.restore(row)
         for target in (self.training_loop, self.sampling_loop):
             thread = threading.Thread(target=target, daemon=True, name=target.__name__)

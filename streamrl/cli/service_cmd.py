@@ -76,7 +76,10 @@ def serve_training(
     store = _store()
     chosen = torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
     executor = Executor(store, (root or settings().home / "training-service").absolute(), base_models, chosen)
-    executor.start()
+    try:
+        executor.start()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     console.print(f"training service on http://{host}:{port} ({chosen}); models: {', '.join(base_models)}",
                   highlight=False)
     uvicorn.run(build_app(store, executor, limits), host=host, port=port, log_level="warning")
