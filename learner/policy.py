@@ -151,25 +151,28 @@ class Policy:
     def write_version(self, root: Path, version: int) -> Path | None:
         """The weights as a full safetensors folder (rank 0 writes; None on other ranks);
         with LoRA, the base model with the adapter merged in."""
-        state = parallel.full_state_dict(self.model, self.placement)
+        gathered = parallel.full_state_dict(self.model, self.placement)
         if not self.is_main:
             return None
-        if self.lora is not None:
-            state = merged_state_dict(state if state is not None else self.model.state_dict(), self.lora.scale)
-        return write_weight_version(root, version, base_of(self.model), self.tokenizer, state)
+        return write_weight_version(root, version, base_of(self.model), self.tokenizer, self._version_state(gathered))
 
     def start_version(self, root: Path, version: int) -> None:
         """Copy the weights now (gathered to rank 0 when sharded; the adapter merged with
         LoRA) and write them as version `version` in the background (learner/version_writes.py)."""
-        state = parallel.full_state_dict(self.model, self.placement)
+        gathered = parallel.full_state_dict(self.model, self.placement)
         if not self.is_main:
             return
         self.versions.wait_idle()  # one copy in flight at most
-        state = state if state is not None else cpu_copy(self.model.state_dict())
-        if self.lora is not None:
-            state = merged_state_dict(state, self.lora.scale)
+        state = self._version_state(gathered)
         model, tokenizer = base_of(self.model), self.tokenizer
         self.versions.submit(version, lambda: write_weight_version(root, version, model, tokenizer, state))
+
+    def _version_state(self, gathered: dict | None) -> dict:
+        """What a weight version holds: the gathered weights (sharded) or a copy of the
+        model's, with a LoRA adapter merged in. Both writers use it, so a version written
+        in the background and one written now are the same bytes (the resume check)."""
+        state = gathered if gathered is not None else cpu_copy(self.model.state_dict())
+        return merged_state_dict(state, self.lora.scale) if self.lora is not None else state
 
     def written_versions(self, wait: bool = False) -> list[tuple[int, Path]]:
         """Rank 0: the versions written since the last call, in order."""

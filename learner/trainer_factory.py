@@ -7,7 +7,7 @@ from __future__ import annotations
 from learner.batch_trainers import SelfHostedTrainer
 from learner.remote_trainers import RemoteApiTrainer
 from learner.trainers import Trainer
-from runtime.config_reads import trainer_config, undeclared_keys, unread_keys
+from runtime.config_reads import trainer_config, unread_keys
 
 
 def build_trainer(cls: type, recipe, model, pad_id: int, ref_model=None, placement=None) -> Trainer:
@@ -36,8 +36,3 @@ def unread_trainer_keys(trainer, recipe) -> list[str]:
     """The trainer's own `algorithm` keys (none for a built-in trainer) that it never read."""
     config = getattr(trainer, "_recipe_config", None)
     return unread_keys(config["algorithm"], recipe.algorithm.extra) if config is not None else []
-
-
-def undeclared_trainer_keys(cls: type, recipe) -> list[str]:
-    """A trainer class that declares `config_keys`: the own `algorithm` keys it does not name."""
-    return undeclared_keys(cls, recipe.algorithm.extra)
