@@ -48,7 +48,7 @@ from runtime.plugins import load_module
 from runtime.settings import Settings
 from runtime.versions import is_version_step, newest_version
 from schema.events import (
-    GroupFiltered, RunEvent, Sample, TrainStep, WeightVersion,
+    GroupFiltered, RunEvent, Sample, TrainStep, WeightBroadcast, WeightVersion,
 )
 
 log = logging.getLogger("streamrl.learner")
@@ -102,6 +102,7 @@ class Learner:
         self.last_state: dict | None = None  # the newest step's snapshot state, for a snapshot on stop
         self.recorded: dict[int, TrainStep] = {}  # steps to re-train after the snapshot (rank 0)
         self.replay_to = self.step
+        self.broadcast_versions: set[int] = set()  # announced, still being broadcast and written
         self.unread_reported = self.step > 0  # said in the run's first life
 
     def holds_window(self, window: int, newest: int) -> bool:
@@ -145,16 +146,29 @@ class Learner:
             self.publish_version(version, folder if folder.is_dir() else None)
 
     def announce_written(self, wait: bool = False) -> None:
-        """Announce the versions the background writer has finished (`wait`: all of them)."""
+        """Announce the versions the background writer has finished (`wait`: all of them);
+        a broadcast version was announced when it started."""
         for version, folder in self.policy.written_versions(wait):
-            self.publish_version(version, folder)
+            if version in self.broadcast_versions:
+                self.broadcast_versions.discard(version)
+                prune_weight_versions(self.weights, keep_last=self.keep_weight_versions)
+            else:
+                self.publish_version(version, folder)
 
-    def publish_version(self, version: int, folder: Path | None = None) -> None:
-        """Announce weight version `version` (written now unless `folder` already holds it)."""
-        folder = folder or self.policy.call("write_version", self.weights, version)
-        prune_weight_versions(self.weights, keep_last=self.keep_weight_versions)
-        self.publisher.publish(WeightVersion(run_id=self.run_id, version=version, step=version, uri=str(folder),
-                                             sha256=directory_sha256(folder)))
+    def publish_version(self, version: int, folder: Path | None = None, broadcast: WeightBroadcast | None = None) -> None:
+        """Announce weight version `version`: its folder (written now unless `folder`
+        already holds it), or the broadcast that is about to send it, naming the folder
+        it will be written to."""
+        if broadcast is not None:
+            self.broadcast_versions.add(version)
+            event = WeightVersion(run_id=self.run_id, version=version, step=version,
+                                  uri=str(self.weights / f"v{version:06d}"), broadcast=broadcast)
+        else:
+            folder = folder or self.policy.call("write_version", self.weights, version)
+            prune_weight_versions(self.weights, keep_last=self.keep_weight_versions)
+            event = WeightVersion(run_id=self.run_id, version=version, step=version, uri=str(folder),
+                                  sha256=directory_sha256(folder))
+        self.publisher.publish(event)
 
     def start(self) -> None:
         policy = self.policy
@@ -285,13 +299,14 @@ class Learner:
         self.last_state = {"offsets": record.consumed_offsets, "train_step": _record_dict(record)}
         # A version every weight.sync_every steps: copied now, written in the background and
         # announced once on disk; the snapshot (when due) is written while the next steps train.
-        if self.is_version(step):
-            self.policy.call("start_version", self.weights, step)
+        broadcast = self.policy.call("start_version", self.weights, step) if self.is_version(step) else None
         if self.snapshot_due(step):
             self.write_snapshot(step, self.last_state)
         self.step = step
         self.announce_written()
         self.publisher.publish(record)
+        if broadcast is not None:  # announced before it is written: the servers join its broadcast now
+            self.publish_version(step, broadcast=broadcast)
         self.publisher.flush()
         return record
 

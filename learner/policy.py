@@ -21,11 +21,14 @@ from learner.batching import TrainItem
 from learner.checkpoint import latest_checkpoint, write_model_dir, write_weight_version
 from learner.snapshots import SnapshotStore, load_snapshot
 from learner.version_writes import VersionWrites, cpu_copy
+from learner.weight_broadcast import WeightBroadcaster
 from learner.trainers import StepResult, Trainer, plan_step
 from learner.warmup import cross_entropy_warmup, demonstration_items, greedy_exact_match, supervised_items
 from runtime.config import Recipe
 from runtime.chat_template import recipe_renderer
 from runtime.dataset import read_rows
+from runtime.weight_transport import broadcast_world_size
+from schema.events import WeightBroadcast
 from runtime.lora import AdapterDisabled, base_of, lora_spec, merged_state_dict, with_lora
 
 STOP = "stop"
@@ -40,6 +43,11 @@ class Policy:
         self.checkpoints = checkpoints
         self.snapshots = SnapshotStore(checkpoints, self.placement)
         self.versions = VersionWrites()
+        self.broadcaster = None
+        if recipe.weight.transport == "distributed" and self.placement.is_main:
+            self.broadcaster = WeightBroadcaster(recipe.weight.broadcast_address, broadcast_world_size(recipe),
+                                                 self.placement.device,
+                                                 recipe.service.inference_service.weight_sync_timeout_s)
         self.checkpoint = latest_checkpoint(checkpoints)
         source = recipe.rollout_worker.model_path  # a snapshot holds the weights, not the model's files
         self.tokenizer = AutoTokenizer.from_pretrained(source)
@@ -156,16 +164,27 @@ class Policy:
             return None
         return write_weight_version(root, version, base_of(self.model), self.tokenizer, self._version_state(gathered))
 
-    def start_version(self, root: Path, version: int) -> None:
+    def start_version(self, root: Path, version: int) -> WeightBroadcast | None:
         """Copy the weights now (gathered to rank 0 when sharded; the adapter merged with
-        LoRA) and write them as version `version` in the background (learner/version_writes.py)."""
+        LoRA) and write them as version `version` in the background (learner/version_writes.py).
+        With `weight.transport: distributed` they are broadcast to the servers first; the
+        broadcast's rendezvous, to announce, is returned (rank 0)."""
         gathered = parallel.full_state_dict(self.model, self.placement)
         if not self.is_main:
-            return
+            return None
         self.versions.wait_idle()  # one copy in flight at most
         state = self._version_state(gathered)
         model, tokenizer = base_of(self.model), self.tokenizer
-        self.versions.submit(version, lambda: write_weight_version(root, version, model, tokenizer, state))
+        if self.broadcaster is None:
+            self.versions.submit(version, lambda: write_weight_version(root, version, model, tokenizer, state))
+            return None
+        manifest = self.broadcaster.open(version, state)
+
+        def broadcast_then_write() -> Path:
+            self.broadcaster.send(manifest, state)
+            return write_weight_version(root, version, model, tokenizer, state)
+        self.versions.submit(version, broadcast_then_write)
+        return manifest
 
     def _version_state(self, gathered: dict | None) -> dict:
         """What a weight version holds: the gathered weights (sharded) or a copy of the

@@ -33,12 +33,17 @@ from pathlib import Path
 import httpx
 
 from producers.inference import Completion, SamplingParams, register_inference_backend
+from producers.sglang_broadcast import receive_broadcast
 from producers.sglang_server import InferenceServerError, ManagedServer
 from runtime.backoff import backoff_delay
 from runtime.recipe import server_urls
+from runtime.weight_transport import ranks_per_server
+from schema.events import WeightBroadcast
 
 log = logging.getLogger("streamrl.sglang")
 ABORTED = "abort"
+WEIGHT_ROUTES = ("/update_weights_from_disk", "/begin_weight_update", "/init_weights_update_group",
+                 "/update_weights_from_distributed", "/destroy_weights_update_group", "/end_weight_update")
 
 
 @dataclass
@@ -77,7 +82,7 @@ class SGLangEngine:
 
     def __init__(self, servers: list[Server], tokenizer, partial_rollout: str = "resume",
                  request_timeout_s: float = 600.0, sync_timeout_s: float = 300.0, max_retries: int = 3,
-                 api_key: str | None = None):
+                 api_key: str | None = None, ranks_per_server: int = 1):
         self.servers = servers
         self.tokenizer = tokenizer
         self.partial_rollout = partial_rollout
@@ -96,6 +101,8 @@ class SGLangEngine:
         self._update_lock = threading.RLock()
         self._next = itertools.count()
         self.aborted_requests = 0
+        self.broadcast_fallbacks = 0  # versions that did not arrive by broadcast and were loaded from disk
+        self.ranks_per_server = ranks_per_server
         self.sync_seconds: list[float] = []
 
     # --- generation ---------------------------------------------------------------------------
@@ -209,7 +216,7 @@ class SGLangEngine:
                 attempt += 1
                 self._repair(server, epoch, attempt, RuntimeError(f"HTTP {response.status_code}"))
                 continue
-            if response.status_code == 400 and route == "/update_weights_from_disk":
+            if response.status_code == 400 and route in WEIGHT_ROUTES:
                 return response.json()  # a refused version: the caller says which and why
             if 400 <= response.status_code < 500 and route == "/generate":
                 # this request's fault (too long for the context, ...): its rollout fails, the worker goes on
@@ -246,13 +253,14 @@ class SGLangEngine:
             time.sleep(delay)
 
     # --- weights ----------------------------------------------------------------------------------
-    def update_weights(self, model_path: str, weight_version: int) -> None:
-        """Load `weight_version` from `model_path` on every server, verified, or raise
-        InferenceServerError (the servers keep serving the version they had)."""
+    def update_weights(self, model_path: str, weight_version: int, broadcast: WeightBroadcast | None = None) -> None:
+        """Load `weight_version` on every server, verified, or raise InferenceServerError
+        (the servers keep serving the version they had): from the learner's `broadcast`
+        when there is one, else (or if it fails) from the folder `model_path`."""
         with self._update_lock:  # one update at a time
-            self._update(model_path, weight_version)
+            self._update(model_path, weight_version, broadcast)
 
-    def _update(self, model_path: str, weight_version: int) -> None:
+    def _update(self, model_path: str, weight_version: int, broadcast: WeightBroadcast | None) -> None:
         started = time.perf_counter()
         with self._gate:
             self._updating = True
@@ -269,10 +277,11 @@ class SGLangEngine:
             previous = (self.version_path, self.version)
             self.version_path, self.version = str(model_path), weight_version
             try:
-                for server in self.servers:
-                    with server.lock:
-                        server.epoch += 1
-                        self._load(server)
+                if broadcast is None or not self._receive(broadcast):
+                    for server in self.servers:
+                        with server.lock:
+                            server.epoch += 1
+                            self._load(server)
             except InferenceServerError:
                 self.version_path, self.version = previous
                 raise
@@ -282,10 +291,32 @@ class SGLangEngine:
                 self._gate.notify_all()
         self.sync_seconds.append(time.perf_counter() - started)
 
+    def _receive(self, broadcast: WeightBroadcast) -> bool:
+        """The current version from the learner's broadcast, on every server, verified;
+        False (logged) when it did not arrive, and the folder is to be loaded instead."""
+        try:
+            receive_broadcast(lambda url, route, payload: self._post(self._server(url), route, payload,
+                                                                       timeout=self.sync_timeout_s),
+                              [server.url for server in self.servers], broadcast, self.version,
+                              self.ranks_per_server, lambda url: self._flush_cache(self._server(url)),
+                              self.sync_timeout_s)
+            for server in self.servers:
+                self._check_serves(server)
+            return True
+        except InferenceServerError as exc:
+            log.warning("weight version %d did not arrive by broadcast (%s): loading its folder %s", self.version,
+                        exc, self.version_path)
+            self.broadcast_fallbacks += 1
+            return False
+
+    def _server(self, url: str) -> Server:
+        return next(server for server in self.servers if server.url == url)
+
     def _load(self, server: Server) -> None:
         """Load the engine's current version on `server` and check that it serves it."""
         if self.version_path is None:
             return
+        self._wait_for_folder()
         body = self._post(server, "/update_weights_from_disk",
                           {"model_path": self.version_path, "weight_version": str(self.version)},
                           timeout=self.sync_timeout_s)
@@ -296,6 +327,19 @@ class SGLangEngine:
             # Loaded, but aborted requests were still leaving the scheduler: the prefix cache
             # (KV of the old weights) must go before anything is served from it.
             self._flush_cache(server)
+        self._check_serves(server)
+
+    def _wait_for_folder(self) -> None:
+        """A broadcast version is announced before its folder is written (in the
+        background, after the broadcast): wait for the folder."""
+        deadline = time.monotonic() + self.sync_timeout_s
+        while not Path(self.version_path).is_dir():
+            if time.monotonic() > deadline:
+                raise InferenceServerError(f"weight version {self.version}'s folder {self.version_path} did not "
+                                           f"appear within {self.sync_timeout_s:.0f} s")
+            time.sleep(0.2)
+
+    def _check_serves(self, server: Server) -> None:
         probe = {"input_ids": [self.tokenizer.eos_token_id or 0],
                  "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
         served = str(self._post(server, "/generate", probe)["meta_info"].get("weight_version"))
@@ -345,4 +389,5 @@ def sglang_backend(recipe, seed: int, settings, logs: Path) -> SGLangEngine:
             raise
     return SGLangEngine(servers, tokenizer, partial_rollout=service.partial_rollout or "resume",
                         request_timeout_s=service.request_timeout_s, sync_timeout_s=service.weight_sync_timeout_s,
-                        max_retries=service.max_retries, api_key=service.api_key)
+                        max_retries=service.max_retries, api_key=service.api_key,
+                        ranks_per_server=ranks_per_server(service.server_args))

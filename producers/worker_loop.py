@@ -12,6 +12,9 @@ Weight sync (`weight.sync_mode`):
     batch-async  the newest version is loaded between batches of tasks
     fully-async  the newest version is loaded as soon as it arrives, between two
                  engine batches (a watcher thread), even while tasks are in flight
+
+With `weight.transport: distributed` every version is received as the learner
+broadcasts it (the watcher thread, in sync mode too): a broadcast waits for every server.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ class WorkerLoop:
                  stop: threading.Event, name: str | None):
         self.settings, self.run_id, self.stop = settings, run_id, stop
         self.cfg, self.mode = recipe.rollout_worker, recipe.weight.sync_mode
+        self.transport = recipe.weight.transport
         in_group = settings.partition_assignment == "group"
         name = name or (os.uname().nodename if in_group else str(shard[0]))
         worker_id = f"{os.uname().nodename}-{os.getpid()}-{name}"
@@ -137,11 +141,15 @@ class WorkerLoop:
         """Load `version` into the engine if it is newer (applied before its next batch)."""
         with self._load_lock:
             if version is not None and version.version > self.loaded_version:
-                self.engine.update_weights(Path(version.uri), version.version)
+                if version.broadcast is not None:  # weight.transport distributed (an SGLang engine)
+                    self.engine.update_weights(Path(version.uri), version.version, broadcast=version.broadcast)
+                else:
+                    self.engine.update_weights(Path(version.uri), version.version)
                 self.loaded_version = version.version
 
     def _follow_weights(self) -> None:
-        """fully-async: load each version as it arrives, from a thread of its own."""
+        """fully-async, or weights broadcast: load each version as it arrives, from a
+        thread of its own."""
         watcher = WeightWatcher(self.settings, self.run_id)
         try:
             while not self.stop.is_set():
@@ -151,7 +159,8 @@ class WorkerLoop:
             self.stop.set()
 
     def run(self, idle_exit_s: float | None) -> int:
-        if self.mode == "fully-async":
+        # a broadcast version is received as it is sent, whatever the worker is doing
+        if self.mode == "fully-async" or self.transport == "distributed":
             threading.Thread(target=self._follow_weights, name="weights", daemon=True).start()
         done, last_work = 0, time.monotonic()
         try:

@@ -230,6 +230,14 @@ class Weight:
                               "count published versions", ge=1)
     sync_weight_path: str = knob("runs/${experiment_name}/weights", "where weight versions go (relative: under "
                                                                     "STREAMRL_HOME)")
+    # distributed: SGLang's update_weights_from_distributed, a process group per version
+    # between the learner's rank 0 and every server (gloo on CPU, NCCL on CUDA)
+    transport: Literal["disk", "distributed"] = knob(
+        "disk", "how a version reaches the SGLang servers: they load its folder (disk), or the learner broadcasts "
+                "the tensors to them (distributed; the folder is still written, in the background, for a server "
+                "or worker that restarts)")
+    broadcast_address: str = knob("127.0.0.1", "distributed: the learner host's address as the servers reach it "
+                                               "(its rendezvous store listens there)")
 
 
 @dataclass

@@ -26,6 +26,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from runtime.weight_transport import transport_problems
 from runtime.config import Recipe, check_against, coerce_strings, missing_files
 from runtime.service_config import TinkerService, window_problems
 from runtime.guide_forms import apply_guide_forms
@@ -284,7 +285,7 @@ def consistency_problems(recipe: Recipe) -> list[str]:
     problems += algorithm_number_problems(recipe.algorithm) + data_section_problems(recipe)
     staleness = 0 if recipe.weight.sync_mode == "sync" else recipe.weight.staleness_threshold
     problems += window_problems(recipe.service.broker, staleness)
-    return problems + inference_service_problems(recipe)
+    return problems + inference_service_problems(recipe) + transport_problems(recipe)
 
 
 def algorithm_number_problems(algorithm) -> list[str]:

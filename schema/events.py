@@ -246,13 +246,30 @@ class TrainStep(Event, tag="train_step", kw_only=True):
         return (self.step,)
 
 
+class WeightBroadcast(msgspec.Struct, kw_only=True):
+    """Where and how a version's tensors are broadcast to the inference servers
+    (`weight.transport: distributed`): the learner's rank 0 is rank 0 of a process group
+    of its own for this version; the servers join it at ranks 1.. and receive the tensors
+    in this order."""
+
+    address: str
+    port: int  # the learner's rendezvous store (TCPStore) for this version
+    group_name: str
+    world_size: int  # 1 + every server rank of every worker
+    backend: str  # gloo (CPU) or nccl (CUDA)
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+
+
 class WeightVersion(Event, tag="weight_version", kw_only=True):
     KIND: ClassVar[str] = "weights"
 
     version: int
     step: int = 0
-    uri: str = ""  # a safetensors directory
-    sha256: str = ""
+    uri: str = ""  # a safetensors directory (with a broadcast: where it will be, once written)
+    sha256: str = ""  # of the folder; empty when announced before it was written (broadcast)
+    broadcast: WeightBroadcast | None = None
 
     def natural_key(self) -> tuple:
         return (self.version,)

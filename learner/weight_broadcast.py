@@ -1,0 +1,95 @@
+"""The learner's side of `weight.transport: distributed`: a version's tensors broadcast
+from rank 0 to every SGLang server, no file in between (runtime/weight_transport.py).
+
+Per version: `open` starts a rendezvous store on a port the OS picks and returns what the
+version's announcement carries (address, port, group name, world size, and the tensors'
+names, dtypes and shapes in broadcast order). The workers, on reading it, have their
+servers join the group (`/init_weights_update_group`, ranks 1..) and receive
+(`/update_weights_from_distributed`); `send`, on the writer thread, makes rank 0's side of
+the same group, broadcasts each tensor, and tears the group down. A group per version
+means a server that restarted is simply part of the next one. A send that fails (a
+server never joined within the timeout) is logged with the reason; the folder written
+after it is then how the servers get the version.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+import uuid
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world
+
+from runtime.weight_transport import GO_KEY, RANK_OFFSET_KEY, VERSION_KEY
+from schema.events import WeightBroadcast
+
+log = logging.getLogger("streamrl.learner")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class WeightBroadcaster:
+    def __init__(self, address: str, world_size: int, device: torch.device, timeout_s: float):
+        self.address, self.world_size = address, world_size
+        self.device = device
+        self.backend = "nccl" if device.type == "cuda" else "gloo"
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self._stores: dict[str, dist.TCPStore] = {}  # by group name, from open to the end of send
+
+    def open(self, version: int, state: dict[str, torch.Tensor]) -> WeightBroadcast:
+        """The rendezvous of `version`'s broadcast (listening before it is announced)."""
+        store = dist.TCPStore(self.address, 0, is_master=True, wait_for_workers=False, timeout=self.timeout)
+        store.set(VERSION_KEY, str(version))
+        store.set(RANK_OFFSET_KEY, "1")  # rank 0 is the learner; each worker adds its servers' ranks
+        names = list(state)
+        manifest = WeightBroadcast(address=self.address, port=store.port,
+                                   group_name=f"streamrl-v{version}-{uuid.uuid4().hex[:12]}", world_size=self.world_size,
+                                   backend=self.backend, names=names, dtypes=[dtype_name(state[n].dtype) for n in names],
+                                   shapes=[list(state[n].shape) for n in names])
+        self._stores[manifest.group_name] = store
+        return manifest
+
+    def _every_rank_claimed(self, store: dist.TCPStore, world_size: int) -> bool:
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        while int(store.add(RANK_OFFSET_KEY, 0)) < world_size:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def send(self, manifest: WeightBroadcast, state: dict[str, torch.Tensor]) -> bool:
+        """Rank 0 of the version's group: broadcast every tensor, in the manifest's order.
+        False (logged) when the servers did not all join or receive within the timeout.
+        The group starts only once every rank is claimed (runtime/weight_transport.py)."""
+        group, store = None, self._stores.pop(manifest.group_name)
+        try:
+            if not self._every_rank_claimed(store, manifest.world_size):
+                store.set(GO_KEY, "0")
+                log.warning("weight version broadcast %s: %d of %d ranks claimed in %.0f s; the servers load its "
+                            "folder instead", manifest.group_name, int(store.add(RANK_OFFSET_KEY, 0)),
+                            manifest.world_size, self.timeout.total_seconds())
+                return False
+            store.set(GO_KEY, "1")
+            # the same store prefix and helper as SGLang's init_custom_process_group, so
+            # both sides meet under the same keys
+            group, _prefixed = _new_process_group_helper(manifest.world_size, 0, [], Backend(manifest.backend),
+                                                 PrefixStore(manifest.group_name, store),
+                                                 group_name=manifest.group_name, timeout=self.timeout)
+            # the helper registers no rank mapping for a group made outside the default
+            # world, and destroy_process_group (which closes its connections) expects one
+            _world.pg_group_ranks[group] = {}
+            for name in manifest.names:
+                dist.broadcast(state[name].contiguous().to(self.device), group=group, group_src=0)
+            return True
+        except Exception as exc:  # the version's folder, written next, reaches the servers instead
+            log.warning("weight version broadcast %s failed (%s: %s); the servers load its folder instead",
+                        manifest.group_name, type(exc).__name__, exc)
+            return False
+        finally:
+            if group is not None:
+                dist.destroy_process_group(group)
