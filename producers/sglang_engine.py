@@ -9,9 +9,10 @@ discarded, the server re-synced, and the request sent again.
 
 Weight sync (`update_weights`) closes a gate (new requests wait), aborts the requests in
 flight (there are none in `sync` and `batch-async`: the worker updates between batches),
-loads the version on every server with `/update_weights_from_disk`, checks that each
-reports it, and opens the gate. An aborted request comes back with the tokens it had
-sampled: with `partial_rollout: resume` they are kept and generation continues from
+loads the version on every server (from the learner's broadcast with `weight.transport:
+distributed`, producers/sglang_broadcast.py, else or failing that with
+`/update_weights_from_disk`), checks that each reports it, and opens the gate. An aborted request comes back with
+the tokens it had sampled: with `partial_rollout: resume` they are kept and generation continues from
 them under the new weights, each token keeping the version that sampled it; with
 `redo` they are dropped and the completion starts again.
 

@@ -76,3 +76,46 @@ def test_request_metrics_merge_by_their_reduction():
     merged = merged_metrics([{"loss:sum": 1.5, "ratio:max": 2.0, "kl:mean": 0.1},
                              {"loss:sum": 2.5, "ratio:max": 3.0, "kl:mean": 0.3, "clip:min": 0.5}])
     assert merged == pytest.approx({"loss:sum": 4.0, "ratio:max": 3.0, "kl:mean": 0.2, "clip:min": 0.5})
+
+
+SGLANG = {"service": {"inference_service": {"backend": "sglang"}}}
+
+
+@pytest.mark.parametrize("values, refused", [
+    ({"weight": {"transport": "distributed"}}, "needs SGLang servers (service.inference_service.backend sglang; "
+                                               "this recipe's is embedded)"),
+    ({**SGLANG, "weight": {"transport": "distributed", "sync_mode": "batch-async"}}, "which batch-async forbids"),
+    ({"service": {"inference_service": {"backend": "sglang", "url": ["a:1", "b:2"]}},
+      "rollout_worker": {"num_workers": 2}, "weight": {"transport": "distributed"}}, "every worker would join the "
+                                                                                    "same servers"),
+    ({"service": {"inference_service": {"backend": "sglang", "server_args": {"dp-size": 2}}},
+      "weight": {"transport": "distributed"}}, "tensor-parallel ranks only (server_args dp-size > 1)"),
+    ({"weight": {"broadcast_address": "10.0.0.5"}}, "weight.broadcast_address: read only with weight.transport "
+                                                    "distributed"),
+])
+def test_weight_transport_distributed_is_refused_where_a_broadcast_cannot_work(values, refused):
+    from omegaconf import OmegaConf
+
+    from runtime.weight_transport import transport_problems
+
+    merged = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(Recipe().to_dict()), OmegaConf.create(values)))
+    found = transport_problems(Recipe.from_dict(merged))
+    assert any(refused in problem for problem in found), found
+
+
+def test_the_broadcast_group_counts_every_server_rank_of_every_worker():
+    from runtime.weight_transport import broadcast_world_size
+
+    recipe = Recipe.from_dict({**Recipe().to_dict(), "rollout_worker": {"num_workers": 3},
+                               "service": {"inference_service": {"backend": "sglang", "num_servers": 2,
+                                                                 "server_args": {"tp-size": 4}}}})
+    assert broadcast_world_size(recipe) == 1 + 3 * 2 * 4
+    assert transport_problems_of(recipe) == []
+
+
+def transport_problems_of(recipe) -> list[str]:
+    from dataclasses import replace
+
+    from runtime.weight_transport import transport_problems
+
+    return transport_problems(replace(recipe, weight=replace(recipe.weight, transport="distributed")))

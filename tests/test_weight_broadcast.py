@@ -19,7 +19,8 @@ from producers.inference import SamplingParams
 from producers.sglang_engine import SGLangEngine, Server
 from producers.sglang_server import ManagedServer
 from runtime.recipe import prepare_recipe
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
+from tests.test_rl_loop import assert_ledger_consistent
 
 PROMPT = "12+34="
 
@@ -103,3 +104,24 @@ def test_a_broadcast_that_cannot_form_falls_back_to_the_folder(engine, model_dir
     completion = engine.complete(prompt, SamplingParams(max_new_tokens=8, temperature=1.0))
     assert completion.weight_version == 6
     assert completion.logprobs == pytest.approx(scored(model, prompt, completion.response_token_ids), abs=1e-4)
+
+
+@pytest.mark.parametrize("mode, sync_every", [("sync", 1), ("fully-async", 2)])
+def test_the_sglang_recipe_trains_on_broadcast_versions(stack, ledger, run_id, tmp_path, sglang_python, mode,
+                                                        sync_every):
+    """`streamrl run` with weight.transport distributed: every version after 0 (which is
+    loaded from its folder before any broadcast) reaches the server by broadcast, none
+    falls back to its folder, and the ledger is exact."""
+    env = {"ARITH_STEPS": "4", "ARITH_WARMUP_STEPS": "150", "ARITH_VALIDATE_EVERY": "4", "ARITH_SYNC_MODE": mode}
+    result = run_cli("run", str(REPO / "recipes" / "arith" / "sglang.yaml"), "--run", run_id, "--out", str(tmp_path),
+                     "weight.transport=distributed", f"weight.sync_every={sync_every}", env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # staleness counts versions: 1 version behind is up to 2 * 2 - 1 steps with a version every 2
+    assert_ledger_consistent(ledger, run_id, steps=4, staleness_threshold=0 if mode == "sync" else 3)
+    versions = [r[0] for r in ledger.execute("select version from weight_versions where run_id = %s order by version",
+                                             (run_id,))]
+    assert versions == list(range(0, 5, sync_every))
+    server_log = "".join(p.read_text() for p in stack.home.glob(f"runs/{run_id}/logs/sglang-*.log"))
+    assert server_log.count("POST /update_weights_from_distributed") == len(versions) - 1
+    assert server_log.count("POST /update_weights_from_disk") == 1  # version 0
+    assert "did not arrive by broadcast" not in (tmp_path / "logs" / "worker-0.log").read_text()
