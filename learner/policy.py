@@ -29,7 +29,9 @@ from runtime.chat_template import recipe_renderer
 from runtime.dataset import read_rows
 from runtime.weight_transport import broadcast_world_size
 from schema.events import WeightBroadcast
-from runtime.lora import AdapterDisabled, base_of, lora_spec, merged_state_dict, with_lora
+from runtime.lora import (
+    AdapterDisabled, adapter_state_dict, base_of, lora_spec, merged_state_dict, with_lora, write_adapter_folder,
+)
 
 STOP = "stop"
 
@@ -54,6 +56,7 @@ class Policy:
         # fp32 master weights; bf16 is the compute dtype (autocast, or FSDP's policy)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
         self.lora = lora_spec(cfg.lora)
+        self.adapter_versions = cfg.lora is not None and cfg.lora.versions == "adapter"
         if self.lora is not None:  # only the adapter trains; the weight versions are merged
             torch.manual_seed(cfg.seed)  # the adapter's initialisation: the same on every rank and restart
             model = with_lora(model, self.lora)
@@ -162,7 +165,7 @@ class Policy:
         gathered = parallel.full_state_dict(self.model, self.placement)
         if not self.is_main:
             return None
-        return write_weight_version(root, version, base_of(self.model), self.tokenizer, self._version_state(gathered))
+        return self._write_version_folder(root, version, self._version_state(gathered))
 
     def start_version(self, root: Path, version: int) -> WeightBroadcast | None:
         """Copy the weights now (gathered to rank 0 when sharded; the adapter merged with
@@ -174,24 +177,33 @@ class Policy:
             return None
         self.versions.wait_idle()  # one copy in flight at most
         state = self._version_state(gathered)
-        model, tokenizer = base_of(self.model), self.tokenizer
         if self.broadcaster is None:
-            self.versions.submit(version, lambda: write_weight_version(root, version, model, tokenizer, state))
+            self.versions.submit(version, lambda: self._write_version_folder(root, version, state))
             return None
         manifest = self.broadcaster.open(version, state)
 
         def broadcast_then_write() -> Path:
             self.broadcaster.send(manifest, state)
-            return write_weight_version(root, version, model, tokenizer, state)
+            return self._write_version_folder(root, version, state)
         self.versions.submit(version, broadcast_then_write)
         return manifest
 
     def _version_state(self, gathered: dict | None) -> dict:
         """What a weight version holds: the gathered weights (sharded) or a copy of the
-        model's, with a LoRA adapter merged in. Both writers use it, so a version written
-        in the background and one written now are the same bytes (the resume check)."""
+        model's; with LoRA, the adapter merged in, or (`trainer.lora.versions: adapter`)
+        the adapter alone. Both writers use it, so a version written in the background and
+        one written now are the same bytes (the resume check)."""
+        if self.adapter_versions:
+            state = gathered if gathered is not None else self.model.state_dict()
+            return cpu_copy(adapter_state_dict(state))
         state = gathered if gathered is not None else cpu_copy(self.model.state_dict())
         return merged_state_dict(state, self.lora.scale) if self.lora is not None else state
+
+    def _write_version_folder(self, root: Path, version: int, state: dict) -> Path:
+        if self.adapter_versions:
+            root.mkdir(parents=True, exist_ok=True)
+            return write_adapter_folder(root / f"v{version:06d}", self.model, state)
+        return write_weight_version(root, version, base_of(self.model), self.tokenizer, state)
 
     def written_versions(self, wait: bool = False) -> list[tuple[int, Path]]:
         """Rank 0: the versions written since the last call, in order."""

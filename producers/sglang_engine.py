@@ -34,6 +34,7 @@ from pathlib import Path
 import httpx
 
 from producers.inference import Completion, SamplingParams, register_inference_backend
+from producers.sglang_adapters import ADAPTER_ROUTES, adapter_name, load_adapter, lora_server_args
 from producers.sglang_broadcast import receive_broadcast
 from producers.sglang_server import InferenceServerError, ManagedServer
 from runtime.backoff import backoff_delay
@@ -44,7 +45,8 @@ from schema.events import WeightBroadcast
 log = logging.getLogger("streamrl.sglang")
 ABORTED = "abort"
 WEIGHT_ROUTES = ("/update_weights_from_disk", "/begin_weight_update", "/init_weights_update_group",
-                 "/update_weights_from_distributed", "/destroy_weights_update_group", "/end_weight_update")
+                 "/update_weights_from_distributed", "/destroy_weights_update_group", "/end_weight_update",
+                 *ADAPTER_ROUTES)
 
 
 @dataclass
@@ -54,6 +56,7 @@ class Server:
     epoch: int = 0  # bumped on each restart or re-sync, so one failure is repaired once
     lock: threading.RLock = field(default_factory=threading.RLock)  # held while repairing or loading
     slots: threading.Semaphore | None = None
+    adapter: str | None = None  # the LoRA adapter it serves (trainer.lora.versions: adapter)
 
 
 @dataclass
@@ -83,7 +86,7 @@ class SGLangEngine:
 
     def __init__(self, servers: list[Server], tokenizer, partial_rollout: str = "resume",
                  request_timeout_s: float = 600.0, sync_timeout_s: float = 300.0, max_retries: int = 3,
-                 api_key: str | None = None, ranks_per_server: int = 1):
+                 api_key: str | None = None, ranks_per_server: int = 1, adapters: bool = False):
         self.servers = servers
         self.tokenizer = tokenizer
         self.partial_rollout = partial_rollout
@@ -104,6 +107,7 @@ class SGLangEngine:
         self.aborted_requests = 0
         self.broadcast_fallbacks = 0  # versions that did not arrive by broadcast and were loaded from disk
         self.ranks_per_server = ranks_per_server
+        self.adapters = adapters  # versions are LoRA adapters (producers/sglang_adapters.py)
         self.sync_seconds: list[float] = []
 
     # --- generation ---------------------------------------------------------------------------
@@ -162,6 +166,8 @@ class SGLangEngine:
         if params.stop_token_ids:
             sampling["stop_token_ids"] = list(params.stop_token_ids)
         payload = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True}
+        if self.adapters and self.version is not None:
+            payload["lora_path"] = adapter_name(self.version)
         body = self._post(server, "/generate", payload)
         out = parse_generate(body)
         expected = self.version
@@ -318,6 +324,13 @@ class SGLangEngine:
         if self.version_path is None:
             return
         self._wait_for_folder()
+        if self.adapters:
+            server.adapter = load_adapter(lambda route, payload: self._post(server, route, payload,
+                                                                            timeout=self.sync_timeout_s),
+                                          server.url, self.version, self.version_path,
+                                          server.adapter)
+            self._check_serves(server)
+            return
         body = self._post(server, "/update_weights_from_disk",
                           {"model_path": self.version_path, "weight_version": str(self.version)},
                           timeout=self.sync_timeout_s)
@@ -369,14 +382,16 @@ def sglang_backend(recipe, seed: int, settings, logs: Path) -> SGLangEngine:
     the recipe's model (stopped with the worker)."""
     from transformers import AutoTokenizer  # here: validating a recipe imports this module
 
-    service = recipe.service.inference_service
+    service, lora = recipe.service.inference_service, recipe.trainer.lora
     tokenizer = AutoTokenizer.from_pretrained(recipe.rollout_worker.model_path)
     slots = service.max_batch_size
+    adapters = lora is not None and lora.versions == "adapter"
     if service.url:
         servers = [Server(url, slots=threading.Semaphore(slots)) for url in server_urls(service.url)]
     else:
         server_args = {**({"api-key": service.api_key} if service.api_key else {}),
-                       "random-seed": seed, **service.server_args}
+                       "random-seed": seed, **(lora_server_args(lora, recipe.trainer.device) if adapters else {}),
+                       **service.server_args}
         servers = []
         try:
             for index in range(service.num_servers):
@@ -391,4 +406,4 @@ def sglang_backend(recipe, seed: int, settings, logs: Path) -> SGLangEngine:
     return SGLangEngine(servers, tokenizer, partial_rollout=service.partial_rollout or "resume",
                         request_timeout_s=service.request_timeout_s, sync_timeout_s=service.weight_sync_timeout_s,
                         max_retries=service.max_retries, api_key=service.api_key,
-                        ranks_per_server=ranks_per_server(service.server_args))
+                        ranks_per_server=ranks_per_server(service.server_args), adapters=adapters)

@@ -166,6 +166,10 @@ class Lora:
                                      "tied output embedding)",
                                 factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                  "down_proj"])
+    versions: Literal["merged", "adapter"] = knob(
+        "merged", "what a weight version is: the model with the adapter merged in (any server loads it), or the "
+                  "adapter alone (SGLang servers started with LoRA load it with /load_lora_adapter: megabytes per "
+                  "version instead of the model)")
 
 
 @dataclass

@@ -4,12 +4,14 @@ and `streamrl serve-training` (a Tinker LoRA training client).
 A LoRA model is the base model with each target linear layer W given a low-rank update:
 W' = W + (alpha / rank) * B @ A, with A [rank, in] and B [out, rank]; B starts at zero,
 so a fresh adapter is the base model. Only A and B train. Inference engines load the
-merged weights W' as an ordinary model folder (`merged_state_dict`).
+merged weights W' as an ordinary model folder (`merged_state_dict`), or SGLang the
+adapter alone (`write_adapter_folder`, `trainer.lora.versions: adapter`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -88,6 +90,27 @@ def merged_state_dict(state: dict[str, torch.Tensor], scale: float) -> dict[str,
             value = (value.float() + scale * (up.float() @ down.float())).to(value.dtype)
         merged[plain] = value
     return merged
+
+
+def adapter_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A LoRA model's adapter weights under the names peft saves them by (its adapter
+    name, `default`, left out), as `adapter_model.safetensors` holds them."""
+    return {name.replace(".default.", "."): value for name, value in state.items()
+            if ".lora_A." in name or ".lora_B." in name}
+
+
+def write_adapter_folder(final: Path, model, state: dict[str, torch.Tensor]) -> Path:
+    """The adapter of `model` (a peft model) with the weights of `state`, as a folder
+    peft's `PeftModel.from_pretrained` and SGLang's `/load_lora_adapter` read; atomic."""
+    from safetensors.torch import save_file
+
+    from runtime.folders import write_folder
+
+    def fill(folder: Path) -> None:
+        model.peft_config["default"].save_pretrained(folder)
+        save_file({name: value.contiguous() for name, value in adapter_state_dict(state).items()},
+                  folder / "adapter_model.safetensors")
+    return write_folder(final, fill)
 
 
 class AdapterDisabled:

@@ -41,16 +41,35 @@ def broadcast_world_size(recipe) -> int:
     return 1 + recipe.rollout_worker.num_workers * servers_per_worker * ranks_per_server(service.server_args)
 
 
+def adapter_version_problems(recipe) -> list[str]:
+    """`trainer.lora.versions: adapter` only where servers load adapters."""
+    lora, service = recipe.trainer.lora, recipe.service.inference_service
+    if lora is None or lora.versions != "adapter":
+        return []
+    prefix = "trainer.lora.versions: adapter "
+    problems = []
+    if service.backend != "sglang":
+        problems.append(f"{prefix}needs SGLang servers (service.inference_service.backend sglang; this recipe's is "
+                        f"{service.backend}): the embedded engine and OpenAI servers load whole models")
+    if recipe.weight.transport == "distributed":
+        problems.append(f"{prefix}is a folder of megabytes that each server loads; weight.transport distributed "
+                        f"broadcasts whole models (use one or the other)")
+    if "lm_head" in lora.target_modules:
+        problems.append(f"{prefix}with 'lm_head' in target_modules: the adapter unties the output embeddings, "
+                        f"which the servers' base model shares with the input ones; use versions: merged")
+    return problems
+
+
 def transport_problems(recipe) -> list[str]:
     """`weight.transport: distributed` only where a broadcast can reach every server
     exactly once and be applied when it arrives."""
+    problems = adapter_version_problems(recipe)
     weight, service = recipe.weight, recipe.service.inference_service
     if weight.transport != "distributed":
         if weight.broadcast_address != "127.0.0.1":
-            return ["weight.broadcast_address: read only with weight.transport distributed"]
-        return []
+            problems.append("weight.broadcast_address: read only with weight.transport distributed")
+        return problems
     prefix = "weight.transport: distributed "
-    problems = []
     if service.backend != "sglang":
         problems.append(f"{prefix}needs SGLang servers (service.inference_service.backend sglang; this recipe's is "
                         f"{service.backend}): the embedded engine and OpenAI servers load folders")

@@ -178,7 +178,7 @@ def command_lines() -> dict[int, list[str]]:
 SERVICE_FIXTURES = {"stack", "ledger", "external_database"}
 SERVICE_MODULES = {"test_services", "test_sglang", "test_inference_servers", "test_supervision",
                    "test_training_service", "test_observability", "test_demo", "test_sql_cli", "test_scaffold",
-                   "test_fault_matrix", "test_group_wedge", "test_learner_parallel", "test_quiet_logs", "test_weight_broadcast"}
+                   "test_fault_matrix", "test_group_wedge", "test_learner_parallel", "test_quiet_logs", "test_weight_broadcast", "test_sglang_adapters"}
 
 
 def pytest_configure(config):
