@@ -1,6 +1,7 @@
 """What keeping a learner restartable costs a step, before and after sharded background
 snapshots: `model init` models of real sizes (Qwen2-0.5B full fine-tuning, Qwen2-1.5B
-with LoRA by default), the learner's own Policy, a few identical GRPO steps.
+with LoRA by default; `:adapter` is LoRA whose weight versions are the adapter alone),
+the learner's own Policy, a few identical GRPO steps.
 
     off     no snapshot, no weight version: the step alone
     before  what the learner did before: every step, the whole model and AdamW state
@@ -63,8 +64,8 @@ def child(model: str, kind: str, mode: str, steps: int, save_freq: int, work: Pa
     from runtime.config import Recipe
 
     trainer = {"lr": 1e-5, "micro_batch_tokens": 64, "device": "cpu", "num_threads": 2}
-    if kind == "lora":
-        trainer["lora"] = {"rank": 16, "alpha": 32.0}
+    if kind in ("lora", "adapter"):  # adapter: weight versions are the adapter alone (trainer.lora.versions)
+        trainer["lora"] = {"rank": 16, "alpha": 32.0, "versions": "merged" if kind == "lora" else "adapter"}
     recipe = Recipe.from_dict({"rollout_worker": {"model_path": model}, "trainer": trainer})
     policy = Policy(recipe, GRPOTrainer, work / "checkpoints")
     vocab = len(policy.tokenizer)
@@ -120,7 +121,7 @@ def ensure_model(name: str) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="qwen2-0.5b:full,qwen2-1.5b:lora",
-                        help="ARCHITECTURE:full|lora, comma-separated")
+                        help="ARCHITECTURE:full|lora|adapter, comma-separated (adapter: LoRA with adapter versions)")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--save-freq", type=int, default=3)
     parser.add_argument("--modes", default=",".join(MODES) + ",sync3", help="which of off, before, after, sync3 to run")

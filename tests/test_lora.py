@@ -113,3 +113,31 @@ def test_two_processes_train_a_lora_to_what_one_does(tiny, tmp_path):
         adapted = name.endswith(".weight") and any(f".{target}." in name for target in (
             "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
         assert torch.equal(one[name], start[name]) != adapted, name  # only the adapted weights moved
+
+
+def test_lora_with_gradient_checkpointing_and_bf16_writes_adapter_versions(tiny, tmp_path):
+    """trainer.lora with gradient checkpointing and bf16 compute: the adapter gets gradients
+    through the recomputed blocks (the loss falls at every step); with versions: adapter a
+    version is the peft folder alone, which peft loads onto the base model to score as the
+    policy does."""
+    from peft import PeftModel
+
+    recipe = Recipe.from_dict({"rollout_worker": {"model_path": str(tiny)},
+                               "trainer": {"lr": 1e-2, "micro_batch_tokens": 64, "device": "cpu",
+                                           "gradient_checkpointing": True, "dtype": "bfloat16",
+                                           "lora": {"rank": 4, "alpha": 8.0, "versions": "adapter"}}})
+    policy = Policy(recipe, GRPOTrainer, tmp_path / "checkpoints")
+    losses = [policy.train(1e-2, batch()).loss for _ in range(4)]
+    assert all(math.isfinite(loss) for loss in losses) and all(a > b for a, b in zip(losses, losses[1:])), losses
+    folder = policy.write_version(tmp_path / "weights", 4)
+    assert sorted(p.name for p in folder.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    served = PeftModel.from_pretrained(load(tiny)[1], folder).eval()
+    tokens = [5, 9, 13, 21, 8, 40, 3]
+    policy.model.eval()
+    assert torch.allclose(sequence_logprobs(served, tokens), sequence_logprobs(policy.model, tokens), atol=1e-5)
+    assert not torch.allclose(sequence_logprobs(served, tokens), sequence_logprobs(load(tiny)[1].eval(), tokens),
+                              atol=1e-3)
+    # written in the background (start_version), the same bytes
+    policy.start_version(tmp_path / "background", 4)
+    (_, background), = policy.written_versions(wait=True)
+    assert (background / "adapter_model.safetensors").read_bytes() == (folder / "adapter_model.safetensors").read_bytes()
