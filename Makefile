@@ -110,6 +110,7 @@ bench: $(BENCH_STAMP)
 	$(PY) bench/learner_gpu.py
 	$(MAKE) --no-print-directory sglang-env
 	$(PY) bench/inference_bench.py
+	$(PY) bench/weight_sync.py
 	$(PY) bench/step_cpu.py
 	$(PY) bench/worker_cpu.py
 	$(PY) bench/remote_step.py
