@@ -29,6 +29,24 @@ from schema.events import WeightBroadcast
 log = logging.getLogger("streamrl.learner")
 
 
+# a bucket's bytes: few collectives (each costs a round of messages), and a bounded
+# extra copy on the sending side
+BUCKET_BYTES = 256 * 2**20
+
+
+def buckets(tensors: list[torch.Tensor], limit: int) -> list[int]:
+    """How many consecutive tensors go in each bucket of at most `limit` bytes (a larger
+    tensor alone)."""
+    sizes, count, filled = [], 0, 0
+    for tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if count and filled + nbytes > limit:
+            sizes.append(count)
+            count, filled = 0, 0
+        count, filled = count + 1, filled + nbytes
+    return sizes + ([count] if count else [])
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -48,6 +66,7 @@ class WeightBroadcaster:
         store.set(RANK_OFFSET_KEY, "1")  # rank 0 is the learner; each worker adds its servers' ranks
         names = list(state)
         manifest = WeightBroadcast(address=self.address, port=store.port,
+                                   bucket_sizes=buckets([state[n] for n in names], BUCKET_BYTES),
                                    group_name=f"streamrl-v{version}-{uuid.uuid4().hex[:12]}", world_size=self.world_size,
                                    backend=self.backend, names=names, dtypes=[dtype_name(state[n].dtype) for n in names],
                                    shapes=[list(state[n].shape) for n in names])
@@ -83,8 +102,12 @@ class WeightBroadcaster:
             # the helper registers no rank mapping for a group made outside the default
             # world, and destroy_process_group (which closes its connections) expects one
             _world.pg_group_ranks[group] = {}
-            for name in manifest.names:
-                dist.broadcast(state[name].contiguous().to(self.device), group=group, group_src=0)
+            start = 0
+            for size in manifest.bucket_sizes:
+                names = manifest.names[start:start + size]
+                start += size
+                flat = torch.cat([state[n].contiguous().to(self.device).flatten().view(torch.uint8) for n in names])
+                dist.broadcast(flat, group=group, group_src=0)
             return True
         except Exception as exc:  # the version's folder, written next, reaches the servers instead
             log.warning("weight version broadcast %s failed (%s: %s); the servers load its folder instead",

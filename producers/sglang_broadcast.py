@@ -5,8 +5,9 @@ The worker claims its servers' ranks on the version's rendezvous store (an atomi
 so workers need no numbering of their own) and waits for the learner to see every rank
 claimed; then, on every server at once (joining the
 group blocks until all of its ranks are there): `/begin_weight_update`,
-`/init_weights_update_group`, `/update_weights_from_distributed` (which sets the
-server's weight version), `/destroy_weights_update_group`, `/end_weight_update`. Any
+`/init_weights_update_group`, `/update_weights_from_distributed` once per bucket (the
+last sets the server's weight version and flushes its cache),
+`/destroy_weights_update_group`, `/end_weight_update`. Any
 failure raises InferenceServerError naming the server and the step; the engine then
 loads the version's folder instead.
 """
@@ -81,9 +82,16 @@ def _receive_on(post, url: str, broadcast: WeightBroadcast, version: int, rank_o
                                             "rank_offset": rank_offset, "world_size": broadcast.world_size,
                                             "group_name": broadcast.group_name, "backend": broadcast.backend})
         try:
-            body = step("/update_weights_from_distributed",
-                        {"names": broadcast.names, "dtypes": broadcast.dtypes, "shapes": broadcast.shapes,
-                         "group_name": broadcast.group_name, "weight_version": str(version)})
+            start = 0
+            for index, size in enumerate(broadcast.bucket_sizes):
+                last = index == len(broadcast.bucket_sizes) - 1
+                part = slice(start, start + size)
+                start += size
+                body = step("/update_weights_from_distributed",
+                            {"names": broadcast.names[part], "dtypes": broadcast.dtypes[part],
+                             "shapes": broadcast.shapes[part], "group_name": broadcast.group_name,
+                             "load_format": "flattened_bucket", "flush_cache": last,
+                             **({"weight_version": str(version)} if last else {})})
             if not body.get("success", True):  # loaded; aborted requests were still leaving the scheduler
                 flush(url)
         finally:

@@ -260,6 +260,9 @@ class WeightBroadcast(msgspec.Struct, kw_only=True):
     names: list[str]
     dtypes: list[str]
     shapes: list[list[int]]
+    # consecutive tensors sent as one flat byte buffer each (SGLang's flattened_bucket):
+    # one collective per bucket instead of one per tensor
+    bucket_sizes: list[int] = []
 
 
 class WeightVersion(Event, tag="weight_version", kw_only=True):

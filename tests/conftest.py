@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from producers.sglang_server import ManagedServer
 from runtime import db, services
+from runtime.recipe import prepare_recipe
 from runtime.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -224,3 +226,18 @@ def required_environment(python: Path, missing: str) -> Path:
             pytest.fail(missing)
         pytest.skip(missing)
     return python
+
+
+# The built-in arith model and a managed SGLang server of it (CPU engine), one per module
+# that asks (tests/test_sglang.py, test_weight_broadcast.py, ...).
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    return Path(prepare_recipe(REPO / "recipes" / "arith" / "recipe.yaml").rollout_worker.model_path)
+
+
+@pytest.fixture(scope="module")
+def server(sglang_python, model_dir, tmp_path_factory):
+    managed = ManagedServer(sglang_python, str(model_dir), "cpu", {}, tmp_path_factory.mktemp("sglang") / "server.log")
+    managed.start()
+    yield managed
+    managed.stop()

@@ -240,3 +240,12 @@ def test_weight_versions_are_written_from_a_copy_and_announced_in_order(tiny, tm
     with pytest.raises(OSError, match="disk full"):
         writes.written()
     writes.close()
+
+
+def test_broadcast_buckets_hold_consecutive_tensors_up_to_the_byte_limit():
+    from learner.weight_broadcast import buckets
+
+    tensors = [torch.zeros(10), torch.zeros(100), torch.zeros(5), torch.zeros(1)]  # 40, 400, 20, 4 bytes
+    assert buckets(tensors, 400) == [1, 1, 2]  # 40 + 400 > 400: the large one starts a bucket of its own
+    assert buckets(tensors, 100) == [1, 1, 2]  # a tensor over the limit goes alone
+    assert buckets(tensors, 10**6) == [4] and buckets([], 10) == []

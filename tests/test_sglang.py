@@ -28,25 +28,11 @@ from producers.inference import InferenceUnavailable, SamplingParams
 from producers.openai_engine import OpenAIEngine
 from producers.sglang_engine import SGLangEngine, Server
 from producers.sglang_server import InferenceServerError, ManagedServer
-from runtime.recipe import prepare_recipe
 from tests.conftest import REPO, run_cli, wait_for
 from tests.test_rl_loop import assert_ledger_consistent, scalar
 
 RECIPE = str(REPO / "recipes" / "arith" / "sglang.yaml")
 PROMPTS = ["12+34=", "7+8=", "99+1=", "5+55=", "40+2=", "3+3="]
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    return Path(prepare_recipe(REPO / "recipes" / "arith" / "recipe.yaml").rollout_worker.model_path)
-
-
-@pytest.fixture(scope="module")
-def server(sglang_python, model_dir, tmp_path_factory):
-    managed = ManagedServer(sglang_python, str(model_dir), "cpu", {}, tmp_path_factory.mktemp("sglang") / "server.log")
-    managed.start()
-    yield managed
-    managed.stop()
 
 
 @pytest.fixture

@@ -10,24 +10,18 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from algos.losses import token_logprobs_and_entropy
 from producers.inference import SamplingParams
 from producers.sglang_adapters import lora_server_args
 from producers.sglang_engine import SGLangEngine, Server
 from producers.sglang_server import ManagedServer
 from runtime.config import Lora
 from runtime.lora import LoraSpec, with_lora, write_adapter_folder
-from runtime.recipe import prepare_recipe
 from tests.conftest import REPO, run_cli
 from tests.test_rl_loop import assert_ledger_consistent
+from tests.test_weight_broadcast import scored
 
 PROMPT = "12+34="
 LORA = Lora(rank=8, alpha=16.0, versions="adapter")
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    return Path(prepare_recipe(REPO / "recipes" / "arith" / "recipe.yaml").rollout_worker.model_path)
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +45,6 @@ def trained_adapter(model_dir: Path, seed: int):
             if "lora_B" in name:
                 parameter.normal_(0.0, 0.2)
     return model
-
-
-def scored(model, prompt: list[int], response: list[int]) -> list[float]:
-    tokens = torch.tensor([prompt + response])
-    with torch.no_grad():
-        logprobs, _ = token_logprobs_and_entropy(model(input_ids=tokens).logits, tokens, 1.0)
-    return logprobs[0, len(prompt):].tolist()
 
 
 def test_adapter_versions_load_switch_and_resync(engine, model_dir, tmp_path):

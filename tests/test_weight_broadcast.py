@@ -17,25 +17,10 @@ from learner.checkpoint import write_weight_version
 from learner.weight_broadcast import WeightBroadcaster
 from producers.inference import SamplingParams
 from producers.sglang_engine import SGLangEngine, Server
-from producers.sglang_server import ManagedServer
-from runtime.recipe import prepare_recipe
 from tests.conftest import REPO, run_cli
 from tests.test_rl_loop import assert_ledger_consistent
 
 PROMPT = "12+34="
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    return Path(prepare_recipe(REPO / "recipes" / "arith" / "recipe.yaml").rollout_worker.model_path)
-
-
-@pytest.fixture(scope="module")
-def server(sglang_python, model_dir, tmp_path_factory):
-    managed = ManagedServer(sglang_python, str(model_dir), "cpu", {}, tmp_path_factory.mktemp("sglang") / "server.log")
-    managed.start()
-    yield managed
-    managed.stop()
 
 
 @pytest.fixture
