@@ -298,7 +298,8 @@ class Learner:
             return self.replayed(step, recorded, loss)
         self.last_state = {"offsets": record.consumed_offsets, "train_step": _record_dict(record)}
         # A version every weight.sync_every steps: copied now, written in the background and
-        # announced once on disk; the snapshot (when due) is written while the next steps train.
+        # announced once on disk (with weight.transport distributed: announced now, broadcast,
+        # then written); the snapshot (when due) is written while the next steps train.
         broadcast = self.policy.call("start_version", self.weights, step) if self.is_version(step) else None
         if self.snapshot_due(step):
             self.write_snapshot(step, self.last_state)
