@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
 import threading
 import time
@@ -352,11 +353,18 @@ class Learner:
         can move them, which is said, not hidden."""
         recorded = self.weights / f"v{step:06d}"
         replayed = self.policy.call("write_version", self.weights / ".replayed", step)
-        same = recorded.is_dir() and directory_sha256(recorded) == directory_sha256(replayed)
+        done = f"re-trained steps {self.resumed_from + 1}-{step} from the snapshot of step {self.resumed_from}"
+        if not recorded.is_dir():
+            # announced, then the learner stopped before writing it (a broadcast version is
+            # written after it is sent): the re-trained weights are the version's folder now
+            os.replace(replayed, recorded)
+            self.say_resume_checked(step, None, f"{done}: version {step}'s folder was never written before the "
+                                                f"restart, so there is nothing to compare; it is written now")
+        else:
+            same = directory_sha256(recorded) == directory_sha256(replayed)
+            self.say_resume_checked(step, same, f"{done}: the weights {'equal' if same else 'DIFFER from'} version "
+                                                f"{step}'s as first written")
         shutil.rmtree(self.weights / ".replayed", ignore_errors=True)
-        message = (f"re-trained steps {self.resumed_from + 1}-{step} from the snapshot of step {self.resumed_from}: "
-                   f"the weights {'equal' if same else 'DIFFER from'} version {step}'s as first written")
-        self.say_resume_checked(step, same, message)
 
     def say_resume_checked(self, step: int, same: bool | None, message: str) -> None:
         (log.warning if same is False else log.info)(message)

@@ -98,6 +98,7 @@ class SGLangEngine:
         self._all_clients: list[httpx.Client] = []
         self.version: int | None = None  # what every server holds (None: not synced yet)
         self.version_path: str | None = None
+        self._folder_follows = False  # the current version was broadcast: its folder may not be written yet
         self._gate = threading.Condition()
         self._updating = False
         self._in_flight = 0
@@ -281,8 +282,9 @@ class SGLangEngine:
                 if not self._gate.wait_for(lambda: self._in_flight == 0, timeout=self.sync_timeout_s):
                     raise InferenceServerError(f"requests still in flight {self.sync_timeout_s:.0f} s after "
                                                f"aborting them for weight version {weight_version}")
-            previous = (self.version_path, self.version)
+            previous = (self.version_path, self.version, self._folder_follows)
             self.version_path, self.version = str(model_path), weight_version
+            self._folder_follows = broadcast is not None  # written after the broadcast
             try:
                 if broadcast is None or not self._receive(broadcast):
                     for server in self.servers:
@@ -290,7 +292,7 @@ class SGLangEngine:
                             server.epoch += 1
                             self._load(server)
             except InferenceServerError:
-                self.version_path, self.version = previous
+                self.version_path, self.version, self._folder_follows = previous
                 raise
         finally:
             with self._gate:
@@ -323,7 +325,8 @@ class SGLangEngine:
         """Load the engine's current version on `server` and check that it serves it."""
         if self.version_path is None:
             return
-        self._wait_for_folder()
+        if self._folder_follows:
+            self._wait_for_folder()
         if self.adapters:
             server.adapter = load_adapter(lambda route, payload: self._post(server, route, payload,
                                                                             timeout=self.sync_timeout_s),

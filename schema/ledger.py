@@ -199,6 +199,7 @@ weight_versions = Table(
     Column("step", Integer, nullable=False),
     Column("uri", Text),
     Column("sha256", Text),
+    Column("broadcast", JSONB),  # weight.transport distributed: where and how it was sent
     Index("ix_weight_versions_run_version", "run_id", "version"),
 )
 
@@ -266,7 +267,7 @@ def field_column_mismatches(event_type: type[Event], table: Table) -> list[str]:
 
 
 # Fields holding nested Structs, which must become plain dicts for JSONB.
-_NESTED = {Trajectory: ("turns",)}
+_NESTED = {Trajectory: ("turns",), WeightVersion: ("broadcast",)}
 
 
 def event_row(event: Event, topic: str | None = None, partition: int | None = None,
