@@ -98,10 +98,15 @@ def directory_sha256(folder: Path) -> str:
     return digest.hexdigest()
 
 
+def version_folder(root: Path, version: int) -> Path:
+    """Where weight version `version` lives under `root` (the learner's weights folder)."""
+    return root / f"v{version:06d}"
+
+
 def write_weight_version(root: Path, version: int, model, tokenizer, state_dict: dict | None = None) -> Path:
     """The weights of `version` as a model folder any loader can read."""
     root.mkdir(parents=True, exist_ok=True)
-    return write_model_dir(root / f"v{version:06d}", model, tokenizer, state_dict)
+    return write_model_dir(version_folder(root, version), model, tokenizer, state_dict)
 
 
 def prune_weight_versions(root: Path, keep_last: int = 4) -> None:

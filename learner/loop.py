@@ -36,7 +36,7 @@ from algos.lr_schedule import learning_rate_at
 from learner.step_inputs import (
     StepBuffer, sample_to_item, staleness_split, with_batch_advantages, with_behaviour_lag,
 )
-from learner.checkpoint import directory_sha256, load_state, prune_weight_versions
+from learner.checkpoint import directory_sha256, load_state, prune_weight_versions, version_folder
 from learner.recorded_steps import exactly_recorded, holds_untrained, recorded_steps
 from learner.policy import Policy
 from learner.remote_policy import RemotePolicy
@@ -142,7 +142,7 @@ class Learner:
         """After a restart, announce the newest version again (the same event): a broker
         that lost its topics lost it too. The weights after `step` are it if published."""
         version = step if self.is_version(step) else newest_version(step, self.sync_every)
-        folder = self.weights / f"v{version:06d}"
+        folder = version_folder(self.weights, version)
         if version == step or folder.is_dir():
             self.publish_version(version, folder if folder.is_dir() else None)
 
@@ -163,7 +163,7 @@ class Learner:
         if broadcast is not None:
             self.broadcast_versions.add(version)
             event = WeightVersion(run_id=self.run_id, version=version, step=version,
-                                  uri=str(self.weights / f"v{version:06d}"), broadcast=broadcast)
+                                  uri=str(version_folder(self.weights, version)), broadcast=broadcast)
         else:
             folder = folder or self.policy.call("write_version", self.weights, version)
             prune_weight_versions(self.weights, keep_last=self.keep_weight_versions)
@@ -351,7 +351,7 @@ class Learner:
         """The re-trained weights against version `step` as written before the restart. On
         CPU in float32 they are equal byte for byte; GPU kernels that are not deterministic
         can move them, which is said, not hidden."""
-        recorded = self.weights / f"v{step:06d}"
+        recorded = version_folder(self.weights, step)
         replayed = self.policy.call("write_version", self.weights / ".replayed", step)
         done = f"re-trained steps {self.resumed_from + 1}-{step} from the snapshot of step {self.resumed_from}"
         if not recorded.is_dir():

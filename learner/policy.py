@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from learner import parallel
 from learner.trainer_factory import build_trainer, unread_trainer_keys
 from learner.batching import TrainItem
-from learner.checkpoint import latest_checkpoint, write_model_dir, write_weight_version
+from learner.checkpoint import latest_checkpoint, version_folder, write_model_dir, write_weight_version
 from learner.snapshots import SnapshotStore, load_snapshot
 from learner.version_writes import VersionWrites, cpu_copy
 from learner.weight_broadcast import WeightBroadcaster
@@ -27,7 +27,7 @@ from learner.warmup import cross_entropy_warmup, demonstration_items, greedy_exa
 from runtime.config import Recipe
 from runtime.chat_template import recipe_renderer
 from runtime.dataset import read_rows
-from runtime.weight_transport import broadcast_world_size
+from runtime.weight_transport import adapter_versions, broadcast_world_size
 from schema.events import WeightBroadcast
 from runtime.lora import (
     AdapterDisabled, adapter_state_dict, base_of, lora_spec, merged_state_dict, with_lora, write_adapter_folder,
@@ -56,7 +56,7 @@ class Policy:
         # fp32 master weights; bf16 is the compute dtype (autocast, or FSDP's policy)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
         self.lora = lora_spec(cfg.lora)
-        self.adapter_versions = cfg.lora is not None and cfg.lora.versions == "adapter"
+        self.adapter_versions = adapter_versions(cfg.lora)
         if self.lora is not None:  # only the adapter trains; the weight versions are merged
             torch.manual_seed(cfg.seed)  # the adapter's initialisation: the same on every rank and restart
             model = with_lora(model, self.lora)
@@ -202,7 +202,7 @@ class Policy:
     def _write_version_folder(self, root: Path, version: int, state: dict) -> Path:
         if self.adapter_versions:
             root.mkdir(parents=True, exist_ok=True)
-            return write_adapter_folder(root / f"v{version:06d}", self.model, state)
+            return write_adapter_folder(version_folder(root, version), self.model, state)
         return write_weight_version(root, version, base_of(self.model), self.tokenizer, state)
 
     def written_versions(self, wait: bool = False) -> list[tuple[int, Path]]:

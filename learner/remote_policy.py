@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from learner.batching import TrainItem
-from learner.checkpoint import latest_checkpoint, load_state, save_checkpoint
+from learner.checkpoint import latest_checkpoint, load_state, save_checkpoint, version_folder
 from runtime.backoff import backoff_wait
 from runtime.folders import write_folder
 from learner.parallel import Placement
@@ -245,7 +245,7 @@ class RemotePolicy:
         def fill(folder: Path) -> None:
             with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:
                 tar.extractall(folder, filter="data")
-        return write_folder(root / f"v{version:06d}", fill)
+        return write_folder(version_folder(root, version), fill)
 
     def _download(self, path: str) -> httpx.Response:
         """The sampler weights' tar; a lost connection or a 5xx is retried with a jittered

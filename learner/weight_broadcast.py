@@ -5,8 +5,10 @@ Per version: `open` starts a rendezvous store on a port the OS picks and returns
 version's announcement carries (address, port, group name, world size, and the tensors'
 names, dtypes and shapes in broadcast order). The workers, on reading it, have their
 servers join the group (`/init_weights_update_group`, ranks 1..) and receive
-(`/update_weights_from_distributed`); `send`, on the writer thread, makes rank 0's side of
-the same group, broadcasts each tensor, and tears the group down. A group per version
+(`/update_weights_from_distributed`); `send`, on the writer thread, waits until every rank is
+claimed, makes rank 0's side of the same group, broadcasts the tensors in buckets (one
+flat byte buffer of consecutive tensors each, SGLang's `flattened_bucket`), and tears the
+group down. A group per version
 means a server that restarted is simply part of the next one. A send that fails (a
 server never joined within the timeout) is logged with the reason; the folder written
 after it is then how the servers get the version.
@@ -82,7 +84,7 @@ class WeightBroadcaster:
         return True
 
     def send(self, manifest: WeightBroadcast, state: dict[str, torch.Tensor]) -> bool:
-        """Rank 0 of the version's group: broadcast every tensor, in the manifest's order.
+        """Rank 0 of the version's group: broadcast every tensor, in the manifest's buckets.
         False (logged) when the servers did not all join or receive within the timeout.
         The group starts only once every rank is claimed (runtime/weight_transport.py)."""
         group, store = None, self._stores.pop(manifest.group_name)

@@ -39,7 +39,7 @@ from producers.sglang_broadcast import receive_broadcast
 from producers.sglang_server import InferenceServerError, ManagedServer
 from runtime.backoff import backoff_delay
 from runtime.recipe import server_urls
-from runtime.weight_transport import ranks_per_server
+from runtime.weight_transport import adapter_versions, ranks_per_server
 from schema.events import WeightBroadcast
 
 log = logging.getLogger("streamrl.sglang")
@@ -388,7 +388,7 @@ def sglang_backend(recipe, seed: int, settings, logs: Path) -> SGLangEngine:
     service, lora = recipe.service.inference_service, recipe.trainer.lora
     tokenizer = AutoTokenizer.from_pretrained(recipe.rollout_worker.model_path)
     slots = service.max_batch_size
-    adapters = lora is not None and lora.versions == "adapter"
+    adapters = adapter_versions(lora)
     if service.url:
         servers = [Server(url, slots=threading.Semaphore(slots)) for url in server_urls(service.url)]
     else:

@@ -25,11 +25,20 @@ RANK_ARGS = ("tp-size", "tp_size")
 UNSUPPORTED_ARGS = ("dp-size", "dp_size", "pp-size", "pp_size")
 
 
+def server_int(server_args: dict, key: str, default: int = 1) -> int:
+    """`service.inference_service.server_args[key]` as a number, or a ValueError naming it."""
+    value = server_args.get(key, default)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"service.inference_service.server_args.{key}: {value!r} is not a whole number") from None
+
+
 def ranks_per_server(server_args: dict) -> int:
     """Processes of one SGLang server that join a broadcast group (its tensor-parallel ranks)."""
     for key in RANK_ARGS:
         if key in server_args:
-            return int(server_args[key])
+            return server_int(server_args, key)
     return 1
 
 
@@ -41,10 +50,15 @@ def broadcast_world_size(recipe) -> int:
     return 1 + recipe.rollout_worker.num_workers * servers_per_worker * ranks_per_server(service.server_args)
 
 
+def adapter_versions(lora) -> bool:
+    """Whether the recipe's `trainer.lora` makes weight versions the adapter alone."""
+    return lora is not None and lora.versions == "adapter"
+
+
 def adapter_version_problems(recipe) -> list[str]:
     """`trainer.lora.versions: adapter` only where servers load adapters."""
     lora, service = recipe.trainer.lora, recipe.service.inference_service
-    if lora is None or lora.versions != "adapter":
+    if not adapter_versions(lora):
         return []
     prefix = "trainer.lora.versions: adapter "
     problems = []
@@ -83,7 +97,11 @@ def transport_problems(recipe) -> list[str]:
         problems.append(f"{prefix}with service.inference_service.url and rollout_worker.num_workers > 1: every "
                         f"worker would join the same servers to the group; give each worker managed servers "
                         f"(num_servers) or run one worker")
-    unsupported = [key for key in UNSUPPORTED_ARGS if int(service.server_args.get(key, 1)) > 1]
+    try:
+        unsupported = [key for key in UNSUPPORTED_ARGS if server_int(service.server_args, key) > 1]
+        ranks_per_server(service.server_args)
+    except ValueError as exc:
+        return problems + [str(exc)]
     if unsupported:
         problems.append(f"{prefix}broadcasts to tensor-parallel ranks only (server_args {', '.join(unsupported)} "
                         f"> 1)")

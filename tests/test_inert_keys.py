@@ -92,6 +92,8 @@ SGLANG = {"service": {"inference_service": {"backend": "sglang"}}}
       "weight": {"transport": "distributed"}}, "tensor-parallel ranks only (server_args dp-size > 1)"),
     ({"weight": {"broadcast_address": "10.0.0.5"}}, "weight.broadcast_address: read only with weight.transport "
                                                     "distributed"),
+    ({"service": {"inference_service": {"backend": "sglang", "server_args": {"tp-size": "two"}}},
+      "weight": {"transport": "distributed"}}, "server_args.tp-size: 'two' is not a whole number"),
 ])
 def test_weight_transport_distributed_is_refused_where_a_broadcast_cannot_work(values, refused):
     from omegaconf import OmegaConf
