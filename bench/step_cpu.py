@@ -18,11 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import OUT, bench_settings, fresh_run_id  # noqa: E402
+from process_cpu import cpu_by_role, per_step  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -32,29 +31,6 @@ from time_to_accuracy import RECIPE, bench_recipe, warmed_model  # noqa: E402
 
 # The processes that move events (not the ones that generate or train)
 EVENT_PATH = ("publish", "broker", "processor", "sink", "postgresql")
-
-
-def process_role(args: list[str], run_id: str) -> str | None:
-    """The part of the run a process plays, from its command line."""
-    if "streamrl.cli" in args and run_id in args:
-        role = args[args.index("streamrl.cli") + 1]
-        return "orchestrator" if role == "run" else role  # workers share one row
-    name = Path(args[0]).name if args else ""
-    if name.startswith("tansu"):
-        return "broker"
-    if name.startswith("postgres") or (args and args[0].startswith("postgres:")):
-        return "postgresql"
-    return None
-
-
-def cpu_by_role(run_id: str) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    for process in psutil.process_iter(["cmdline", "cpu_times"]):
-        args, times = process.info["cmdline"], process.info["cpu_times"]
-        role = process_role(args, run_id) if args and times else None
-        if role is not None:
-            totals[role] = totals.get(role, 0.0) + times.user + times.system
-    return totals
 
 
 def steps_done(conn, run_id: str) -> int:
@@ -94,7 +70,7 @@ def main() -> None:
     table = Table(title=f"CPU per step, {args.sync_mode}, steps {first}..{last} (2 cores)")
     for column in ("process", "CPU ms/step", "share"):
         table.add_column(column, justify="right" if column != "process" else "left")
-    deltas = {role: (after.get(role, 0.0) - before.get(role, 0.0)) / steps for role in after}
+    deltas = per_step(before, after, steps)
     total = sum(deltas.values())
     for role, seconds in sorted(deltas.items(), key=lambda kv: -kv[1]):
         table.add_row(role, f"{seconds * 1000:.0f}", f"{seconds / total:.0%}")

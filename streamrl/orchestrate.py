@@ -181,7 +181,8 @@ def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, ru
     # the publisher creates the run from the same recipe and overrides (its resolved config
     # is what every other process reads)
     publish = ["publish", "--resume", run_id] if resume else \
-        ["publish", str(recipe_file), *(overrides or []), "--run", run_id, *(["--tag", tag] if tag else [])]
+        ["publish", str(recipe_file), *(overrides or []), "--run", run_id, "--checked",
+         *(["--tag", tag] if tag else [])]
     publish += [arg for url in inference_urls or [] for arg in ("--inference-url", url)]
     # Restarted, the publisher resumes: the run exists, and tasks already done are skipped.
     local.spawn("publisher", publish, may_finish=True, restart_args=["publish", "--resume", run_id])

@@ -224,14 +224,20 @@ def new_run_id(experiment_name: str) -> str:
     return f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def prepared_recipe(file: Path, overrides: list[str] | None = None):
+def prepared_recipe(file: Path, overrides: list[str] | None = None, load_code: bool = True):
     """The recipe a run starts from, its `key=value` overrides applied, its own code
     loaded and its registry keys checked: `run`, `publish` and `recipe validate` all
-    call this, so validation and a run refuse the same recipes."""
+    call this, so validation and a run refuse the same recipes. `load_code=False` is for
+    the publisher `streamrl run` starts after checking the same file: the code check
+    imports every component, torch included, which the publisher does not need (on a
+    small machine that import is seconds of the run's start)."""
     from runtime.recipe import RecipeError, prepare_recipe
-    from streamrl.checks import recipe_code_problems
 
     recipe = prepare_recipe(file, overrides=overrides)
+    if not load_code:
+        return recipe
+    from streamrl.checks import recipe_code_problems
+
     problems = recipe_code_problems(recipe)
     if problems:
         raise RecipeError(file, problems)

@@ -188,6 +188,9 @@ def publish(
                                                        "already rolled out and evaluated are not published again.")] = None,
     inference_url: InferenceUrl = None,
     tag: Tag = None,
+    checked: Annotated[bool, typer.Option("--checked", hidden=True, help="The recipe's code and registry keys "
+                                          "were checked by the `streamrl run` that starts this publisher: its "
+                                          "settings are still checked, its code is not loaded again.")] = False,
 ) -> None:
     """Create a run from a recipe (its topics, and a `created` event holding the resolved
     config) and publish its tasks, paced by the weight versions the learner publishes."""
@@ -205,7 +208,7 @@ def publish(
         skip = finished_task_ids(database_url(current), run)
         console.print(f"resuming run {run}: {len(skip)} tasks already done", highlight=False)
     else:
-        recipe = with_url(prepared_recipe(file, overrides), inference_url)
+        recipe = with_url(prepared_recipe(file, overrides, load_code=not checked), inference_url)
         run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
         with EventPublisher(current, stage="app") as publisher:
             create_run(current, run, recipe, publisher, tag=tag)
