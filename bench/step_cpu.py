@@ -1,13 +1,13 @@
 """Where a training step's CPU goes: CPU seconds per step for each process of a run.
 
-Runs the built-in recipe (from the warmed model that bench/time_to_accuracy.py saves,
+Runs a built-in recipe (`--task arith`, the default, or `shift`; from the warmed model that bench/time_to_accuracy.py saves,
 so there is no warm-up) and samples every process's CPU (psutil) while it trains. Between the ledger's step A
 and step B it charges every process's user+system CPU time to the steps in between:
 the run's own processes (publisher, sink, processor, learner, workers), the embedded
 broker and PostgreSQL. The baseline in the same run is the wall-clock time per step,
 which on 2 cores can be no less than the total CPU per step / 2.
 
-    python bench/step_cpu.py [--sync-mode fully-async] [--steps 80] [--window 20:70] [--set KEY=VALUE ...]
+    python bench/step_cpu.py [--task arith] [--sync-mode fully-async] [--steps 80] [--window 20:70] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import OUT, bench_settings, fresh_run_id  # noqa: E402
 from process_cpu import cpu_by_role, per_step  # noqa: E402
+import psutil  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from runtime.db import connect  # noqa: E402
 from runtime.recipe import prepare_recipe  # noqa: E402
-from time_to_accuracy import RECIPE, bench_recipe, warmed_model  # noqa: E402
+from time_to_accuracy import TASKS, bench_recipe, warmed_model  # noqa: E402
 
 # The processes that move events (not the ones that generate or train)
 EVENT_PATH = ("publish", "broker", "processor", "sink", "postgresql")
@@ -39,6 +40,8 @@ def steps_done(conn, run_id: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="arith", choices=sorted(TASKS),
+                        help="arith: 2-3-token answers (the event path's worst case); shift: 48-letter answers")
     parser.add_argument("--sync-mode", default="fully-async")
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--window", default="20:70", help="ledger steps A:B to measure between")
@@ -47,8 +50,9 @@ def main() -> None:
     args = parser.parse_args()
     first, last = (int(x) for x in args.window.split(":"))
     settings = bench_settings()
-    recipe = prepare_recipe(RECIPE)
-    model_dir = warmed_model(recipe, OUT / "time_to_accuracy" / "warm_model")
+    recipe = prepare_recipe(TASKS[args.task].recipe)
+    warm = "warm_model" if args.task == "arith" else f"warm_model_{args.task}"
+    model_dir = warmed_model(recipe, OUT / "time_to_accuracy" / warm)
     run_id = fresh_run_id(f"cpu-{args.sync_mode}")
     path = bench_recipe(recipe, model_dir, args.sync_mode, args.steps, OUT / "step_cpu" / f"{run_id}.yaml")
     run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(path), *args.set, "--run", run_id,
@@ -67,7 +71,8 @@ def main() -> None:
     (t0, before), (t1, after) = marks[first], marks[last]
     steps = last - first
     wall = (t1 - t0) / steps
-    table = Table(title=f"CPU per step, {args.sync_mode}, steps {first}..{last} (2 cores)")
+    table = Table(title=f"CPU per step, {args.task}, {args.sync_mode}, steps {first}..{last} "
+                        f"({psutil.cpu_count()} cores)")
     for column in ("process", "CPU ms/step", "share"):
         table.add_column(column, justify="right" if column != "process" else "left")
     deltas = per_step(before, after, steps)

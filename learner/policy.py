@@ -27,6 +27,7 @@ from learner.warmup import cross_entropy_warmup, demonstration_items, greedy_exa
 from runtime.config import Recipe
 from runtime.chat_template import recipe_renderer
 from runtime.dataset import read_rows
+from runtime.threads import learner_threads
 from runtime.weight_transport import adapter_versions, broadcast_world_size
 from schema.events import WeightBroadcast
 from runtime.lora import (
@@ -40,7 +41,7 @@ class Policy:
     def __init__(self, recipe: Recipe, trainer_class: type[Trainer], checkpoints: Path):
         self.recipe = recipe
         cfg = recipe.trainer
-        torch.set_num_threads(cfg.num_threads)
+        torch.set_num_threads(learner_threads(recipe))
         self.placement = parallel.setup(cfg)
         self.checkpoints = checkpoints
         self.snapshots = SnapshotStore(checkpoints, self.placement)

@@ -88,6 +88,8 @@ class RolloutWorker:
     rollout_repeat_n: int = knob(8, "samples per prompt: the group size", ge=1)
     num_workers: int = knob(1, "rollout worker processes `streamrl run` starts", ge=1)
     max_concurrent_tasks: int = knob(16, "tasks a worker has in flight", ge=1)
+    num_threads: Optional[int] = knob(None, "torch threads of each worker process (the embedded engine samples "
+                                            "with them); unset: as trainer.num_threads (runtime/threads.py)", ge=1)
     max_retries: int = knob(2, "tries a failed rollout gets again before it is recorded as failed", ge=0)
     save_trace: bool = knob(True, "keep each rollout's trace (agent steps, LLM calls) in the ledger")
     trace_path: Optional[str] = knob(None, "also write each trace as RUN/TRAJECTORY.json under this folder "
@@ -183,7 +185,9 @@ class Trainer:
     warmup_batch_size: int = knob(64, "rows per warm-up step", ge=1)
     warmup_lr: Optional[float] = knob(None, "the warm-up's learning rate (default: lr)", gt=0.0)
     warmup_messages_key: Optional[str] = knob(None, "rows hold multi-turn demonstrations under this key")
-    num_threads: int = knob(1, "torch threads of each learner process", ge=1)
+    num_threads: Optional[int] = knob(None, "torch threads of each learner process; unset: every core in sync "
+                                            "mode (the learner and workers take turns), a share of them in the "
+                                            "asynchronous modes (runtime/threads.py)", ge=1)
     device: Literal["auto", "cpu", "cuda"] = knob("auto", "where the learner computes (auto: CUDA when present)")
     dtype: Literal["float32", "bfloat16"] = knob("float32", "bfloat16: bf16 compute, fp32 master weights and "
                                                             "reduce")

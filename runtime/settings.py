@@ -24,9 +24,10 @@ ENV_VARS = {
     "STREAMRL_TOPIC_PARTITIONS": "partitions per run topic (default 4)",
     "STREAMRL_KAFKA_MAX_MESSAGE_BYTES": "largest message the broker accepts (default 1048576)",
     "STREAMRL_KAFKA_SESSION_TIMEOUT_MS": "consumer group session timeout (default 6000)",
-    "STREAMRL_PARTITION_ASSIGNMENT": "group (default): rollout workers and processors share a run's partitions "
-                                     "through Kafka consumer groups; shard: each takes a fixed --shard I/N "
-                                     "(for a broker whose group coordinator cannot be trusted)",
+    "STREAMRL_PARTITION_ASSIGNMENT": "group (default, except under `streamrl run`): rollout workers and "
+                                     "processors share a run's partitions through Kafka consumer groups; "
+                                     "shard: each takes a fixed --shard I/N (what `streamrl run`, which starts "
+                                     "and restarts every process itself, uses unless this is set)",
     "STREAMRL_GROUP_MEMBERSHIP": "dynamic (default) or static: static members (KIP-345, named after the "
                                  "worker) get their partitions back on restart without a rebalance",
     "STREAMRL_KAFKA_PORT": "port of the embedded broker (default 9092, the next free one if taken)",

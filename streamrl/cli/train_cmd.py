@@ -125,12 +125,14 @@ def run_recipe(
         run, recipe = resume, resumed.recipe
         console.print(resumed.describe(run), highlight=False)
         check_mode(mode, recipe)
-    if recipe.service.broker.window_steps is not None and current.partition_assignment == "group":
-        if os.environ.get("STREAMRL_PARTITION_ASSIGNMENT"):  # asked for by name: refused, not overridden
-            raise UsageError(WINDOWS_NEED_PLAIN_PROCESSOR)
+    if not os.environ.get("STREAMRL_PARTITION_ASSIGNMENT"):
+        # This command starts every process of the run and restarts each one that dies with its
+        # own shard: no member joins or leaves, so there is nothing for a consumer group to
+        # rebalance. The plain loops cost half the processor's CPU and no group joins at start
+        # (docs/decisions.md, "One machine, fixed shards").
         current = dataclasses.replace(current, partition_assignment="shard")
-        console.print("service.broker.window_steps: the run's processor and workers take fixed shards "
-                      "(consumer groups do not follow rotating topics)", highlight=False)
+    elif recipe.service.broker.window_steps is not None and current.partition_assignment == "group":
+        raise UsageError(WINDOWS_NEED_PLAIN_PROCESSOR)  # asked for by name: refused, not overridden
     run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
     try:
         run_locally(current, file, recipe, run, workers or recipe.rollout_worker.num_workers, out, console,
@@ -232,6 +234,7 @@ def worker(
 
     from producers.worker_loop import run_worker
     from runtime.runs import stop_on_signals
+    from runtime.threads import worker_threads
 
     # What the worker does to its inference servers (started, restarted, re-synced) goes to its log.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
@@ -239,7 +242,7 @@ def worker(
     current = settings()
     index_count = sharding(current, shard)
     recipe = with_url(run_config(current, run), inference_url)
-    torch.set_num_threads(1)
+    torch.set_num_threads(worker_threads(recipe))
     done = run_worker(current, run, recipe, index_count, stop_on_signals(), idle_exit_s=idle_exit, name=name)
     console.print(f"worker stopped after {done} tasks", highlight=False)
 
