@@ -99,7 +99,11 @@ def create_run(settings: Settings, run_id: str, recipe: Recipe, publisher: Event
         # the template the run renders with, as the model folder holds it now
         config["data"]["chat_template"] = saved_chat_template(recipe.rollout_worker.model_path)
     publisher.publish(RunEvent(run_id=run_id, kind="created", name=recipe.experiment_name, config=config,
-                               parent_run_id=parent_run_id, details={"git_sha": git_sha(), **({"tag": tag} if tag else {})}))
+                               parent_run_id=parent_run_id,
+                               # how its workers and processors share partitions: one that joins later is
+                               # checked against it (runtime/runs.py)
+                               details={"git_sha": git_sha(), "partition_assignment": settings.partition_assignment,
+                                        **({"tag": tag} if tag else {})}))
     publisher.flush()
 
 

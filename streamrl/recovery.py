@@ -141,6 +141,7 @@ class Resume:
     recipe: Recipe
     trained_step: int
     rebuilt: Rebuilt
+    partition_assignment: str | None = None  # as the run was started (None: not recorded)
 
     def describe(self, run_id: str) -> str:
         what = (f"topics re-created; re-published {self.rebuilt.events} events from the ledger ({self.rebuilt.groups})"
@@ -155,10 +156,12 @@ def prepare_resume(settings: Settings, run_id: str) -> Resume:
     from learner.loop import run_dir
 
     with connect(settings.database_url, autocommit=True) as conn:
-        row = conn.execute("select config from run_events where run_id = %s and kind = 'created'", (run_id,)).fetchone()
+        row = conn.execute("select config, details from run_events where run_id = %s and kind = 'created'",
+                           (run_id,)).fetchone()
     if row is None:
         raise LookupError(f"--resume: run {run_id!r} is not in the ledger")
     recipe = Recipe.from_dict(row[0])
     checkpoint = latest_checkpoint(run_dir(settings, run_id, recipe.trainer.checkpoint_path))
     trained = load_state(checkpoint)["step"] if checkpoint else 0
-    return Resume(recipe, trained, rebuild_from_ledger(settings, run_id, trained))
+    return Resume(recipe, trained, rebuild_from_ledger(settings, run_id, trained),
+                  (row[1] or {}).get("partition_assignment"))

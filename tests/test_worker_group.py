@@ -1,7 +1,9 @@
-"""Rollout workers in the run's consumer group: `streamrl run --workers 1`, a second
-worker started by hand mid-run (`streamrl worker RUN --name extra`), then the first one
-SIGKILLed. The group hands the partitions around; the run finishes with an exact ledger,
-and the ledger shows tasks rolled out by both workers."""
+"""Rollout workers in the run's consumer group: `streamrl run --workers 1` started with
+STREAMRL_PARTITION_ASSIGNMENT=group (alone, `streamrl run` gives its processes fixed
+shards), a second worker started by hand mid-run (`streamrl worker RUN --name extra`),
+then the first one SIGKILLed. The group hands the partitions around; the run finishes
+with an exact ledger, and the ledger shows tasks rolled out by both workers. A worker
+or processor that would share a run's partitions another way is refused."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ import signal
 import subprocess
 import sys
 
-from tests.conftest import REPO, command_lines, wait_for
+from producers.publisher import create_run
+from runtime.bus import EventPublisher
+from runtime.recipe import prepare_recipe
+from tests.conftest import REPO, command_lines, run_cli, wait_for
 from tests.test_rl_loop import RECIPE, assert_ledger_consistent, scalar, small_run_env
 
 STEPS = 24  # sync mode: long enough for a worker started mid-run (~30 s to its first rollout here) to take part
@@ -25,7 +30,8 @@ def pid_of(run_id: str, *needles: str) -> int | None:
 
 
 def test_a_worker_joins_mid_run_and_the_first_one_dies(stack, ledger, run_id, tmp_path):
-    env = {**os.environ, **small_run_env(ARITH_STEPS=str(STEPS), ARITH_SYNC_MODE="sync", ARITH_VALIDATE_EVERY="12")}
+    env = {**os.environ, **small_run_env(ARITH_STEPS=str(STEPS), ARITH_SYNC_MODE="sync", ARITH_VALIDATE_EVERY="12"),
+           "STREAMRL_PARTITION_ASSIGNMENT": "group"}
     run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--workers", "1",
                             "--out", str(tmp_path)], cwd=REPO, env=env, stdout=open(tmp_path / "run.log", "wb"),
                            stderr=subprocess.STDOUT)
@@ -51,3 +57,16 @@ def test_a_worker_joins_mid_run_and_the_first_one_dies(stack, ledger, run_id, tm
                                     "where run_id = %s and not is_val group by 1", (run_id,)).fetchall())
     assert by_worker.keys() == {"0", "extra"} and min(by_worker.values()) > 0, by_worker
     assert "worker-0 exited with signal 9; restarting it" in (tmp_path / "logs" / "supervisor.log").read_text()
+
+
+def test_a_process_that_would_share_partitions_another_way_than_the_run_is_refused(stack, run_id):
+    """A run created as `streamrl run` creates it (fixed shards): a worker or processor in
+    a consumer group would roll out or group what the shard owners already do."""
+    import dataclasses
+
+    with EventPublisher(stack) as publisher:
+        create_run(dataclasses.replace(stack, partition_assignment="shard"), run_id, prepare_recipe(RECIPE), publisher)
+    for command in (["worker", run_id, "--name", "extra"], ["processor", run_id]):
+        result = run_cli(*command, env={"STREAMRL_PARTITION_ASSIGNMENT": "group"}, timeout=120)
+        assert result.returncode != 0
+        assert "STREAMRL_PARTITION_ASSIGNMENT=shard to join it" in result.stdout + result.stderr, result.stderr[-2000:]

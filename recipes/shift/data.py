@@ -2,11 +2,12 @@
 
     "qazwsx...=" -> "rbaxty..."   every letter moved one place on in the alphabet (z -> a)
 
-The answer is as long as the prompt's letters (48 by default), so each rollout samples
-about 49 tokens (the letters and the end of the turn): generation, not the event path,
-is most of a step, as in real RL post-training where answers run to hundreds of tokens.
-Every answer letter sits a fixed distance after its prompt letter, a pattern a
-2-layer model's attention can learn; getting all 48 right, greedily, takes it a while.
+The answer is as long as the prompt's letters (52 by default), so each rollout samples
+about 53 tokens (the letters and the end of the turn): generation, not the event path,
+is most of a step's model work, as in real RL post-training where answers run to
+hundreds of tokens. Every answer letter sits a fixed distance after its prompt letter,
+a pattern a 2-layer model's attention learns quickly; sampling all of them right at
+temperature 1 takes it much longer (docs/training.md).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def shift_row(letters: str) -> dict:
     return {"prompt": f"{letters}=", "answer": shift_text(letters)}
 
 
-def split_rows(count: int, val_count: int, seed: int, length: int = 48) -> tuple[list[dict], list[dict]]:
+def split_rows(count: int, val_count: int, seed: int, length: int = 52) -> tuple[list[dict], list[dict]]:
     """Train and held-out validation rows with no prompt in common (random strings of
     `length` letters: a repeat is all but impossible, and is skipped anyway)."""
     rng = random.Random(seed)

@@ -3,7 +3,7 @@
 reward = (letters equal to the answer's at the same position) / max(len(answer), len(output))
 
 so a missing, extra or misplaced letter costs its share, and only the exact answer
-scores 1. A dense reward: with 48 letters, a whole-answer exact match is rare early in
+scores 1. A dense reward: with 52 letters, a whole-answer exact match is rare early in
 training and would give most groups no signal. `accuracy` (exact match) is reported
 beside it and is what held-out accuracy means for this recipe.
 """

@@ -4,7 +4,7 @@ Writes generated/ next to this file (not committed): train.jsonl, val.jsonl and 
 Qwen2 with a byte-level tokenizer (saved with save_pretrained, loaded back by the run
 through AutoModelForCausalLM / AutoTokenizer.from_pretrained).
 
-Environment: SHIFT_LENGTH (letters a prompt, default 48), SHIFT_TRAIN_ROWS (default
+Environment: SHIFT_LENGTH (letters a prompt, default 52), SHIFT_TRAIN_ROWS (default
 5000), SHIFT_VAL_ROWS (default 100), SHIFT_SEED (default 1). Re-running with the same
 settings changes nothing.
 """
@@ -26,7 +26,7 @@ from runtime.builtin_families import generated_is_current  # noqa: E402
 
 def main() -> None:
     settings = {
-        "length": int(os.environ.get("SHIFT_LENGTH", "48")),
+        "length": int(os.environ.get("SHIFT_LENGTH", "52")),
         "train_rows": int(os.environ.get("SHIFT_TRAIN_ROWS", "5000")),
         "val_rows": int(os.environ.get("SHIFT_VAL_ROWS", "100")),
         "seed": int(os.environ.get("SHIFT_SEED", "1")),

@@ -54,13 +54,13 @@ def with_url(recipe, urls: list[str] | None):
     return with_inference_url(recipe, urls) if urls else recipe
 
 
-def run_config(current, run: str):
+def run_config(current, run: str, check_assignment: bool = False):
     """The run's typed config, from its `created` event (every process but the publisher
-    starts from the run id alone)."""
+    starts from the run id alone); `check_assignment` for a worker or processor."""
     from runtime.runs import fetch_run_config
 
     try:
-        return fetch_run_config(current, run)
+        return fetch_run_config(current, run, check_assignment=check_assignment)
     except RuntimeError as exc:  # its topics do not exist
         raise CommandFailed(str(exc)) from None
 
@@ -126,11 +126,10 @@ def run_recipe(
         console.print(resumed.describe(run), highlight=False)
         check_mode(mode, recipe)
     if not os.environ.get("STREAMRL_PARTITION_ASSIGNMENT"):
-        # This command starts every process of the run and restarts each one that dies with its
-        # own shard: no member joins or leaves, so there is nothing for a consumer group to
-        # rebalance. The plain loops cost half the processor's CPU and no group joins at start
-        # (docs/decisions.md, "One machine, fixed shards").
-        current = dataclasses.replace(current, partition_assignment="shard")
+        assignment = resumed.partition_assignment if resume else "shard"
+        if assignment is None:  # a run started before its assignment was recorded
+            assignment = "shard" if recipe.service.broker.window_steps is not None else "group"
+        current = dataclasses.replace(current, partition_assignment=assignment)
     elif recipe.service.broker.window_steps is not None and current.partition_assignment == "group":
         raise UsageError(WINDOWS_NEED_PLAIN_PROCESSOR)  # asked for by name: refused, not overridden
     run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
@@ -241,7 +240,7 @@ def worker(
     logging.getLogger("streamrl").setLevel(logging.INFO)
     current = settings()
     index_count = sharding(current, shard)
-    recipe = with_url(run_config(current, run), inference_url)
+    recipe = with_url(run_config(current, run, check_assignment=True), inference_url)
     torch.set_num_threads(worker_threads(recipe))
     done = run_worker(current, run, recipe, index_count, stop_on_signals(), idle_exit_s=idle_exit, name=name)
     console.print(f"worker stopped after {done} tasks", highlight=False)
@@ -264,7 +263,7 @@ def processor(
 
     current = settings()
     index_count = sharding(current, shard)
-    recipe = run_config(current, run)
+    recipe = run_config(current, run, check_assignment=True)
     if current.partition_assignment == "group":
         from consumers.faust_processor import FaustProcessor
 
