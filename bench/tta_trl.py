@@ -1,21 +1,33 @@
 """TRL's side of bench/time_to_accuracy.py: GRPOTrainer on a recipe's data and
 hyper-parameters, scored on the held-out rows as the recipe's validation scores them,
-with its step time split into generation (and scoring) and training."""
+with its step time split into generation (and scoring) and training.
+
+Run as a script (what the benchmark does), it is a process of its own whose clock
+starts when the benchmark launches it, as StreamRL's starts when `streamrl run` is
+launched: both pay for starting Python, importing torch and their libraries, and
+loading the model.
+
+    python bench/tta_trl.py --recipe R --model-dir M --steps N --target A --validate-every K
+                            --seed S --out DIR --launched EPOCH --result FILE.json
+"""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
-from producers.evaluator import BaseEvaluationTarget, run_evaluator
-from producers.worker_loop import make_evaluator
-from runtime.chat_template import recipe_renderer, stop_token_ids
-from runtime.config import Recipe
-from runtime.dataset import lookup, read_rows
-from runtime.tiny_lm import load
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from producers.evaluator import BaseEvaluationTarget, run_evaluator  # noqa: E402
+from producers.worker_loop import make_evaluator  # noqa: E402
+from runtime.chat_template import recipe_renderer, stop_token_ids  # noqa: E402
+from runtime.config import Recipe  # noqa: E402
+from runtime.dataset import lookup, read_rows  # noqa: E402
+from runtime.tiny_lm import load  # noqa: E402
 
 
 @torch.no_grad()
@@ -41,7 +53,9 @@ def heldout_score(model, recipe: Recipe, tokenizer, rows: list[dict], evaluator,
 
 
 def run_trl(recipe: Recipe, model_dir: Path, steps: int, target: float, validate_every: int, seed: int,
-            out: Path) -> dict:
+            out: Path, launched: float | None = None) -> dict:
+    """`launched` (epoch seconds): the curve's times count from then, not from building
+    the trainer."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -82,7 +96,8 @@ def run_trl(recipe: Recipe, model_dir: Path, steps: int, target: float, validate
             began = time.perf_counter()
             score = heldout_score(model, recipe, tokenizer, val, evaluator, seed + step)
             clock["eval"] += time.perf_counter() - began
-            curve.append((time.perf_counter() - clock["start"] - clock["eval"], step, score))
+            since = time.time() - launched if launched is not None else time.perf_counter() - clock["start"]
+            curve.append((since - clock["eval"], step, score))
             return score
 
         def on_train_begin(self, args, state, control, model=None, **_):
@@ -117,3 +132,26 @@ def run_trl(recipe: Recipe, model_dir: Path, steps: int, target: float, validate
     return {"system": "trl-grpo", "seed": seed, "curve": curve, "wall_s": time.perf_counter() - clock["start"],
             "threads": torch.get_num_threads(), "step_split_s": split,
             "time_to_target_s": next((t for t, _, acc in curve if acc >= target), None)}
+
+
+def main() -> None:
+    import argparse
+    import json
+
+    from runtime.recipe import prepare_recipe
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name in ("--recipe", "--model-dir", "--out", "--result"):
+        parser.add_argument(name, type=Path, required=True)
+    for name in ("--steps", "--validate-every", "--seed"):
+        parser.add_argument(name, type=int, required=True)
+    parser.add_argument("--target", type=float, required=True)
+    parser.add_argument("--launched", type=float, required=True, help="when the benchmark started this process")
+    args = parser.parse_args()
+    result = run_trl(prepare_recipe(args.recipe), args.model_dir, args.steps, args.target, args.validate_every,
+                     args.seed, args.out, launched=args.launched)
+    args.result.write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
