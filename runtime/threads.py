@@ -39,19 +39,19 @@ def learner_ranks(recipe: Recipe) -> int:
 
 def learner_threads(recipe: Recipe, cores: int | None = None) -> int:
     """torch threads of each learner rank."""
-    if recipe.trainer.num_threads is not None:
-        return recipe.trainer.num_threads
-    cores = cores or usable_cores()
-    ranks = max(learner_ranks(recipe), 1)
-    sharing = ranks if recipe.weight.sync_mode == "sync" else ranks + computing_workers(recipe)
-    return max(1, cores // sharing)
+    return share_of_cores(recipe.trainer.num_threads, learner_ranks(recipe), computing_workers(recipe), recipe, cores)
 
 
 def worker_threads(recipe: Recipe, cores: int | None = None) -> int:
     """torch threads of each rollout worker."""
-    if recipe.rollout_worker.num_threads is not None:
-        return recipe.rollout_worker.num_threads
-    cores = cores or usable_cores()
-    workers = max(computing_workers(recipe), 1)
-    sharing = workers if recipe.weight.sync_mode == "sync" else workers + learner_ranks(recipe)
-    return max(1, cores // sharing)
+    return share_of_cores(recipe.rollout_worker.num_threads, computing_workers(recipe), learner_ranks(recipe), recipe,
+                          cores)
+
+
+def share_of_cores(configured: int | None, alike: int, others: int, recipe: Recipe, cores: int | None) -> int:
+    """`configured`, or the cores split between `alike` processes of this kind and, when
+    they compute at the same time (the asynchronous modes), the `others`."""
+    if configured is not None:
+        return configured
+    sharing = max(alike, 1) if recipe.weight.sync_mode == "sync" else max(alike, 1) + others
+    return max(1, (cores or usable_cores()) // sharing)

@@ -13,7 +13,6 @@ Re-running with the same settings changes nothing.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -21,8 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # run as a script from the recipe's folder
 
-from recipes.arith.data import split_rows, write_jsonl  # noqa: E402
-from runtime.builtin_families import generated_is_current  # noqa: E402
+from recipes.arith.data import split_rows, write_generated  # noqa: E402
 
 
 def main() -> None:
@@ -33,18 +31,9 @@ def main() -> None:
         "val_rows": int(os.environ.get("ARITH_VAL_ROWS", "200")),
         "seed": int(os.environ.get("ARITH_SEED", "1")),
     }
-    out = HERE / "generated" / settings["variant"]
-    if generated_is_current(out, settings):
-        return
-    # torch and transformers only when there is a model to build: a run starts with this script
-    from runtime.tiny_lm import build_tiny_model
-
-    train, val = split_rows(settings["train_rows"], settings["val_rows"], settings["seed"],
-                            settings["variant"], settings["max_operand"])
-    write_jsonl(train, out / "train.jsonl")
-    write_jsonl(val, out / "val.jsonl")
-    build_tiny_model(out / "model", seed=settings["seed"])
-    (out / "settings.json").write_text(json.dumps(settings))
+    write_generated(HERE / "generated" / settings["variant"], settings,
+                    lambda: split_rows(settings["train_rows"], settings["val_rows"], settings["seed"],
+                                       settings["variant"], settings["max_operand"]))
 
 
 if __name__ == "__main__":

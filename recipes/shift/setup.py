@@ -11,7 +11,6 @@ settings changes nothing.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -19,9 +18,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # run as a script from the recipe's folder
 
-from recipes.arith.data import write_jsonl  # noqa: E402
+from recipes.arith.data import write_generated  # noqa: E402
 from recipes.shift.data import split_rows  # noqa: E402
-from runtime.builtin_families import generated_is_current  # noqa: E402
 
 
 def main() -> None:
@@ -31,16 +29,9 @@ def main() -> None:
         "val_rows": int(os.environ.get("SHIFT_VAL_ROWS", "100")),
         "seed": int(os.environ.get("SHIFT_SEED", "1")),
     }
-    out = HERE / "generated" / f"len{settings['length']}"
-    if generated_is_current(out, settings):
-        return
-    from runtime.tiny_lm import build_tiny_model  # torch only when there is a model to build
-
-    train, val = split_rows(settings["train_rows"], settings["val_rows"], settings["seed"], settings["length"])
-    write_jsonl(train, out / "train.jsonl")
-    write_jsonl(val, out / "val.jsonl")
-    build_tiny_model(out / "model", seed=settings["seed"])
-    (out / "settings.json").write_text(json.dumps(settings))
+    write_generated(HERE / "generated" / f"len{settings['length']}", settings,
+                    lambda: split_rows(settings["train_rows"], settings["val_rows"], settings["seed"],
+                                       settings["length"]))
 
 
 if __name__ == "__main__":
