@@ -194,6 +194,7 @@ def pytest_configure(config):
 LONGEST_MODULES = ("test_sglang", "test_replay", "test_rl_loop", "test_training_service", "test_agent_recipe",
                    "test_byo", "test_learner_parallel", "test_observability", "test_fault_matrix",
                    "test_service_limits", "test_ledger_sink", "test_resume_after_broker_restart", "test_worker_group",
+                   "test_shift_recipe",
                    "test_services")
 
 
