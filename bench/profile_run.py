@@ -9,10 +9,13 @@ this sorts each process's busy samples by the code they are in.
     other       the rest: StreamRL's own loops, the evaluator, numpy
     start-up    imports, printed apart in seconds (they happen once, before the first step)
 
-Samples are CPU time (py-spy leaves idle threads out): seconds of a process = samples
-/ rate. Printed per process and kind, in ms per trained step (the run's shutdown
-included), beside the step's wall-clock. The embedded broker (Rust) and PostgreSQL are not Python and are not
-sampled: `bench/step_cpu.py` charges them.
+A sample counts a thread that runs or waits for a core: py-spy leaves idle threads out,
+and a sample whose innermost frame waits (epoll, a lock, a queue, a sleep: WAITING) is
+left out here. On a machine with fewer cores than busy threads that is more than CPU
+time, so read a row as shares; `bench/step_cpu.py` gives CPU time. Printed per process
+and kind, in ms per trained step (the run's shutdown included), with each kind's share
+of the process, beside the step's wall-clock (py-spy slows the run a little). The
+embedded broker (Rust) and PostgreSQL are not Python and are not sampled: `bench/step_cpu.py` charges them.
 
     python bench/profile_run.py [--task shift] [--steps 40] [--rate 50]
 """
@@ -40,7 +43,15 @@ KINDS = (("start-up", ("_find_and_load",)), ("model", ("torch/", "transformers/"
          ("kafka", ("kafka/", "aiokafka/", "faust/", "mode/")), ("events", ("schema/",)), ("ledger", ("psycopg/",)))
 
 
+# A thread parked in one of these is waiting, not computing: py-spy does not always see
+# such a thread as idle (kafka-python's network thread in epoll, a queue's get).
+WAITING = ("select (selectors.py", "wait (threading.py", "sleep", "_wait_for_tstate_lock", "get (queue.py",
+           "poll (", "acquire")
+
+
 def kind_of(frames: list[str]) -> str:
+    if frames and any(leaf in frames[-1] for leaf in WAITING):
+        return "waiting"
     for kind, needles in KINDS:
         if any(needle in frame for frame in frames for needle in needles):
             return kind
@@ -90,15 +101,16 @@ def main() -> None:
             "from train_steps where run_id = %s", (run_id,)).fetchone()
     by_role = busy_samples(raw)
     kinds = [kind for kind, _ in KINDS] + ["other"]
-    table = Table(title=f"busy CPU by process and kind, ms a trained step ({args.task}, fully-async, {steps} steps; "
+    table = Table(title=f"active ms a trained step by process and kind, and share ({args.task}, fully-async, {steps} steps; "
                         f"py-spy at {args.rate} Hz)")
     stepped = [k for k in kinds if k != "start-up"]
     for column in ("process", *stepped, "all but start-up", "start-up (s, once)"):
         table.add_column(column, justify="left" if column == "process" else "right")
     per_step = 1000.0 / args.rate / steps
     for role, counts in sorted(by_role.items(), key=lambda kv: -sum(kv[1].values())):
-        table.add_row(role, *(f"{counts[k] * per_step:.0f}" for k in stepped),
-                      f"{sum(counts[k] for k in stepped) * per_step:.0f}", f"{counts['start-up'] / args.rate:.1f}")
+        busy = sum(counts[k] for k in stepped) or 1
+        table.add_row(role, *(f"{counts[k] * per_step:.0f} ({counts[k] / busy:.0%})" for k in stepped),
+                      f"{busy * per_step:.0f}", f"{counts['start-up'] / args.rate:.1f}")
     Console(width=160).print(table)
     print(f"wall-clock a step (first to last step): {(float(last) - float(first)) / max(steps - 1, 1) * 1000:.0f} ms. "
           f"Raw samples: {raw}")
