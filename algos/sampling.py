@@ -61,23 +61,27 @@ def decode(model, prompts: list[list[int]], *, max_new_tokens: int, temperature:
            top_k: int = -1, stop_ids: set[int] = frozenset(), stop_text=None, pad_id: int = 0,
            generator: torch.Generator | None = None) -> list[Decoded]:
     """Sample up to `max_new_tokens` after each prompt. A row stops after a token of
-    `stop_ids` (kept in its output) or when `stop_text(tokens)` says so."""
+    `stop_ids` (kept in its output) or when `stop_text(tokens)` says so.
+
+    The KV cache and the attention mask are allocated once for the whole answer (a
+    static cache): a growing cache re-copies every layer's keys and values at each token,
+    which was a quarter of a 53-token decode on the CPU (bench/worker_cpu.py)."""
     device = next(model.parameters()).device
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    attention = torch.zeros((len(prompts), width + max_new_tokens), dtype=torch.long)
     for row, prompt in enumerate(prompts):
         input_ids[row, width - len(prompt):] = torch.tensor(prompt)
-        attention[row, width - len(prompt):] = 1
+        attention[row, width - len(prompt):width] = 1
     input_ids, attention = input_ids.to(device), attention.to(device)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    step_positions = (attention[:, :width].cumsum(-1) - 1).clamp(min=0)
     rows = [Decoded() for _ in prompts]
     finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
-    cache, step_ids, step_positions = None, input_ids, positions
+    cache, step_ids, filled = static_cache(model, width + max_new_tokens), input_ids, width
     for _ in range(max_new_tokens):
-        out = model(input_ids=step_ids, attention_mask=attention, position_ids=step_positions,
-                    past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+        out = model(input_ids=step_ids, attention_mask=attention[:, :filled], position_ids=step_positions,
+                    past_key_values=cache, cache_position=torch.arange(filled - step_ids.shape[1], filled,
+                                                                       device=device), use_cache=True)
         sampled, sampled_logprobs = draw_tokens(out.logits[:, -1].float(), temperature, top_p, top_k, generator)
         chosen, chosen_logprobs, done = sampled.tolist(), sampled_logprobs.tolist(), finished.tolist()  # one copy a step
         for index, row in enumerate(rows):
@@ -91,6 +95,15 @@ def decode(model, prompts: list[list[int]], *, max_new_tokens: int, temperature:
         if finished.all():
             break
         step_ids = torch.where(finished, torch.tensor(pad_id, device=device), sampled).unsqueeze(-1)
-        attention = torch.cat([attention, (~finished).long().unsqueeze(-1)], dim=-1)
+        attention[:, filled] = (~finished).long()
         step_positions = step_positions[:, -1:] + 1
+        filled += 1
     return rows
+
+
+def static_cache(model, length: int):
+    """A KV cache of `length` positions, allocated on the first forward (transformers'
+    StaticCache, sized from the model's own config)."""
+    from transformers import StaticCache  # here: this module is imported where transformers is not needed
+
+    return StaticCache(config=model.config, max_cache_len=length)

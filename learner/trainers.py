@@ -16,6 +16,7 @@ counts (learner/losses.py), so micro-batching never changes the gradient.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -26,11 +27,13 @@ import torch
 from algos.advantages import GRPO_EPSILON, advantages_by_group
 from algos.kl import kl_penalty, kl_reward_to_go, make_kl_controller
 from algos.losses import (
-    POLICY_LOSSES, aggregate_loss, clamped_ratio, masked, masked_sum, token_logprobs_and_entropy,
+    POLICY_LOSSES, aggregate_loss, clamped_ratio, masked_sum, token_logprobs_and_entropy,
 )
 from learner.batching import ForwardInputs, MicroBatch, TrainItem, collate, micro_batches_by_tokens
-from learner.packing import collate_packed, pack_by_tokens, padding_fraction, unpack
+from learner.packing import collate_packed, pack_by_tokens, padding_fraction, unpack, uses_packing
 from learner.parallel import Placement, all_reduce_maxima, all_reduce_sums, shares_by_tokens
+from learner.shared_prefix import PrefixPlan, plan_prefixes, shared_prefix_logits, to_row_layout, uses_shared_prefix
+from learner.step_metrics import logprob_gap_by_lag, logprob_gap_sums
 from runtime.config import Algorithm as AlgorithmConfig
 from runtime.config import Trainer as TrainerConfig
 from runtime.registry import Registry
@@ -82,6 +85,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=trainer_config.lr,
                                            weight_decay=trainer_config.weight_decay)
         self.packed = uses_packing(trainer_config.packing, model)
+        self.shared_prefix = uses_shared_prefix(trainer_config, model, self.packed, self.placement.world_size)
+        self.shared_prefix_checked = False
 
     def _prepare_trajectories(self, trajectories: list[TrainItem], metrics: dict[str, float]) -> list[TrainItem]:
         """Override to change the step's samples (advantages, weights, which ones train);
@@ -112,7 +117,10 @@ class Trainer:
     def logprobs(self, model: torch.nn.Module, batch: ForwardInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probabilities of the batch's tokens ([B, T], float32, with gradient) and the
         entropy of each position's next-token distribution ([B, T], no gradient), in the
-        padded layout whether the model ran on a packed row or not."""
+        padded layout whether the model ran on a packed row, a shared prefix or neither."""
+        plan = self.prefix_plan(batch)
+        if plan is not None:
+            return self.shared_prefix_logprobs(model, batch, plan)
         device = next(model.parameters()).device
         packed = batch.packed.to(device) if batch.packed is not None else None
         tokens = packed.input_ids if packed is not None else batch.input_ids.to(device)
@@ -135,6 +143,51 @@ class Trainer:
             entropy = unpack(entropy, index)
         device = self.placement.device
         return logprobs.to(device), entropy.to(device)
+
+    def shared_prefix_logprobs(self, model, batch: ForwardInputs, plan: PrefixPlan):
+        """`logprobs` with each distinct prompt run once (learner/shared_prefix.py)."""
+        with self.placement.autocast():
+            logits, tokens = shared_prefix_logits(model, plan, next(model.parameters()).device)
+        logprobs, entropy = token_logprobs_and_entropy(logits, tokens, self.temperature)
+        width, device = batch.input_ids.shape[1], self.placement.device
+        return to_row_layout(logprobs, plan, width).to(device), to_row_layout(entropy, plan, width).to(device)
+
+    def prefix_plan(self, batch: ForwardInputs) -> PrefixPlan | None:
+        """The shared-prefix plan of a micro-batch, where `trainer.shared_prefix` applies;
+        the first one is checked against the plain forward before anything trains on it."""
+        trains = getattr(batch, "loss_mask", None)
+        if not self.shared_prefix or batch.packed is not None or trains is None:
+            return None
+        plan = plan_prefixes(batch, trains, self.pad_id)
+        if plan is not None and not self.shared_prefix_checked:
+            self.shared_prefix_checked = True
+            self.check_shared_prefix(batch, plan)
+        return plan if self.shared_prefix else None
+
+    def check_shared_prefix(self, batch: ForwardInputs, plan: PrefixPlan) -> None:
+        """The shared-prefix and plain forwards must agree on this model: where they do
+        not (an architecture whose cache works otherwise), `on` stops the run and `auto`
+        says so and trains with the plain forward."""
+        training = self.model.training
+        self.model.eval()  # no dropout: both forwards must see the same function
+        try:
+            with torch.no_grad():
+                self.shared_prefix = False
+                plain, _ = self.logprobs(self.model, batch)
+                shared, _ = self.shared_prefix_logprobs(self.model, batch, plan)
+            gap = float(((plain - shared).abs() * (batch.loss_mask.to(plain.device) > 0)).max())
+            tolerance = 1e-3 if self.placement.autocast_dtype is None else 5e-2
+            problem = None if gap <= tolerance else f"its logprobs differ from the plain forward's by {gap:.2g}"
+        except Exception as exc:  # the model's forward does not take a shared cache
+            problem = f"the model's forward failed with it ({type(exc).__name__}: {exc})"
+        finally:
+            self.model.train(training)
+        self.shared_prefix = problem is None
+        if problem and self.config.shared_prefix == "on":
+            raise RuntimeError(f"trainer.shared_prefix: on, but {problem}; set it to off")
+        if problem:
+            logging.getLogger(__name__).warning("trainer.shared_prefix: auto: %s; training with the plain forward",
+                                                problem)
 
     # --- one optimizer step --------------------------------------------------------------------
     def prepare(self, items: list[TrainItem]) -> tuple[list[TrainItem], dict[str, float]]:
@@ -233,40 +286,6 @@ class Trainer:
                           seconds=time.perf_counter() - started, metrics=metrics, skipped=skipped)
 
 
-LAG_BUCKETS = {"lag0": (0, 0), "lag1": (1, 1), "lag2plus": (2, None)}
-
-
-def logprob_gap_sums(logprobs: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor,
-                     lag: torch.Tensor) -> dict[str, torch.Tensor]:
-    """|learner logprob - behaviour logprob| over the trained tokens: its sum and maximum,
-    and per lag bucket (tokens sampled by the learner's own weights, one version behind,
-    two or more) its sum, maximum and token count. At lag 0 the two logprobs come from
-    the same weights, so a gap there is inference/training mismatch, not policy change."""
-    gap = masked((logprobs - behaviour).abs(), mask)
-    sums = {"logprob_gap_mean_sum": gap.sum(), "logprob_gap_max": gap.max()}
-    lag = lag.to(gap.device)
-    for name, (low, high) in LAG_BUCKETS.items():
-        inside = (lag >= low) if high is None else (lag >= low) & (lag <= high)
-        in_mask = mask * inside
-        sums[f"gap_{name}"] = (gap * in_mask).sum()
-        sums[f"tokens_{name}"] = in_mask.sum()
-        sums[f"gap_{name}_max"] = (gap * in_mask).max()
-    return sums
-
-
-def logprob_gap_by_lag(lag_sums: dict[str, float]) -> dict[str, float]:
-    """Per-bucket mean gaps and token counts from `logprob_gap_sums`' step totals
-    (a bucket with no tokens has no mean)."""
-    metrics = {}
-    for name in LAG_BUCKETS:
-        tokens = lag_sums.get(f"tokens_{name}", 0.0)
-        metrics[f"tokens_{name}"] = tokens
-        if tokens:
-            metrics[f"logprob_gap_mean_{name}"] = lag_sums[f"gap_{name}"] / tokens
-            metrics[f"logprob_gap_max_{name}"] = lag_sums[f"gap_{name}_max"]
-    return metrics
-
-
 @dataclass
 class StepPlan:
     """A step split over ranks: each rank's share, the step's totals, and the number of
@@ -283,19 +302,6 @@ def plan_step(items: list[TrainItem], world_size: int, micro_batches) -> StepPla
     index_shares = shares_by_tokens([len(item.tokens) for item in items], world_size)
     shares = [[items[i] for i in share] for share in index_shares]
     return StepPlan(shares, totals, max(len(micro_batches(share)) for share in shares))
-
-
-VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
-
-
-def uses_packing(setting: str, model: torch.nn.Module) -> bool:
-    """`trainer.packing`: auto packs where the attention kernel takes packed rows as
-    separate sequences (varlen flash attention); sdpa and eager build a dense mask over
-    the whole row, quadratic in its length (6x slower for the built-in recipe's 256
-    twelve-token samples on the CPU)."""
-    if setting == "auto":
-        return getattr(model.config, "_attn_implementation", None) in VARLEN_ATTENTION
-    return setting == "packed"
 
 
 def totals_of(items: list[TrainItem]) -> StepTotals:

@@ -198,6 +198,11 @@ class Trainer:
     packing: Literal["auto", "packed", "padded"] = knob(
         "auto", "several samples per micro-batch row without padding (packed), one per row (padded), or by the "
                 "model's attention (auto)")
+    # auto: each distinct prompt of a micro-batch runs once and its rollouts share its
+    # KV cache (learner/shared_prefix.py); checked against the plain forward first
+    shared_prefix: Literal["auto", "on", "off"] = knob(
+        "auto", "run a group's shared prompt once per micro-batch (auto: with one learner process, padded rows "
+                "and no gradient checkpointing)")
     ref_model_offload: bool = knob(False, "keep the KL reference model on the CPU")
     nproc_per_node: int = knob(1, "learner processes per node (torchrun); more than one shard with FSDP2", ge=1)
     nnodes: int = knob(1, "learner nodes", ge=1)

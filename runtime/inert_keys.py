@@ -40,6 +40,12 @@ def remote_without_clipping(recipe: Recipe) -> bool:
     return loss_fn not in ("ppo", "cispo")
 
 
+def no_shared_prefix(recipe: Recipe) -> bool:
+    """learner/shared_prefix.py uses_shared_prefix, from the recipe."""
+    cfg = recipe.trainer
+    return cfg.nproc_per_node * cfg.nnodes > 1 or cfg.packing == "packed" or cfg.gradient_checkpointing
+
+
 def sync_mode(recipe: Recipe) -> bool:
     return recipe.weight.sync_mode == "sync"
 
@@ -90,6 +96,10 @@ RULES = (
     Inert("algorithm.policy_loss", remote, "the service's loss is service.train_service.config.loss_fn"),
     Inert("trainer.dtype", remote, REMOTE),
     Inert("trainer.gradient_checkpointing", remote, REMOTE),
+    Inert("trainer.shared_prefix", remote, REMOTE),
+    Inert("trainer.shared_prefix", no_shared_prefix,
+          "a shared prefix runs with one learner process (trainer.nproc_per_node 1), padded rows (trainer.packing "
+          "not packed) and trainer.gradient_checkpointing false"),
     Inert("trainer.lora", remote, "the model is in the training service: a remote trainer's LoRA rank is "
                                   "service.tinker_service.lora_rank"),
     Inert("trainer.warmup_check_every", no_warmup_target, "read only with trainer.warmup_until_accuracy"),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learner.trainers import logprob_gap_by_lag, logprob_gap_sums
+from learner.step_metrics import logprob_gap_by_lag, logprob_gap_sums
 from producers.inference import Completion
 from producers.rollout import behaviour_logprobs
 from producers.sglang_engine import parse_generate
