@@ -8,7 +8,6 @@ from a complete checkpoint.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -88,14 +87,6 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def load_state(folder: Path) -> dict:
     return json.loads((folder / "state.json").read_text())
-
-
-def directory_sha256(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.safetensors")):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
 
 
 def version_folder(root: Path, version: int) -> Path:

@@ -36,12 +36,14 @@ from algos.lr_schedule import learning_rate_at
 from learner.step_inputs import (
     StepBuffer, sample_to_item, staleness_split, with_batch_advantages, with_behaviour_lag,
 )
-from learner.checkpoint import directory_sha256, load_state, prune_weight_versions, version_folder
+from learner.checkpoint import load_state, prune_weight_versions, version_folder
 from learner.recorded_steps import exactly_recorded, holds_untrained, recorded_steps
 from learner.policy import Policy
 from learner.remote_policy import RemotePolicy
 import learner.batch_trainers  # noqa: F401  (registers self_hosted_grpo)
 from learner.remote_trainers import RemoteApiTrainer, trainer_class
+from runtime import folders
+from runtime.folders import directory_sha256
 from runtime.bus import EventPublisher, RunReader
 from runtime.config import Recipe
 from runtime.dataset import total_train_steps
@@ -56,12 +58,8 @@ log = logging.getLogger("streamrl.learner")
 
 
 def run_dir(settings: Settings, run_id: str, configured: str) -> Path:
-    """Where a run's checkpoints or weights live: the recipe's path (relative paths are
-    under STREAMRL_HOME), one folder per run."""
-    base = Path(configured)
-    if not base.is_absolute():
-        base = settings.home / base
-    return base / run_id
+    """Where a run's checkpoints or weights live (runtime/folders.py)."""
+    return folders.run_dir(settings.home, run_id, configured)
 
 
 class Learner:
@@ -69,8 +67,11 @@ class Learner:
     processes the other ranks only follow the policy's collective operations
     (`run` returns at once on them after following)."""
 
-    def __init__(self, settings: Settings, run_id: str, recipe: Recipe):
+    def __init__(self, settings: Settings, run_id: str, recipe: Recipe, version_zero_announced: bool = False):
+        """`version_zero_announced`: the model folder was announced as version 0 already
+        (learner/first_version.py)."""
         self.settings, self.run_id, self.recipe = settings, run_id, recipe
+        self.version_zero_announced = version_zero_announced
         cfg = recipe.trainer
         self.checkpoints = run_dir(settings, run_id, cfg.checkpoint_path)
         self.weights = run_dir(settings, run_id, recipe.weight.sync_weight_path)
@@ -185,7 +186,8 @@ class Learner:
             if policy.ref_model is not None:  # the reference is the policy GRPO starts from
                 policy.call("fix_reference")
             if not self.recorded:  # a first start
-                self.publish_version(0)
+                if not self.version_zero_announced:
+                    self.publish_version(0)
                 self.publisher.publish(RunEvent(run_id=self.run_id, kind="started", sequence=1, name="learner",
                                                 details={**details, "world_size": policy.placement.world_size,
                                                          "device": str(policy.placement.device)}))

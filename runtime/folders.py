@@ -3,6 +3,7 @@ training service's saved states are made of."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -18,3 +19,21 @@ def write_folder(final: Path, fill) -> Path:
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     return final
+
+
+def run_dir(home: Path, run_id: str, configured: str) -> Path:
+    """Where a run's checkpoints or weights live: the recipe's path (relative paths are
+    under STREAMRL_HOME), one folder per run."""
+    base = Path(configured)
+    if not base.is_absolute():
+        base = home / base
+    return base / run_id
+
+
+def directory_sha256(folder: Path) -> str:
+    """The digest of a model folder's weights (its *.safetensors files, by name)."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.safetensors")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()

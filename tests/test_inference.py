@@ -114,3 +114,16 @@ def test_one_draw_for_every_sampler_top_k_and_the_logprob_before_the_filters():
     # temperature 2: p ~ sqrt([0.5, 0.3, 0.2]) = [0.7071, 0.5477, 0.4472] / 1.7020
     chosen, logprob = draw_tokens(logits, temperature=2.0, top_k=1)
     assert logprob.item() == pytest.approx(math.log(0.7071068 / 1.7020312), abs=1e-5)
+
+
+def test_the_inverse_cdf_draw_follows_the_distribution_and_never_draws_a_zero():
+    from algos.sampling import inverse_cdf_draw
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]]).repeat(200_000, 1)
+    drawn = inverse_cdf_draw(probs, torch.Generator().manual_seed(0))
+    counts = torch.bincount(drawn, minlength=6).float() / len(drawn)
+    assert counts[[0, 2, 5]].sum() == 0                      # probability 0: never
+    # 200k draws: a frequency's standard error is at most sqrt(0.25 / 200k) = 0.0011
+    assert counts[[1, 3, 4]].tolist() == pytest.approx([0.5, 0.3, 0.2], abs=0.005)
+    edge = inverse_cdf_draw(torch.tensor([[0.0, 0.0, 1.0]]).repeat(1000, 1))
+    assert edge.tolist() == [2] * 1000

@@ -208,7 +208,7 @@ def test_weight_versions_are_written_from_a_copy_and_announced_in_order(tiny, tm
     from learner.version_writes import VersionWrites, cpu_copy
     from runtime.tiny_lm import load
 
-    from learner.checkpoint import directory_sha256
+    from runtime.folders import directory_sha256
 
     tokenizer, model = load(tiny)
     writes = VersionWrites()

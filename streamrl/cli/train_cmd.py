@@ -297,14 +297,18 @@ def learner(
 ) -> None:
     """Train RUN: batches of samples, optimizer steps, a checkpoint and a weight version
     per step. Restarted, it resumes after its last checkpointed step."""
-    from learner.loop import Learner
+    from learner.first_version import announce_model_as_version_zero
     from runtime.runs import stop_on_signals
 
     current = settings()
     recipe = run_config(current, run)
     launch_ranks_if_asked(recipe, run, reset_offsets)
+    # before torch and transformers are imported: sampling can start while they load
+    announced = announce_model_as_version_zero(current, run, recipe)
+    from learner.loop import Learner
+
     stop = stop_on_signals()
-    trainer = Learner(current, run, recipe)
+    trainer = Learner(current, run, recipe, version_zero_announced=announced)
     if reset_offsets:
         trainer.start_offsets = None  # samples of checkpointed steps are skipped by step number
 
