@@ -172,32 +172,42 @@ def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, ru
                 out: Path | None, console: Console, final_val_timeout_s: float = 180.0,
                 resume: bool = False, reset_offsets: bool = False,
                 inference_urls: list[str] | None = None, policy: RestartPolicy = RestartPolicy(),
-                overrides: list[str] | None = None, tag: str | None = None) -> RunSummary:
+                overrides: list[str] | None = None, tag: str | None = None,
+                code_check: Callable[[], None] | None = None) -> RunSummary:
+    """`code_check` (a fresh run): loads and checks the recipe's code, raising what it
+    finds; it runs while the learner and workers start (their imports are most of a
+    run's start), before the publisher creates the run."""
     interrupt_on_sigterm()
     local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy, recipe.service.broker)
     total = total_train_steps(recipe)  # the same count the publisher and the learner use
     val_rows = recipe.validate.data.max_rows
     console.print(f"run [bold]{run_id}[/]: logs in {local.logs}", highlight=False)
-    # the publisher creates the run from the same recipe and overrides (its resolved config
-    # is what every other process reads)
+    # The learner and the workers start first: importing torch and transformers and
+    # building the model is most of a run's start. They wait for the run's `created`
+    # event, which the publisher writes from the same recipe and overrides (the resolved
+    # config every other process reads).
+    role = "remote-trainer" if recipe.service.train_service.backend != "none" else "learner"
+    learner = local.spawn(role, ["learner", run_id] + (["--reset-offsets"] if reset_offsets else []),
+                          may_finish=True)
+    for i in range(workers):  # group members by name, or fixed shards (STREAMRL_PARTITION_ASSIGNMENT)
+        placement = ["--name", f"worker-{i}"] if settings.partition_assignment == "group" else ["--shard", f"{i}/{workers}"]
+        local.spawn(f"worker-{i}", ["worker", run_id, *placement])
+    if code_check is not None:
+        try:
+            code_check()
+        except BaseException:  # refused before the run exists: nothing is recorded
+            local.stop()
+            raise
     publish = ["publish", "--resume", run_id] if resume else \
         ["publish", str(recipe_file), *(overrides or []), "--run", run_id, "--checked",
          *(["--tag", tag] if tag else [])]
     publish += [arg for url in inference_urls or [] for arg in ("--inference-url", url)]
     # Restarted, the publisher resumes: the run exists, and tasks already done are skipped.
     local.spawn("publisher", publish, may_finish=True, restart_args=["publish", "--resume", run_id])
-    # The other processes read the run's resolved config from its `created` event.
     local.spawn("sink", ["sink", "--run", run_id])
     local.spawn("processor", ["processor", run_id])
-    # training-service mode (a remote_api_* trainer): the same loop, holding no model
-    role = "remote-trainer" if recipe.service.train_service.backend != "none" else "learner"
-    learner = local.spawn(role, ["learner", run_id] + (["--reset-offsets"] if reset_offsets else []),
-                          may_finish=True)
     if recipe.logger.trackers():  # W&B / TensorBoard / MLflow, fed from the topics; training never waits for it
         local.spawn("tracker", ["tracker", run_id], optional=f"`streamrl export {run_id} --to ...` back-fills the trackers")
-    for i in range(workers):  # group members by name, or fixed shards (STREAMRL_PARTITION_ASSIGNMENT)
-        placement = ["--name", f"worker-{i}"] if settings.partition_assignment == "group" else ["--shard", f"{i}/{workers}"]
-        local.spawn(f"worker-{i}", ["worker", run_id, *placement])
     final_val_version = total if recipe.validate.data.data_files else None
     val_wait_started = None
 

@@ -134,6 +134,19 @@ def test_the_guides_launch_form_without_r_prints_what_would_run_and_starts_nothi
     assert alone.returncode == 2 and "-r/--run-nexrl goes with -c/--train-config" in " ".join(alone.stderr.split())
 
 
+def test_a_recipe_whose_code_is_refused_records_nothing_and_leaves_no_process(stack, ledger, run_id, tmp_path):
+    """The learner and worker start while `run` loads the recipe's code; a refused recipe
+    stops them before the publisher creates the run."""
+    import psutil
+
+    result = run_cli("run", RECIPE, "rollout_worker.evaluator_module_path=evaluator.py:NoSuchEvaluator",
+                     "--run", run_id, "--out", str(tmp_path), env=small_run_env(), timeout=300)
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2 and "rollout_worker.evaluator_module_path" in said, said[-2000:]
+    assert scalar(ledger, "select count(*) from runs where run_id = %s", run_id) == 0
+    assert not [p for p in psutil.process_iter(["cmdline"]) if run_id in " ".join(p.info["cmdline"] or [])]
+
+
 def spawn(name: str, args: list[str], logs, env) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "streamrl.cli", *args], cwd=REPO, env=env,
                             stdout=open(logs / f"{name}.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)

@@ -231,17 +231,22 @@ def prepared_recipe(file: Path, overrides: list[str] | None = None, load_code: b
     the publisher `streamrl run` starts after checking the same file: the code check
     imports every component, torch included, which the publisher does not need (on a
     small machine that import is seconds of the run's start)."""
-    from runtime.recipe import RecipeError, prepare_recipe
+    from runtime.recipe import prepare_recipe
 
     recipe = prepare_recipe(file, overrides=overrides)
-    if not load_code:
-        return recipe
+    if load_code:
+        check_recipe_code(file, recipe)
+    return recipe
+
+
+def check_recipe_code(file: Path, recipe) -> None:
+    """Load the recipe's own code and check its registry keys (RecipeError naming them)."""
+    from runtime.recipe import RecipeError
     from streamrl.checks import recipe_code_problems
 
     problems = recipe_code_problems(recipe)
     if problems:
         raise RecipeError(file, problems)
-    return recipe
 
 
 def print_table(columns: list[str], rows: list[tuple]) -> None:

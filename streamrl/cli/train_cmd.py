@@ -4,6 +4,7 @@ cluster runs one by one (publish, worker, processor, learner)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from pathlib import Path
@@ -15,7 +16,7 @@ from runtime.config import ReplaySource
 from runtime.service_config import WINDOWS_NEED_PLAIN_PROCESSOR
 from streamrl.cli.common import (
     CommandFailed, UsageError, checked_run_id, cli_command, console, database_url, new_run_id, sharding,
-    prepared_recipe, settings,
+    check_recipe_code, prepared_recipe, settings,
 )
 
 
@@ -105,12 +106,18 @@ def run_recipe(
         raise UsageError("-r/--run-nexrl goes with -c/--train-config (FILE alone runs at once)")
     if (file is None) == (resume is None):
         raise UsageError("give a recipe FILE or --resume RUN, not both or neither")
-    recipe = with_url(prepared_recipe(file, overrides), inference_url) if file else None
+    # The recipe's own code is loaded and checked (torch imported: seconds on a small
+    # machine) while the learner and workers start: run_locally calls code_check before
+    # it starts the publisher, which creates the run, so a refused recipe records nothing.
+    recipe = with_url(prepared_recipe(file, overrides, load_code=False), inference_url) if file else None
+    code_check = None
     if recipe is not None:
         check_mode(mode, recipe)
         if train_config is not None and not run_now:
+            check_recipe_code(file, recipe)
             return print_plan(recipe, file, workers)
         check_training_service(recipe)
+        code_check = functools.partial(check_recipe_code, file, recipe)
     if resume and inference_url:
         raise UsageError("--inference-url: a resumed run keeps its recorded servers; give it to "
                          "`streamrl worker RUN --inference-url` instead")
@@ -137,7 +144,7 @@ def run_recipe(
         run_locally(current, file, recipe, run, workers or recipe.rollout_worker.num_workers, out, console,
                     resume=bool(resume), reset_offsets=bool(resume) and resumed.rebuilt.topics_recreated,
                     inference_urls=inference_url, policy=restart_policy(max_restarts, restart_window),
-                    overrides=overrides, tag=tag)
+                    overrides=overrides, tag=tag, code_check=code_check)
     except RunFailed as exc:
         raise CommandFailed(str(exc), "run failed") from None
 
