@@ -134,6 +134,26 @@ def test_the_guides_launch_form_without_r_prints_what_would_run_and_starts_nothi
     assert alone.returncode == 2 and "-r/--run-nexrl goes with -c/--train-config" in " ".join(alone.stderr.split())
 
 
+def test_without_a_warm_up_version_0_is_the_model_folder_announced_once(stack, ledger, run_id, tmp_path):
+    """No warm-up: version 0 is the model folder itself, announced before the learner
+    imports torch (learner/first_version.py), and the learner does not announce it again."""
+    from runtime.folders import directory_sha256
+
+    env = small_run_env(ARITH_STEPS="3", ARITH_WARMUP_STEPS="0", ARITH_VALIDATE_EVERY="3")
+    # an untrained model: every group may score alike, so none is filtered, to train something
+    result = run_cli("run", RECIPE, "trainer.warmup_until_accuracy=null", "algorithm.filter_zero_variance=false",
+                     "--run", run_id, "--out", str(tmp_path),
+                     env=env, timeout=420)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = ledger.execute("select version, uri, sha256 from weight_versions where run_id = %s order by version",
+                          (run_id,)).fetchall()
+    assert [version for version, _, _ in rows] == [0, 1, 2, 3]
+    model = REPO / "recipes" / "arith" / "generated" / "last_digit" / "model"
+    assert rows[0][1] == str(model.resolve()) and rows[0][2] == directory_sha256(model)
+    assert all("/v00000" in uri for _, uri, _ in rows[1:])  # the learner's own folders after it
+    assert_ledger_consistent(ledger, run_id, steps=3, staleness_threshold=1)
+
+
 def test_a_recipe_whose_code_is_refused_records_nothing_and_leaves_no_process(stack, ledger, run_id, tmp_path):
     """The learner and worker start while `run` loads the recipe's code; a refused recipe
     stops them before the publisher creates the run."""
