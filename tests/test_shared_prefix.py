@@ -12,6 +12,7 @@ from learner.batching import TrainItem, collate
 from learner.shared_prefix import plan_prefixes
 from learner.trainers import GRPOTrainer
 from runtime.config import Algorithm as AlgorithmConfig
+from runtime.config import KlControl
 from runtime.config import Recipe
 from runtime.config import Trainer as TrainerConfig
 from runtime.inert_keys import inert_key_problems
@@ -135,3 +136,21 @@ def test_on_where_it_cannot_run_is_refused_naming_the_key(tiny):
                     AlgorithmConfig())
     auto = GRPOTrainer(model, tokenizer.pad_token_id, TrainerConfig(packing="packed"), AlgorithmConfig())
     assert not auto.shared_prefix   # auto: packed rows already run each token once
+
+
+def test_the_kl_reference_runs_the_shared_prefix_too_and_gives_the_same_kl(tiny):
+    results = {}
+    for setting in ("on", "off"):
+        tokenizer, model = load(tiny)
+        reference = load(tiny)[1].eval()
+        with torch.no_grad():  # a reference that differs from the policy: the KL is not 0
+            for parameter in reference.parameters():
+                parameter.mul_(0.9)
+        t = GRPOTrainer(model, tokenizer.pad_token_id, TrainerConfig(lr=0.0, micro_batch_tokens=4096,
+                                                                     shared_prefix=setting),
+                        AlgorithmConfig(loss_agg_mode="token-mean", use_kl_loss=True, kl_ctrl=KlControl(kl_coef=0.1)),
+                        ref_model=reference)
+        results[setting] = t.step(groups())
+    assert results["on"].metrics["kl"] > 1e-3
+    assert results["on"].metrics["kl"] == pytest.approx(results["off"].metrics["kl"], rel=1e-5)
+    assert results["on"].loss == pytest.approx(results["off"].loss, abs=1e-6)
