@@ -27,9 +27,21 @@ def usable_cores() -> int:
 
 
 def computing_workers(recipe: Recipe) -> int:
-    """Rollout worker processes that sample on this machine's CPUs themselves."""
-    embedded = recipe.service.inference_service.backend == "embedded"
-    return recipe.rollout_worker.num_workers if embedded else 0
+    """Processes that sample on this machine's CPUs: rollout workers with the embedded
+    engine, and the SGLang servers the workers start themselves (managed servers run on
+    this machine; on a CPU-only machine they compute beside the learner)."""
+    service = recipe.service.inference_service
+    if service.backend == "embedded":
+        return recipe.rollout_worker.num_workers
+    if service.backend == "sglang" and not service.url and not cuda_present():
+        return recipe.rollout_worker.num_workers * service.num_servers
+    return 0
+
+
+def cuda_present() -> bool:
+    """Whether this machine has an NVIDIA driver (managed servers then sample on its GPUs),
+    without importing torch."""
+    return os.path.exists("/proc/driver/nvidia/version")
 
 
 def learner_ranks(recipe: Recipe) -> int:

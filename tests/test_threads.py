@@ -35,9 +35,19 @@ def test_asynchronous_modes_split_the_cores_between_every_computing_process():
     assert learner_threads(recipe_with(workers=3), cores=2) == 1  # never less than one
 
 
-def test_workers_that_sample_on_a_server_leave_the_cores_to_the_learner():
+def test_workers_that_sample_on_a_server_elsewhere_leave_the_cores_to_the_learner(monkeypatch):
+    import runtime.threads
+
     recipe = recipe_with("fully-async", workers=2, backend="sglang")
-    assert learner_threads(recipe, cores=8) == 8
+    external = dataclasses.replace(recipe, service=dataclasses.replace(recipe.service, inference_service=dataclasses.replace(
+        recipe.service.inference_service, url="http://127.0.0.1:30000")))
+    assert learner_threads(external, cores=8) == 8
+    # managed servers on a CPU-only machine sample beside the learner: one share each
+    monkeypatch.setattr(runtime.threads, "cuda_present", lambda: False)
+    assert learner_threads(recipe, cores=8) == 2  # 8 // (1 learner + 2 servers)
+    assert learner_threads(recipe_with("sync", workers=2, backend="sglang"), cores=8) == 8  # they take turns
+    monkeypatch.setattr(runtime.threads, "cuda_present", lambda: True)
+    assert learner_threads(recipe, cores=8) == 8  # the servers sample on the GPUs
 
 
 def test_a_number_in_the_recipe_wins():
