@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from runtime.folders import write_folder
+from runtime.folders import LATEST_SNAPSHOT, write_folder
 
-LATEST = "LATEST"
+LATEST = LATEST_SNAPSHOT
 
 
 def rng_state() -> dict:

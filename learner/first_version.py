@@ -18,15 +18,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import psycopg
+
 from runtime.bus import EventPublisher
 from runtime.config import Recipe
 from runtime.db import connect
-from runtime.folders import directory_sha256, run_dir
+from runtime.folders import LATEST_SNAPSHOT, directory_sha256, run_dir
 from runtime.settings import Settings
 from schema.events import WeightVersion
-
-LATEST_SNAPSHOT = "LATEST"  # learner/checkpoint.py's pointer to the newest snapshot
-
 
 def model_is_version_zero(recipe: Recipe) -> bool:
     """Whether the learner's version 0 holds exactly the model folder's weights."""
@@ -39,13 +38,17 @@ def model_is_version_zero(recipe: Recipe) -> bool:
 
 
 def never_trained(settings: Settings, run_id: str, recipe: Recipe) -> bool:
-    """No snapshot, and no weight version or step in the ledger: a first start."""
+    """No snapshot, and no weight version or step in the ledger: a first start. A ledger
+    that does not answer says no: the learner's own start waits for it (runtime/outage.py)."""
     checkpoints = run_dir(settings.home, run_id, recipe.trainer.checkpoint_path)
     if (checkpoints / LATEST_SNAPSHOT).exists():
         return False
-    with connect(settings.database_url, autocommit=True) as conn:
-        return not conn.execute("select exists (select 1 from weight_versions where run_id = %s) or "
-                                "exists (select 1 from train_steps where run_id = %s)", (run_id, run_id)).fetchone()[0]
+    try:
+        with connect(settings.database_url, autocommit=True) as conn:
+            return not conn.execute("select exists (select 1 from weight_versions where run_id = %s) or exists "
+                                    "(select 1 from train_steps where run_id = %s)", (run_id, run_id)).fetchone()[0]
+    except psycopg.OperationalError:
+        return False
 
 
 def announce_model_as_version_zero(settings: Settings, run_id: str, recipe: Recipe) -> bool:

@@ -43,11 +43,12 @@ class PrefixPlan:
 def plan_prefixes(batch: ForwardInputs, trains: torch.Tensor, pad_id: int) -> PrefixPlan | None:
     """The plan for `batch` (`trains`: [B, T], > 0 where a token trains), or None when no
     two rows share a prefix (nothing to gain)."""
-    lengths = batch.attention_mask.sum(-1).tolist()
-    first_trained = torch.where(trains.any(-1), (trains > 0).float().argmax(-1), batch.attention_mask.sum(-1))
-    prefix_lengths = [max(1, min(int(first), n - 1)) for first, n in zip(first_trained.tolist(), lengths)]
+    row_lengths = batch.attention_mask.sum(-1)
+    lengths = row_lengths.tolist()
     if min(lengths) < 2:
         return None
+    first_trained = torch.where(trains.any(-1), (trains > 0).float().argmax(-1), row_lengths)
+    prefix_lengths = [max(1, min(int(first), n - 1)) for first, n in zip(first_trained.tolist(), lengths)]
     rows = batch.input_ids.tolist()
     distinct: dict[tuple[int, ...], int] = {}
     row_prefix = [distinct.setdefault(tuple(row[:p]), len(distinct)) for row, p in zip(rows, prefix_lengths)]

@@ -21,6 +21,11 @@ def write_folder(final: Path, fill) -> Path:
     return final
 
 
+# the file in a run's checkpoint folder naming its newest complete snapshot
+# (learner/checkpoint.py writes it)
+LATEST_SNAPSHOT = "LATEST"
+
+
 def run_dir(home: Path, run_id: str, configured: str) -> Path:
     """Where a run's checkpoints or weights live: the recipe's path (relative paths are
     under STREAMRL_HOME), one folder per run."""
