@@ -35,6 +35,8 @@ ENV_VARS = {
                                "(default 120)",
     "STREAMRL_READONLY_DATABASE_URL": "the URL `streamrl sql`, `show`, `runs` and `replay --where` connect "
                                       "with (default: the ledger's URL as the streamrl_reader role)",
+    "STREAMRL_CORES": "cores a run's computing processes split between them (default: every core this "
+                      "process may run on); set it when several runs or other work share the machine",
     "STREAMRL_SGLANG_PYTHON": "the Python of an SGLang environment, for managed inference servers "
                               "(default: the one `make sglang-env` builds under ~/.cache/streamrl)",
 }

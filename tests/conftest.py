@@ -24,6 +24,12 @@ from runtime.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 
+# The suite runs its runs side by side (one per pytest-xdist worker): each run's
+# processes split a worker's share of the cores, not the whole machine (runtime/threads.py).
+if not os.environ.get("STREAMRL_CORES"):
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    os.environ["STREAMRL_CORES"] = str(max(1, len(os.sched_getaffinity(0)) // _workers))
+
 
 @pytest.fixture(scope="session")
 def stack():

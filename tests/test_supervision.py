@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from producers.publisher import create_run
@@ -23,7 +24,7 @@ from runtime.config import Recipe
 from runtime.settings import Settings
 from streamrl.orchestrate import child_env
 from streamrl.supervise import RestartPolicy, RunFailed, Supervisor
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, wait_for
 
 
 def supervise(stack, tmp_path, policy: RestartPolicy, args: list[str], timeout_s: float = 60):
@@ -91,6 +92,18 @@ def own_broker(monkeypatch):
     services.stop_embedded_kafka(state)
 
 
+def settled(pid: int, broker_port: int) -> bool:
+    """Whether process `pid` is connected to the broker and has gone quiet (a started
+    processor waits for events: under load its start-up can take far longer than usual)."""
+    process = psutil.Process(pid)
+    if not any(c.raddr and c.raddr.port == broker_port and c.status == psutil.CONN_ESTABLISHED
+               for c in process.net_connections("tcp")):
+        return False
+    before = sum(process.cpu_times()[:2])
+    time.sleep(1.0)
+    return sum(process.cpu_times()[:2]) - before < 0.1
+
+
 @pytest.mark.parametrize("debug", [False, True])
 def test_a_lost_broker_ends_a_process_with_one_sentence(own_broker, run_id, debug):
     settings, state = own_broker
@@ -100,7 +113,8 @@ def test_a_lost_broker_ends_a_process_with_one_sentence(own_broker, run_id, debu
     processor = subprocess.Popen([sys.executable, "-m", "streamrl.cli", *(["--debug"] if debug else []),
                                   "processor", run_id], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
-    time.sleep(8)  # started, reading
+    wait_for(lambda: processor.poll() is not None or settled(processor.pid, int(state["bootstrap"].rsplit(":", 1)[1])), timeout=180,
+             what="the processor to start reading")  # the broker goes while it reads, not while it starts
     assert processor.poll() is None, processor.communicate()
     os.kill(state["pid"], signal.SIGKILL)
     out, err = processor.communicate(timeout=60)
