@@ -179,7 +179,8 @@ def observed(stack, ui_server, browser, tmp_path_factory):
 
         wait_for(registered, timeout=180, what="the run in the ledger")
         page.goto(f"{UI}/runs/{run_id}?refresh=1")
-        page.wait_for_selector("#chart-reward .scatterlayer .trace")
+        # the first step lands after the warm-up and the first batch (minutes under CI's load)
+        page.wait_for_selector("#chart-reward .scatterlayer .trace", timeout=300_000)
         points = chart_points(page, "reward")  # the steps in the ledger when the page was drawn
         live = {"points_when_opened": points, "steps_after_opening": steps()}
         assert run.wait(420) == 0, (out / "run.log").read_text()[-3000:]
