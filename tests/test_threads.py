@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+
+import pytest
 
 from runtime.recipe import prepare_recipe
-from runtime.threads import learner_threads, worker_threads
+from runtime.settings import SettingsError
+from runtime.threads import learner_threads, usable_cores, worker_threads
 from tests.conftest import REPO
 
 RECIPE = REPO / "recipes" / "arith" / "recipe.yaml"
@@ -53,3 +57,18 @@ def test_workers_that_sample_on_a_server_elsewhere_leave_the_cores_to_the_learne
 def test_a_number_in_the_recipe_wins():
     recipe = recipe_with("sync", learner=3, worker=5)
     assert (learner_threads(recipe, cores=8), worker_threads(recipe, cores=8)) == (3, 5)
+
+
+def test_streamrl_cores_narrows_the_cores_a_run_splits(monkeypatch):
+    affinity = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("STREAMRL_CORES", "1")
+    assert usable_cores() == 1
+    assert (learner_threads(recipe_with("sync")), worker_threads(recipe_with("sync"))) == (1, 1)
+    monkeypatch.setenv("STREAMRL_CORES", str(affinity + 64))  # never more than the process may run on
+    assert usable_cores() == affinity
+    monkeypatch.delenv("STREAMRL_CORES")
+    assert learner_threads(recipe_with("sync")) == affinity
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("STREAMRL_CORES", bad)
+        with pytest.raises(SettingsError, match=f"STREAMRL_CORES='{bad}'"):
+            usable_cores()
