@@ -20,6 +20,9 @@ would end the run it is left stopped, with one sentence saying how to make up fo
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
 import signal
 import subprocess
 import sys
@@ -36,6 +39,27 @@ NOT_RETRIED = {EXIT_USAGE: "bad usage or input", EXIT_SERVICE: "a service it nee
 
 class RunFailed(RuntimeError):
     pass
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True) if sys.platform == "linux" else None
+
+
+def ends_with_parent(parent_pid: int) -> Callable[[], None] | None:
+    """A child's pre-exec step: SIGTERM to the child when this process dies.
+
+    The children run in sessions of their own (a terminal's Ctrl-C reaches only
+    `streamrl run`, which stops them in order), so nothing else would stop them if
+    `streamrl run` itself were killed (SIGKILL, the OOM killer, a test's timeout): they
+    would train on, unsupervised, beside the run's next `--resume`."""
+    if _LIBC is None:
+        return None
+
+    def arm() -> None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:  # it died before the line above
+            os.kill(os.getpid(), signal.SIGTERM)
+    return arm
 
 
 @dataclass(frozen=True)
@@ -95,7 +119,8 @@ class Supervisor:
     def _start(self, child: Child, args: list[str]) -> None:
         with open(child.log_path, "ab") as handle:
             child.process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", *args], stdout=handle,
-                                             stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+                                             stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
+                                             preexec_fn=ends_with_parent(os.getpid()))
 
     def check(self) -> None:
         """Notice exits, schedule and perform restarts; RunFailed when one must not go on."""

@@ -80,6 +80,23 @@ def test_an_optional_process_that_keeps_crashing_is_left_stopped_and_the_run_goe
         supervisor.stop()
 
 
+def test_a_killed_supervisor_takes_its_children_with_it(stack, tmp_path):
+    """`streamrl run` SIGKILLed (the OOM killer, a timeout) leaves no process of its run
+    behind: each child, in a session of its own, is sent SIGTERM when its parent dies."""
+    script = (f"import sys, time; from pathlib import Path; from streamrl.supervise import Supervisor, RestartPolicy\n"
+              f"s = Supervisor(Path({str(tmp_path)!r}), dict(__import__('os').environ), RestartPolicy(), print)\n"
+              f"c = s.spawn('sleeper', ['sql', 'select pg_sleep(120)']); print(c.process.pid, flush=True)\n"
+              f"time.sleep(300)")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=child_env(stack), stdout=subprocess.PIPE,
+                              text=True)
+    child = psutil.Process(int(parent.stdout.readline()))
+    wait_for(lambda: "sql" in " ".join(child.cmdline()), timeout=30, what="the child to start")
+    parent.kill()
+    parent.wait(timeout=10)
+    wait_for(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, timeout=30,
+             what="the orphaned child to end")
+
+
 @pytest.fixture
 def own_broker(monkeypatch):
     """A broker of this test's own, which it stops."""
