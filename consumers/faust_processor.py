@@ -34,7 +34,7 @@ import msgspec
 
 from consumers.faust_recovery import RecoveryStalled, RecoveryWatch
 from consumers.open_group import OpenGroup
-from consumers.processor import group_outcome, load_custom_advantages
+from consumers.processor import PROCESSOR_GROUP, group_outcome, load_custom_advantages
 from algos.advantages import get_advantage_estimator
 from runtime.bus import FRAME_OVERHEAD_BYTES, IDLE_FETCH_WAIT_MS, RunReader, frame, unframe_record
 from runtime.blobs import PostgresBlobStore
@@ -46,7 +46,6 @@ from schema.topics import event_key, topic_name
 from schema.topology import check_reads, check_writes
 
 log = logging.getLogger("streamrl.processor")
-PROCESSOR_GROUP = "streamrl-processor"
 
 
 class ClosedGroup(msgspec.Struct):
