@@ -36,7 +36,7 @@ from runtime.plugins import load_module
 from runtime.settings import Settings
 
 log = logging.getLogger("streamrl.processor")
-PROCESSOR_GROUP = "streamrl-processor"  # both processors (this plain loop and the faust app) share the group
+PROCESSOR_GROUP = "streamrl-processor"  # the consumer group of both processors (this plain loop, the faust app)
 
 
 def group_outcome(run_id: str, group_id: str, step: int, group_size: int,
