@@ -63,7 +63,10 @@ def server_flags(options: dict) -> list[str]:
 
 
 def launch_options(model_path: str, port: int, device: str, server_args: dict) -> dict:
-    options = {"model-path": str(model_path), "host": "127.0.0.1", "port": port}
+    # sleep-on-idle: an idle scheduler waits on its sockets instead of polling them, which
+    # held half a core per server while it had nothing to do (in sync mode, while the
+    # learner trains beside it); a request wakes it at once.
+    options = {"model-path": str(model_path), "host": "127.0.0.1", "port": port, "sleep-on-idle": True}
     if resolve_device(device).type == "cpu":
         options.update(CPU_SERVER_ARGS)
     options.update({str(k).replace("_", "-"): v for k, v in server_args.items()})

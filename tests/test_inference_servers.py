@@ -75,6 +75,8 @@ def test_launch_flags_on_the_cpu_and_a_recipes_server_args_win():
     assert flags[:6] == ["--model-path", "/m", "--host", "127.0.0.1", "--port", "30001"]
     assert "--disable-cuda-graph" in flags and flags[flags.index("--dtype") + 1] == "bfloat16"
     assert flags[flags.index("--mem-fraction-static") + 1] == "0.5"
+    assert "--sleep-on-idle" in flags  # an idle server waits on its sockets, not polling them
+    assert "--sleep-on-idle" not in server_flags(launch_options("/m", 30001, "cpu", {"sleep_on_idle": False}))
     assert server_flags({"a": False, "b": None, "c": [1, 2]}) == ["--c", "1", "2"]
 
 
