@@ -18,10 +18,12 @@ RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
 STEPS = 12
 
 
-def kill_run_processes(run_id: str) -> int:
-    """SIGKILL every process of the run (they run in their own sessions)."""
+def kill_run_processes(run_id: str, supervisor: int) -> int:
+    """SIGKILL every process of the run (they run in their own sessions), as a machine's
+    crash would, `streamrl run` (pid `supervisor`) last: its death sends its children
+    SIGTERM, which would let them stop in order instead."""
     killed = 0
-    for pid, args in command_lines().items():
+    for pid, args in sorted(command_lines().items(), key=lambda item: item[0] == supervisor):
         if "streamrl.cli" in args and run_id in args and pid != os.getpid():
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -52,10 +54,10 @@ def test_resume_after_broker_restart_matches_a_run_without_the_fault(stack, ledg
                  timeout=300, what="four trained steps")
         assert first.poll() is None, f"the run ended by itself (code {first.poll()}):\n{log_tails(tmp_path / 'logs')}"
     finally:
-        first.kill()
+        # streamrl run, and its publisher (maybe finished), sink, processor, learner and workers
+        killed = kill_run_processes(run_id, supervisor=first.pid)
         first.wait()
-    # publisher (maybe finished), sink, processor, learner and two workers
-    assert kill_run_processes(run_id) >= 4, log_tails(tmp_path / "logs")
+    assert killed >= 5, log_tails(tmp_path / "logs")
     trained_before = scalar(ledger, "select count(*) from train_steps where run_id = %s", run_id)
     assert trained_before < STEPS
 
