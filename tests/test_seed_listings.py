@@ -19,6 +19,7 @@ SEED_TESTS = REPO / "tests" / "test_seed_examples.py"
 
 def guide_blocks() -> dict[str, str]:
     """Every ```python block of the guide, as `FFF_NN` (the file's prefix, the block's number)."""
+    assert SEEDS.is_dir(), f"the guide is not at {SEEDS} (the checkout's sibling folder shared/seeds)"
     blocks = {}
     for path in sorted(SEEDS.glob("[0-9][0-9][0-9]_*.txt")):
         found = re.findall(r"^([ \t]*)```python[ \t]*\n(.*?)^[ \t]*```[ \t]*$", path.read_text(), re.S | re.M)
