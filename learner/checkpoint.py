@@ -19,8 +19,6 @@ import torch
 
 from runtime.folders import LATEST_SNAPSHOT, write_folder
 
-LATEST = LATEST_SNAPSHOT
-
 
 def rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
@@ -67,9 +65,9 @@ def save_checkpoint(root: Path, step: int, model_folder: Path | None, optimizer_
         (folder / "state.json").write_text(json.dumps({"step": step, **state}))
 
     final = write_folder(root / f"step-{step:06d}", fill)
-    pointer = root / f".{LATEST}.tmp"
+    pointer = root / f".{LATEST_SNAPSHOT}.tmp"
     pointer.write_text(final.name)
-    os.replace(pointer, root / LATEST)
+    os.replace(pointer, root / LATEST_SNAPSHOT)
     for old in root.glob("step-*"):  # keep the newest, and every `keep_every`-th
         number = int(old.name.split("-")[1])
         if number < step and not (keep_every and number % keep_every == 0):
@@ -78,7 +76,7 @@ def save_checkpoint(root: Path, step: int, model_folder: Path | None, optimizer_
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    pointer = root / LATEST
+    pointer = root / LATEST_SNAPSHOT
     if not pointer.is_file():
         return None
     folder = root / pointer.read_text().strip()

@@ -27,6 +27,7 @@ from runtime.folders import LATEST_SNAPSHOT, directory_sha256, run_dir
 from runtime.settings import Settings
 from schema.events import WeightVersion
 
+
 def model_is_version_zero(recipe: Recipe) -> bool:
     """Whether the learner's version 0 holds exactly the model folder's weights."""
     cfg = recipe.trainer

@@ -35,7 +35,8 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
 )
 
-from learner.checkpoint import LATEST, rng_state, set_rng_state
+from learner.checkpoint import rng_state, set_rng_state
+from runtime.folders import LATEST_SNAPSHOT
 from learner.parallel import Placement
 
 # DCP warns that it runs without a process group when there is one learner process.
@@ -92,7 +93,7 @@ class SnapshotStore:
             return
         torch.save(pending.rng, pending.folder / "rng.pt")
         write_atomically(pending.folder / "state.json", json.dumps({"step": pending.step, **pending.state}))
-        write_atomically(self.root / LATEST, pending.folder.name)
+        write_atomically(self.root / LATEST_SNAPSHOT, pending.folder.name)
         for old in self.root.glob("step-*"):  # keep the newest, and every `keep_every`-th
             number = int(old.name.split("-")[1])
             if number < pending.step and not (pending.keep_every and number % pending.keep_every == 0):

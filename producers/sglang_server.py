@@ -64,7 +64,7 @@ def server_flags(options: dict) -> list[str]:
 
 def launch_options(model_path: str, port: int, device: str, server_args: dict) -> dict:
     # sleep-on-idle: an idle scheduler waits on its sockets instead of polling them, which
-    # held half a core per server while it had nothing to do (in sync mode, while the
+    # held a whole core per server while it had nothing to do (in sync mode, while the
     # learner trains beside it); a request wakes it at once.
     options = {"model-path": str(model_path), "host": "127.0.0.1", "port": port, "sleep-on-idle": True}
     if resolve_device(device).type == "cpu":

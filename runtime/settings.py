@@ -66,7 +66,7 @@ class SettingsError(RuntimeError):
     """A setting is missing or malformed (the message names the variable)."""
 
 
-def _int_env(name: str, default: int) -> int:
+def int_env(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -124,15 +124,15 @@ class Settings:
             sasl_username=os.environ.get("STREAMRL_KAFKA_SASL_USERNAME") or None,
             sasl_password=os.environ.get("STREAMRL_KAFKA_SASL_PASSWORD") or None,
             ssl_cafile=os.environ.get("STREAMRL_KAFKA_SSL_CAFILE") or None,
-            topic_partitions=_int_env("STREAMRL_TOPIC_PARTITIONS", 4),
-            max_message_bytes=_int_env("STREAMRL_KAFKA_MAX_MESSAGE_BYTES", 1_048_576),
-            session_timeout_ms=_int_env("STREAMRL_KAFKA_SESSION_TIMEOUT_MS", 6000),
+            topic_partitions=int_env("STREAMRL_TOPIC_PARTITIONS", 4),
+            max_message_bytes=int_env("STREAMRL_KAFKA_MAX_MESSAGE_BYTES", 1_048_576),
+            session_timeout_ms=int_env("STREAMRL_KAFKA_SESSION_TIMEOUT_MS", 6000),
             partition_assignment=_choice_env("STREAMRL_PARTITION_ASSIGNMENT", ("group", "shard")),
             group_membership=_choice_env("STREAMRL_GROUP_MEMBERSHIP", ("dynamic", "static")),
-            kafka_port=_int_env("STREAMRL_KAFKA_PORT", DEFAULT_KAFKA_PORT),
+            kafka_port=int_env("STREAMRL_KAFKA_PORT", DEFAULT_KAFKA_PORT),
             sglang_python_env=os.environ.get("STREAMRL_SGLANG_PYTHON") or None,
             readonly_database_url_env=os.environ.get("STREAMRL_READONLY_DATABASE_URL") or None,
-            service_wait_s=_int_env("STREAMRL_SERVICE_WAIT_S", 120),
+            service_wait_s=int_env("STREAMRL_SERVICE_WAIT_S", 120),
         )
 
     @property

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from runtime.config import Recipe
-from runtime.settings import SettingsError
+from runtime.settings import int_env
 
 
 def usable_cores() -> int:
@@ -30,17 +30,7 @@ def usable_cores() -> int:
         affinity = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         affinity = os.cpu_count() or 1
-    return min(affinity, cores_setting() or affinity)
-
-
-def cores_setting() -> int | None:
-    """`STREAMRL_CORES`, checked (None where unset)."""
-    raw = os.environ.get("STREAMRL_CORES", "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise SettingsError(f"STREAMRL_CORES={raw!r}: expected a whole number of cores, at least 1")
-    return int(raw)
+    return min(affinity, int_env("STREAMRL_CORES", affinity))
 
 
 def computing_workers(recipe: Recipe) -> int:

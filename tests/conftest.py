@@ -21,6 +21,7 @@ from producers.sglang_server import ManagedServer
 from runtime import db, services
 from runtime.recipe import prepare_recipe
 from runtime.settings import Settings
+from runtime.threads import usable_cores
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -28,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 # processes split a worker's share of the cores, not the whole machine (runtime/threads.py).
 if not os.environ.get("STREAMRL_CORES"):
     _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
-    os.environ["STREAMRL_CORES"] = str(max(1, len(os.sched_getaffinity(0)) // _workers))
+    os.environ["STREAMRL_CORES"] = str(max(1, usable_cores() // _workers))
 
 
 @pytest.fixture(scope="session")
