@@ -8,7 +8,7 @@ from __future__ import annotations
 from tests.conftest import REPO, run_cli
 
 RECIPE = str(REPO / "recipes" / "kv_agent" / "recipe.yaml")
-STEPS = 30
+STEPS = 45
 
 
 def test_the_key_value_agent_recipe_raises_its_success_rate(stack, ledger, run_id, tmp_path):
@@ -20,8 +20,11 @@ def test_the_key_value_agent_recipe_raises_its_success_rate(stack, ledger, run_i
         "select (metrics->>'reward_mean')::float from train_steps where run_id = %s order by step", (run_id,))]
     assert len(rewards) == STEPS
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    print(f"\ntraining reward by step: {[round(r, 3) for r in rewards]}")
+    print(dict(ledger.execute("select step, avg(reward) from evaluations where run_id = %s and is_val "
+                              "group by step order by step", (run_id,)).fetchall()))
     # +0.063 and +0.066 under CI's parallel load, +0.121 alone; a learner that does not learn moves ~0
-    assert last >= first + 0.05, f"training reward {first:.3f} -> {last:.3f}"
+    assert last >= first + 0.05, f"training reward {first:.3f} -> {last:.3f}: {[round(r, 3) for r in rewards]}"
 
     # episodes are multi-turn: a tool turn between two assistant turns, recorded per turn
     shapes = dict(ledger.execute("""
