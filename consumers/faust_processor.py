@@ -32,11 +32,12 @@ import time
 
 import msgspec
 
+from consumers.faust_ending import WorkerEnding
 from consumers.faust_recovery import RecoveryStalled, RecoveryWatch
 from consumers.open_group import OpenGroup
 from consumers.processor import PROCESSOR_GROUP, group_outcome, load_custom_advantages
 from algos.advantages import get_advantage_estimator
-from runtime.bus import FRAME_OVERHEAD_BYTES, IDLE_FETCH_WAIT_MS, RunReader, frame, unframe_record
+from runtime.bus import FRAME_OVERHEAD_BYTES, frame, unframe_record
 from runtime.blobs import PostgresBlobStore
 from runtime.config import Recipe
 from runtime.settings import Settings
@@ -174,8 +175,7 @@ class FaustProcessor:
         # broker CPU a 256-rollout step). A group's input events are acked once its
         # outputs are delivered, so a commit never passes an undelivered group.
         self.output_producer = None
-        self.lost: list[BaseException] = []
-        self.broker_answered_at = 0.0  # monotonic time the broker watch last found the broker well
+        self.ending = WorkerEnding(settings, run_id)  # the broker watch, and whether a stop was clean
         self.generation: int | None = None  # the consumer generation `expected` belongs to
         self.expected: dict = {}  # input partition -> the next offset this process must read
         self.rewinding: set = set()  # input partitions sought back, waiting for their expected offset
@@ -274,7 +274,7 @@ class FaustProcessor:
         try:
             await self.recovery_watch.check()
         except RecoveryStalled as exc:  # one sentence, and a restart by the supervisor
-            self.lost.append(exc)
+            self.ending.lost.append(exc)
             asyncio.ensure_future(self.worker.stop())
 
     async def _emit(self, group_id: str, group: OpenGroup, timed_out: bool = False) -> None:
@@ -342,56 +342,6 @@ class FaustProcessor:
 
     # --- serving ------------------------------------------------------------------------
 
-    def _watch_broker(self, worker, stop: threading.Event) -> None:
-        """faust reconnects forever; StreamRL's rule is one sentence after
-        STREAMRL_SERVICE_WAIT_S (runtime/outage.py). A plain reader of the run's small
-        `runs` topic notices the lost broker and stops the worker."""
-        try:
-            reader = RunReader(self.settings, self.run_id, ["runs"], group_id=None, stage="processor",
-                               fetch_max_wait_ms=IDLE_FETCH_WAIT_MS)
-        except Exception as exc:  # noqa: BLE001 - the broker went before the watch started
-            self._stop_for(exc, worker)
-            return
-        try:
-            while not stop.is_set():
-                reader.poll(timeout_ms=1000)
-                if reader.broker_watch.problem_since is None:
-                    self.broker_answered_at = time.monotonic()
-        except Exception as exc:  # noqa: BLE001 - ServiceLost, or the reader's own failure
-            self._stop_for(exc, worker)
-        finally:
-            reader.close()
-
-    def _stop_for(self, lost: Exception, worker) -> None:
-        self.lost.append(lost)
-        if not worker.loop.is_closed():  # the worker may have stopped on its own already
-            worker.loop.call_soon_threadsafe(lambda: worker.loop.create_task(worker.stop()))
-
-    def _wait_for_the_watch(self, worker, watch: threading.Thread) -> bool:
-        """Whether SIGTERM/SIGINT stopped the worker; when nothing did, give the broker
-        watch its time to say whether the broker is the cause."""
-        asked_to_stop = worker._signal_stop_future is not None
-        stopped_at = time.monotonic()
-        deadline = stopped_at + self.settings.service_wait_s + 5
-        while (not asked_to_stop and not self.lost and watch.is_alive() and time.monotonic() < deadline
-               and self.broker_answered_at < stopped_at + 2):  # answered after the stop: not the cause
-            time.sleep(0.2)
-        return asked_to_stop
-
-    def _raise_unless_asked_to_stop(self, worker, watch: threading.Thread, exit_code) -> None:
-        """A faust worker ends by SystemExit whatever the reason, 0 included when its
-        consumer died with the broker. Only SIGTERM/SIGINT is a clean end: any other stop is
-        the broker (the watch says so within STREAMRL_SERVICE_WAIT_S) or a crash."""
-        asked_to_stop = self._wait_for_the_watch(worker, watch)
-        if self.lost:
-            raise self.lost[0]
-        crash = worker.crash_reason or self.app.crash_reason
-        if crash is not None:
-            raise RuntimeError(f"the stream processor's faust worker crashed: {crash!r}") from crash
-        if exit_code not in (None, 0) or not asked_to_stop:
-            raise RuntimeError(f"the stream processor's faust worker stopped without being asked to "
-                               f"(exit code {exit_code})")
-
     def run(self, tracebacks: bool = False) -> None:
         """Serve until SIGTERM/SIGINT; ServiceLost when the broker stays away,
         RecoveryStalled when table recovery is stuck (consumers/faust_recovery.py). Without
@@ -417,19 +367,15 @@ class FaustProcessor:
                                                             hook.exc_type.__name__, hook.exc_value)
         worker = self.worker = Worker(self.app, loglevel="info" if tracebacks else "warning", quiet=True,
                                       redirect_stdouts=False)
-        stop = threading.Event()
-        watch = threading.Thread(target=self._watch_broker, args=(worker, stop), name="broker-watch", daemon=True)
-        watch.start()
+        self.ending.start_watch(worker)
         try:
             worker.execute_from_commandline()
         except SystemExit as end:  # how a faust worker ends, after SIGTERM/SIGINT too
-            self._raise_unless_asked_to_stop(worker, watch, end.code)
+            self.ending.raise_unless_asked_to_stop(worker, self.app, end.code)
         except Exception as crash:  # mode re-raises a crash: the lost broker may be its cause
-            self._wait_for_the_watch(worker, watch)
-            if self.lost:
-                raise self.lost[0] from crash
+            self.ending.raise_if_the_broker_was_lost(worker, crash)
             raise
         finally:
-            stop.set()
+            self.ending.stop_watch()
             if self.blobs is not None:
                 self.blobs.close()
