@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import ssl
+import tempfile
 import threading
 import time
 
@@ -136,6 +138,9 @@ class FaustProcessor:
         static = settings.group_membership == "static"
         self.app = faust.App(
             f"{PROCESSOR_GROUP}.{run_id}", **faust_broker_options(settings), store="memory://", web_enabled=False,
+            # faust makes `<app id>-data/` in the working directory even for memory tables:
+            # a folder of its own instead, removed when the processor ends
+            datadir=tempfile.mkdtemp(prefix="streamrl-faust-"),
             topic_partitions=settings.topic_partitions,
             consumer_auto_offset_reset="earliest", broker_session_timeout=settings.session_timeout_ms / 1000,
             # No standby replicas: a memory-store standby applies changelog records into the
@@ -377,5 +382,6 @@ class FaustProcessor:
             raise
         finally:
             self.ending.stop_watch()
+            shutil.rmtree(self.app.conf.datadir, ignore_errors=True)
             if self.blobs is not None:
                 self.blobs.close()

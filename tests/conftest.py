@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -249,3 +250,25 @@ def server(sglang_python, model_dir, tmp_path_factory):
     managed.start()
     yield managed
     managed.stop()
+
+
+@pytest.fixture(scope="module")
+def tinker_clients():
+    """Makes the official Tinker ServiceClients a module's tests use, and closes their
+    sessions before the module's training service stops (ask for this fixture after the
+    service): an open session's heartbeat thread outlives the service and prints its
+    failure every 10 s for the rest of the suite."""
+    import tinker
+
+    made = []
+
+    def make(base_url: str, api_key: str):
+        made.append(tinker.ServiceClient(base_url=base_url, api_key=api_key))
+        return made[-1]
+
+    yield make
+    for client in made:
+        try:
+            client.close("success").result(timeout=60)
+        except Exception as exc:  # noqa: BLE001 - a session the service forgot (restarted) still stops its heartbeat
+            warnings.warn(f"closing a Tinker session: {exc!r}", stacklevel=1)

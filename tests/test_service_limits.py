@@ -57,11 +57,8 @@ def key(service, service_env):
 
 
 @pytest.fixture(scope="module")
-def model_id(key):
-    import tinker
-
-    return tinker.ServiceClient(base_url=URL, api_key=key).create_lora_training_client(base_model="tiny", rank=2) \
-        .result().model_id
+def model_id(key, tinker_clients):
+    return tinker_clients(URL, key).create_lora_training_client(base_model="tiny", rank=2).result().model_id
 
 
 def forward_backward_body(model_id: str, tokens_per_datum: list[int], seq_id: int = 1) -> bytes:
@@ -127,11 +124,10 @@ def test_bodies_datums_and_requests_over_their_limits_are_not_recorded(service, 
     assert recorded(ledger, model_id) == 2 and time.monotonic() - started < 120
 
 
-def test_sample_requests_and_models_per_key_are_bounded(service, key, model_id):
-    import tinker
+def test_sample_requests_and_models_per_key_are_bounded(service, key, model_id, tinker_clients):
     from tinker import types
 
-    client = tinker.ServiceClient(base_url=URL, api_key=key)
+    client = tinker_clients(URL, key)
     sampler = client.create_sampling_client(base_model="tiny")
     prompt = types.ModelInput.from_ints([5, 6, 7])
     with pytest.raises(Exception, match="max_sample_sequences"):

@@ -87,14 +87,14 @@ def datums(tokenizer, types):
     return data, wire
 
 
-def test_the_tinker_client_trains_samples_and_gets_streamrls_losses(stack, models, service, api_key, ledger):
-    import tinker
+def test_the_tinker_client_trains_samples_and_gets_streamrls_losses(stack, models, service, api_key, ledger,
+                                                                     tinker_clients):
     from tinker import types
     from transformers import AutoModelForCausalLM
 
     from algos.losses import clamped_ratio, token_logprobs
 
-    client = tinker.ServiceClient(base_url=URL, api_key=api_key)
+    client = tinker_clients(URL, api_key)
     trainer = client.create_lora_training_client(base_model="tiny", rank=4).result()
     tokenizer = trainer.get_tokenizer()  # the served model's own, through get_info's tokenizer_id
     data, wire = datums(tokenizer, types)
@@ -143,7 +143,7 @@ def test_the_tinker_client_trains_samples_and_gets_streamrls_losses(stack, model
 
 
 def test_requests_without_a_valid_key_or_with_a_bad_datum_are_refused_and_change_nothing(
-        stack, service, api_key, ledger):
+        stack, service, api_key, ledger, tinker_clients):
     import tinker
     from tinker import types
 
@@ -156,7 +156,7 @@ def test_requests_without_a_valid_key_or_with_a_bad_datum_are_refused_and_change
     stored = scalar(ledger, "select key_sha256 from service_api_keys where name = 'tests'")
     assert api_key not in stored and len(stored) == 64  # only the digest
 
-    client = tinker.ServiceClient(base_url=URL, api_key=api_key)
+    client = tinker_clients(URL, api_key)
     trainer = client.create_lora_training_client(base_model="tiny", rank=4).result()
     ids = [5, 6, 7, 8]
     good = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
@@ -267,16 +267,15 @@ def test_the_built_in_recipe_learns_through_the_service_killed_mid_run(stack, se
     assert after >= before + 0.5, f"held-out accuracy {before:.3f} -> {after:.3f}"
 
 
-def test_a_checkpoint_name_is_a_name_never_a_path(stack, service, api_key, ledger, tmp_path):
+def test_a_checkpoint_name_is_a_name_never_a_path(stack, service, api_key, ledger, tmp_path, tinker_clients):
     """save_weights / save_weights_for_sampler with `../` or an absolute path are refused
     (400, naming the field) before they are recorded; the folder they aimed at is untouched."""
-    import tinker
     from tinker import types
 
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep.txt").write_text("mine")
-    trainer = tinker.ServiceClient(base_url=URL, api_key=api_key).create_lora_training_client(
+    trainer = tinker_clients(URL, api_key).create_lora_training_client(
         base_model="tiny", rank=4).result()
     before = scalar(ledger, "select count(*) from service_requests where model_id = %s", trainer.model_id)
     attacks = [str(victim), "../../../../../../../../" + str(victim).lstrip("/"), "..", "a/b", ".hidden", "x" * 200]
@@ -295,14 +294,14 @@ def test_a_checkpoint_name_is_a_name_never_a_path(stack, service, api_key, ledge
     assert saved.path == f"tinker://{trainer.model_id}/weights/step-1.ok"
 
 
-def test_another_keys_models_sessions_weights_and_futures_are_not_found(stack, service, api_key, ledger):
+def test_another_keys_models_sessions_weights_and_futures_are_not_found(stack, service, api_key, ledger,
+                                                                         tinker_clients):
     """Key B, on every route that names something of key A's: the same 404 (or 400 for a
     sampler path) as for something that does not exist, and nothing of A's changes."""
-    import tinker
     from tinker import types
 
     other = run_cli("training-key", "create", "other-tenant", check=True).stdout.split()[1]
-    owner = tinker.ServiceClient(base_url=URL, api_key=api_key)
+    owner = tinker_clients(URL, api_key)
     trainer = owner.create_lora_training_client(base_model="tiny", rank=4).result()
     sampler_path = trainer.save_weights_for_sampler("for-a").result().path
     sampling = owner.create_sampling_client(model_path=sampler_path)

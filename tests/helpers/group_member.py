@@ -11,6 +11,7 @@ the time from the start of the process's main code to its first record.
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 
 SESSION_TIMEOUT_MS = 6000
@@ -48,6 +49,7 @@ def faust_member(bootstrap: str, topic: str, group: str, out, instance_id: str |
     import faust
 
     app = faust.App(group, broker=f"kafka://{bootstrap}", store="memory://", web_enabled=False,
+                    datadir=tempfile.mkdtemp(prefix="streamrl-faust-member-"),  # not `<group>-data/` in the checkout
                     consumer_group_instance_id=instance_id, broker_session_timeout=SESSION_TIMEOUT_MS / 1000,
                     broker_heartbeat_interval=1.0, consumer_auto_offset_reset="earliest", topic_partitions=4)
     source = app.topic(topic, value_serializer="raw", key_serializer="raw")
