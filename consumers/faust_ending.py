@@ -54,33 +54,34 @@ class WorkerEnding:
         if not worker.loop.is_closed():  # the worker may have stopped on its own already
             worker.loop.call_soon_threadsafe(lambda: worker.loop.create_task(worker.stop()))
 
-    def _wait_for_the_watch(self, worker) -> bool:
-        """Whether SIGTERM/SIGINT stopped the worker; when nothing did, give the broker
-        watch its time to say whether the broker is the cause: until it finds the broker
-        well after the stop, or reports it lost, or STREAMRL_SERVICE_WAIT_S + 5 s pass."""
-        asked_to_stop = worker._signal_stop_future is not None
+    def _raise_if_the_broker_was_lost(self, worker, cause: BaseException | None = None) -> None:
+        """When nothing asked the worker to stop, give the broker watch its time to say
+        whether the broker is the cause (until it finds the broker well after the stop, or
+        reports it lost, or STREAMRL_SERVICE_WAIT_S + 5 s pass); raise what it found."""
         stopped_at = time.monotonic()
         deadline = stopped_at + self.settings.service_wait_s + 5
-        while (not asked_to_stop and not self.lost and self.watch is not None and self.watch.is_alive()
+        while (not asked_to_stop(worker) and not self.lost and self.watch is not None and self.watch.is_alive()
                and time.monotonic() < deadline and self.broker_answered_at < stopped_at + ANSWER_GRACE_S):
             time.sleep(0.2)
-        return asked_to_stop
+        if self.lost:
+            raise self.lost[0] from cause
 
     def raise_unless_asked_to_stop(self, worker, app, exit_code) -> None:
         """After the worker's SystemExit: nothing when SIGTERM/SIGINT asked for it;
         otherwise why it stopped (the lost broker, a crash) or that nobody asked."""
-        asked_to_stop = self._wait_for_the_watch(worker)
-        if self.lost:
-            raise self.lost[0]
+        self._raise_if_the_broker_was_lost(worker)
         crash = worker.crash_reason or app.crash_reason
         if crash is not None:
             raise RuntimeError(f"the stream processor's faust worker crashed: {crash!r}") from crash
-        if exit_code not in (None, 0) or not asked_to_stop:
+        if exit_code not in (None, 0) or not asked_to_stop(worker):
             raise RuntimeError(f"the stream processor's faust worker stopped without being asked to "
                                f"(exit code {exit_code})")
 
     def raise_if_the_broker_was_lost(self, worker, crash: BaseException) -> None:
         """After a crash mode re-raised: the lost broker, when it was the cause."""
-        self._wait_for_the_watch(worker)
-        if self.lost:
-            raise self.lost[0] from crash
+        self._raise_if_the_broker_was_lost(worker, crash)
+
+
+def asked_to_stop(worker) -> bool:
+    """Whether SIGTERM/SIGINT stopped the mode worker (its handlers schedule the stop)."""
+    return worker._signal_stop_future is not None

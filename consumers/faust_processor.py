@@ -31,6 +31,8 @@ import ssl
 import tempfile
 import threading
 import time
+import uuid
+from pathlib import Path
 
 import msgspec
 
@@ -139,8 +141,8 @@ class FaustProcessor:
         self.app = faust.App(
             f"{PROCESSOR_GROUP}.{run_id}", **faust_broker_options(settings), store="memory://", web_enabled=False,
             # faust makes `<app id>-data/` in the working directory even for memory tables:
-            # a folder of its own instead, removed when the processor ends
-            datadir=tempfile.mkdtemp(prefix="streamrl-faust-"),
+            # a folder of its own instead, made when the worker starts, removed when it ends
+            datadir=Path(tempfile.gettempdir()) / f"streamrl-faust-{uuid.uuid4().hex}",
             topic_partitions=settings.topic_partitions,
             consumer_auto_offset_reset="earliest", broker_session_timeout=settings.session_timeout_ms / 1000,
             # No standby replicas: a memory-store standby applies changelog records into the

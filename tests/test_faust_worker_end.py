@@ -58,16 +58,21 @@ def test_a_stop_nobody_asked_for_waits_for_the_broker_watch_to_name_the_lost_bro
         decision.raise_unless_asked_to_stop(worker(asked_to_stop=False), app(), 0)
     assert raised.value is lost
     crash = ConnectionError("the consumer's fetch")  # a crash mode re-raised, the broker its cause
+    already_lost = ending(lost=[lost])
     with pytest.raises(ServiceLost) as raised:
-        ending(lost=[lost]).raise_if_the_broker_was_lost(worker(asked_to_stop=False), crash)
+        already_lost.raise_if_the_broker_was_lost(worker(asked_to_stop=False), crash)
     assert raised.value.__cause__ is crash
     decision.stop_watch()
+    already_lost.stop_watch()
 
 
 def test_a_crashed_worker_or_app_is_an_error_naming_the_crash():
+    worker_crashed, app_crashed, other_crash = ending(), ending(), ending(answered_at=time.monotonic() + 5)
     with pytest.raises(RuntimeError, match="crashed: ValueError"):
-        ending().raise_unless_asked_to_stop(worker(asked_to_stop=True, crash=ValueError("agent")), app(), 0)
+        worker_crashed.raise_unless_asked_to_stop(worker(asked_to_stop=True, crash=ValueError("agent")), app(), 0)
     with pytest.raises(RuntimeError, match="crashed: KeyError"):
-        ending().raise_unless_asked_to_stop(worker(asked_to_stop=True), app(KeyError("table")), 0)
+        app_crashed.raise_unless_asked_to_stop(worker(asked_to_stop=True), app(KeyError("table")), 0)
     # a crash that is not the broker's is left to propagate as it is
-    ending(answered_at=time.monotonic() + 5).raise_if_the_broker_was_lost(worker(asked_to_stop=False), ValueError())
+    other_crash.raise_if_the_broker_was_lost(worker(asked_to_stop=False), ValueError())
+    for decision in (worker_crashed, app_crashed, other_crash):
+        decision.stop_watch()
