@@ -62,12 +62,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	command -v nvidia-smi >/dev/null || $(PY) -c 'import torch' 2>/dev/null || \
 	  $(PY) -m pip install --quiet '$(TORCH_CPU)'
-	$(PY) -m pip install --quiet -e '.[test,trackers]'
+	$(PY) -m pip install --quiet -e '.[all,test,lint]'
 	touch $(STAMP)
 
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[test,trackers,bench]'
+	$(PY) -m pip install --quiet -e '.[all,test,lint,bench]'
 	touch $(BENCH_STAMP)
 
 install: $(STAMP)

@@ -35,7 +35,7 @@ from typing import Callable, Literal, Sequence
 
 import numpy as np
 
-from runtime.registry import Registry
+from streamrl.runtime.registry import Registry
 
 AdvantageFn = Callable[..., object]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator", "algorithm.type")

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from runtime.registry import Registry
+from streamrl.runtime.registry import Registry
 
 KlEstimatorFn = Callable[[torch.Tensor], torch.Tensor]
 KL_ESTIMATORS: Registry[KlEstimatorFn] = Registry("KL estimator", "algorithm.kl_estimator")

@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from runtime.registry import Registry
+from streamrl.runtime.registry import Registry
 
 
 def masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from runtime.registry import Registry
+from streamrl.runtime.registry import Registry
 
 LR_SCHEDULES: Registry[Callable[[float], float]] = Registry("learning-rate schedule", "trainer.lr_schedule")
 register_lr_schedule = LR_SCHEDULES.register

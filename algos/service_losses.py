@@ -23,8 +23,8 @@ from typing import Callable
 
 import torch
 
-from algos.losses import clamped_ratio, ppo_clip_token_loss
-from runtime.registry import Registry
+from streamrl.algos.losses import clamped_ratio, ppo_clip_token_loss
+from streamrl.runtime.registry import Registry
 
 # fn(target_logprobs [T], inputs {name: [T]}, config {name: value}) -> loss per token [T]
 ServiceLossFn = Callable[[torch.Tensor, dict, dict], torch.Tensor]

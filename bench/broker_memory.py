@@ -26,9 +26,9 @@ from pathlib import Path
 
 from common import OUT, fresh_run_id
 
-from runtime import db, services
-from runtime.settings import Settings
-from runtime.topic_retention import retire_run_topics
+from streamrl.runtime import db, services
+from streamrl.runtime.settings import Settings
+from streamrl.runtime.topic_retention import retire_run_topics
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "arith" / "recipe.yaml"

@@ -11,9 +11,9 @@ import argparse
 from pathlib import Path
 
 from common import bench_settings, fresh_run_id
-from runtime.bus import RunReader, make_producer
-from runtime.topic_admin import create_run_topics
-from schema.topics import topic_name
+from streamrl.runtime.bus import RunReader, make_producer
+from streamrl.runtime.topic_admin import create_run_topics
+from streamrl.schema.topics import topic_name
 
 
 def broker_cpu_seconds() -> float:

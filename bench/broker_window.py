@@ -29,8 +29,8 @@ from pathlib import Path
 from broker_memory import RECIPE, ROOT, fresh_broker
 from common import OUT, fresh_run_id
 
-from runtime import db, services
-from runtime.settings import Settings
+from streamrl.runtime import db, services
+from streamrl.runtime.settings import Settings
 
 
 def trained_steps(settings: Settings, run_id: str) -> int:

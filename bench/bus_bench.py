@@ -7,11 +7,11 @@ import numpy as np
 from kafka import TopicPartition
 
 from common import bench_settings, fresh_run_id
-from schema import codec
-from schema.events import Trajectory, pack_float32, pack_int32, pack_mask
-from schema.topics import topic_name
-from runtime.bus import EventPublisher, make_consumer, make_producer, unframe
-from runtime.topic_admin import create_topics
+from streamrl.schema import codec
+from streamrl.schema.events import Trajectory, pack_float32, pack_int32, pack_mask
+from streamrl.schema.topics import topic_name
+from streamrl.runtime.bus import EventPublisher, make_consumer, make_producer, unframe
+from streamrl.runtime.topic_admin import create_topics
 
 N_MESSAGES = 20_000
 N_TOKENS = 400  # ~4 KB frames, like the measured raw-broker figures

@@ -43,7 +43,7 @@ def folder_bytes(folder: Path) -> int:
 
 
 def step_items(vocab: int, step: int):
-    from learner.batching import TrainItem
+    from streamrl.learner.batching import TrainItem
     rng = np.random.default_rng(step)
     return [TrainItem(tokens=rng.integers(10, vocab, 32).astype(np.int32), mask=np.r_[np.zeros(8), np.ones(24)]
                       .astype(np.uint8), behaviour_logprobs=np.full(32, -3.0, np.float32),
@@ -59,9 +59,9 @@ def old_full_checkpoint(policy, folder: Path) -> None:
 
 
 def child(model: str, kind: str, mode: str, steps: int, save_freq: int, work: Path) -> dict:
-    from learner.policy import Policy
-    from learner.trainers import GRPOTrainer
-    from runtime.config import Recipe
+    from streamrl.learner.policy import Policy
+    from streamrl.learner.trainers import GRPOTrainer
+    from streamrl.runtime.config import Recipe
 
     trainer = {"lr": 1e-5, "micro_batch_tokens": 64, "device": "cpu", "num_threads": 2}
     if kind in ("lora", "adapter"):  # adapter: weight versions are the adapter alone (trainer.lora.versions)
@@ -110,7 +110,7 @@ def prune(work: Path, keep: int) -> int:
 
 
 def ensure_model(name: str) -> Path:
-    from runtime.model_init import init_model
+    from streamrl.runtime.model_init import init_model
     folder = OUT / "models" / name
     if not (folder / "config.json").exists():
         print(f"building {name} (model init) in {folder}", flush=True)

@@ -7,8 +7,8 @@ import msgspec
 import numpy as np
 
 import common  # noqa: F401  (puts the repo on sys.path)
-from schema import codec
-from schema.events import Trajectory, pack_float32, pack_int32, pack_mask
+from streamrl.schema import codec
+from streamrl.schema.events import Trajectory, pack_float32, pack_int32, pack_mask
 
 N_TOKENS = 4096
 REPEATS = 2000

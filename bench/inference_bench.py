@@ -23,18 +23,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.quiet import quiet_library_progress  # noqa: E402
+from streamrl.runtime.quiet import quiet_library_progress  # noqa: E402
 
 quiet_library_progress()
 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams  # noqa: E402
-from producers.sglang_engine import SGLangEngine, Server  # noqa: E402
-from producers.sglang_server import ManagedServer  # noqa: E402
-from runtime.recipe import prepare_recipe  # noqa: E402
-from runtime.settings import Settings  # noqa: E402
+from streamrl.producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams  # noqa: E402
+from streamrl.producers.sglang_engine import SGLangEngine, Server  # noqa: E402
+from streamrl.producers.sglang_server import ManagedServer  # noqa: E402
+from streamrl.runtime.recipe import prepare_recipe  # noqa: E402
+from streamrl.runtime.settings import Settings  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 
 import common  # noqa: F401  (puts the repo on sys.path)
-from learner.batching import TrainItem, collate
-from learner.trainers import GRPOTrainer
-from runtime.config import Algorithm as AlgorithmConfig
-from runtime.config import Trainer as TrainerConfig
-from runtime.tiny_lm import build_tiny_model, load
+from streamrl.learner.batching import TrainItem, collate
+from streamrl.learner.trainers import GRPOTrainer
+from streamrl.runtime.config import Algorithm as AlgorithmConfig
+from streamrl.runtime.config import Trainer as TrainerConfig
+from streamrl.runtime.tiny_lm import build_tiny_model, load
 
 ROUNDS = 5
 STEPS_PER_ROUND = 5

@@ -29,13 +29,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from learner.batching import TrainItem  # noqa: E402
-from learner.packing import collate_packed, pack_by_tokens  # noqa: E402
-from learner.parallel import Placement  # noqa: E402
-from learner.trainers import GRPOTrainer, totals_of  # noqa: E402
-from runtime.config import Algorithm as AlgorithmConfig  # noqa: E402
-from runtime.config import Trainer as TrainerConfig  # noqa: E402
-from runtime.model_init import init_model  # noqa: E402
+from streamrl.learner.batching import TrainItem  # noqa: E402
+from streamrl.learner.packing import collate_packed, pack_by_tokens  # noqa: E402
+from streamrl.learner.parallel import Placement  # noqa: E402
+from streamrl.learner.trainers import GRPOTrainer, totals_of  # noqa: E402
+from streamrl.runtime.config import Algorithm as AlgorithmConfig  # noqa: E402
+from streamrl.runtime.config import Trainer as TrainerConfig  # noqa: E402
+from streamrl.runtime.model_init import init_model  # noqa: E402
 
 
 def make_items(vocab: int, count: int, seed: int = 0) -> list[TrainItem]:
@@ -151,7 +151,7 @@ def fsdp_rows(folder: Path, items, step_tokens: int, params: int, pad_id: int, a
     import torch.distributed as dist
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from learner.parallel import decoder_layers, prepare_model
+    from streamrl.learner.parallel import decoder_layers, prepare_model
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")

@@ -29,11 +29,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.quiet import quiet_library_progress  # noqa: E402
+from streamrl.runtime.quiet import quiet_library_progress  # noqa: E402
 
 quiet_library_progress()
 
-from learner.batching import TrainItem  # noqa: E402
+from streamrl.learner.batching import TrainItem  # noqa: E402
 
 HIDDEN, LAYERS, SAMPLES, LENGTH = 256, 4, 32, 256
 
@@ -55,11 +55,11 @@ def rank_main(model_dir: str, steps: int, out: str) -> None:
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM
 
-    from learner.packing import collate_packed
-    from learner.parallel import broadcast_object, decoder_layers
-    from learner.policy import Policy
-    from learner.trainers import GRPOTrainer, plan_step
-    from runtime.config import Recipe
+    from streamrl.learner.packing import collate_packed
+    from streamrl.learner.parallel import broadcast_object, decoder_layers
+    from streamrl.learner.policy import Policy
+    from streamrl.learner.trainers import GRPOTrainer, plan_step
+    from streamrl.runtime.config import Recipe
 
     torch.set_num_threads(1)
     recipe = Recipe.from_dict({"rollout_worker": {"model_path": model_dir},
@@ -126,7 +126,7 @@ def main() -> None:
     if args.rank:
         rank_main(args.rank[0], int(args.rank[1]), args.rank[2])
         return
-    from runtime.tiny_lm import build_tiny_model
+    from streamrl.runtime.tiny_lm import build_tiny_model
 
     model_dir = build_tiny_model(tempfile.mkdtemp(), seed=0, hidden_size=HIDDEN, layers=LAYERS, max_positions=LENGTH * 8)
     print(f"learner tokens/s on the CPU, one thread per process: a Qwen2 of hidden {HIDDEN}, {LAYERS} layers; "

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from common import bench_settings, fresh_run_id
-from producers.publisher import create_run
-from runtime.bus import EventPublisher, RunReader
-from runtime.config import Recipe
+from streamrl.producers.publisher import create_run
+from streamrl.runtime.bus import EventPublisher, RunReader
+from streamrl.runtime.config import Recipe
 from tests.test_processor_group import SIZE, group_events
 
 REPO = Path(__file__).resolve().parent.parent

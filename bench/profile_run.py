@@ -35,8 +35,8 @@ from common import OUT, bench_settings, fresh_run_id  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from runtime.db import connect  # noqa: E402
-from runtime.recipe import prepare_recipe  # noqa: E402
+from streamrl.runtime.db import connect  # noqa: E402
+from streamrl.runtime.recipe import prepare_recipe  # noqa: E402
 from time_to_accuracy import TASKS, bench_recipe, warmed_model  # noqa: E402
 
 KINDS = (("start-up", ("_find_and_load",)), ("model", ("torch/", "transformers/")),

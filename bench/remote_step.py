@@ -29,11 +29,11 @@ import torch
 
 from common import OUT, bench_settings
 
-from learner.batching import TrainItem
-from learner.remote_trainers import service_datums
-from learner.trainers import GRPOTrainer
-from runtime.config import Recipe
-from runtime.tiny_lm import build_tiny_model
+from streamrl.learner.batching import TrainItem
+from streamrl.learner.remote_trainers import service_datums
+from streamrl.learner.trainers import GRPOTrainer
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.tiny_lm import build_tiny_model
 
 PORT = 18141
 

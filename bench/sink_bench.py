@@ -15,12 +15,12 @@ from bus_bench import trajectories
 from common import bench_settings, drop_database, fresh_database, fresh_run_id
 from psycopg.types.json import Jsonb, set_json_dumps
 
-from consumers.ledger_sink import WRITERS, LedgerSink, json_dumps
-from schema.events import Trajectory
-from schema.ledger import event_row
-from runtime.bus import EventPublisher
-from runtime.topic_admin import create_run_topics
-from runtime.db import connect
+from streamrl.consumers.ledger_sink import WRITERS, LedgerSink, json_dumps
+from streamrl.schema.events import Trajectory
+from streamrl.schema.ledger import event_row
+from streamrl.runtime.bus import EventPublisher
+from streamrl.runtime.topic_admin import create_run_topics
+from streamrl.runtime.db import connect
 
 BATCH = 2000
 ROUNDS = 3

@@ -26,8 +26,8 @@ import psutil  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from runtime.db import connect  # noqa: E402
-from runtime.recipe import prepare_recipe  # noqa: E402
+from streamrl.runtime.db import connect  # noqa: E402
+from streamrl.runtime.recipe import prepare_recipe  # noqa: E402
 from time_to_accuracy import TASKS, bench_recipe, warmed_model  # noqa: E402
 
 # The processes that move events (not the ones that generate or train)

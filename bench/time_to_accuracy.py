@@ -57,15 +57,15 @@ from omegaconf import OmegaConf  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from learner.warmup import cross_entropy_warmup, greedy_exact_match, supervised_items  # noqa: E402
+from streamrl.learner.warmup import cross_entropy_warmup, greedy_exact_match, supervised_items  # noqa: E402
 from process_cpu import cpu_by_role, per_step  # noqa: E402
-from runtime.chat_template import recipe_renderer  # noqa: E402
-from runtime.config import Recipe  # noqa: E402
-from runtime.dataset import read_rows  # noqa: E402
-from runtime.db import connect  # noqa: E402
-from runtime.recipe import prepare_recipe  # noqa: E402
-from runtime.settings import Settings  # noqa: E402
-from runtime.tiny_lm import load  # noqa: E402
+from streamrl.runtime.chat_template import recipe_renderer  # noqa: E402
+from streamrl.runtime.config import Recipe  # noqa: E402
+from streamrl.runtime.dataset import read_rows  # noqa: E402
+from streamrl.runtime.db import connect  # noqa: E402
+from streamrl.runtime.recipe import prepare_recipe  # noqa: E402
+from streamrl.runtime.settings import Settings  # noqa: E402
+from streamrl.runtime.tiny_lm import load  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,12 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from producers.evaluator import BaseEvaluationTarget, run_evaluator  # noqa: E402
-from producers.worker_loop import make_evaluator  # noqa: E402
-from runtime.chat_template import recipe_renderer, stop_token_ids  # noqa: E402
-from runtime.config import Recipe  # noqa: E402
-from runtime.dataset import lookup, read_rows  # noqa: E402
-from runtime.tiny_lm import load  # noqa: E402
+from streamrl.producers.evaluator import BaseEvaluationTarget, run_evaluator  # noqa: E402
+from streamrl.producers.worker_loop import make_evaluator  # noqa: E402
+from streamrl.runtime.chat_template import recipe_renderer, stop_token_ids  # noqa: E402
+from streamrl.runtime.config import Recipe  # noqa: E402
+from streamrl.runtime.dataset import lookup, read_rows  # noqa: E402
+from streamrl.runtime.tiny_lm import load  # noqa: E402
 
 
 @torch.no_grad()
@@ -138,7 +138,7 @@ def main() -> None:
     import argparse
     import json
 
-    from runtime.recipe import prepare_recipe
+    from streamrl.runtime.recipe import prepare_recipe
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name in ("--recipe", "--model-dir", "--out", "--result"):

@@ -24,7 +24,7 @@ import numpy as np
 from psycopg.types.json import Jsonb
 
 from common import bench_settings, drop_database, fresh_database
-from runtime.db import connect
+from streamrl.runtime.db import connect
 
 PER_STEP = 256
 GROUP = 8

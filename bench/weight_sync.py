@@ -44,12 +44,12 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from learner.checkpoint import write_weight_version
-    from learner.version_writes import cpu_copy
-    from learner.weight_broadcast import WeightBroadcaster
-    from producers.sglang_engine import SGLangEngine, Server
-    from producers.sglang_server import ManagedServer
-    from runtime.settings import Settings
+    from streamrl.learner.checkpoint import write_weight_version
+    from streamrl.learner.version_writes import cpu_copy
+    from streamrl.learner.weight_broadcast import WeightBroadcaster
+    from streamrl.producers.sglang_engine import SGLangEngine, Server
+    from streamrl.producers.sglang_server import ManagedServer
+    from streamrl.runtime.settings import Settings
 
     folder = ensure_model(args.model)
     work = OUT / "weight_sync"

@@ -29,12 +29,12 @@ from common import OUT, bench_settings, fresh_run_id  # noqa: E402
 from processor_cpu import cpu_seconds  # noqa: E402
 from time_to_accuracy import RECIPE, bench_recipe, warmed_model  # noqa: E402
 
-from producers.inference import EmbeddedEngine, SamplingParams  # noqa: E402
-from producers.publisher import create_run, step_tasks  # noqa: E402
-from runtime.bus import EventPublisher, RunReader  # noqa: E402
-from runtime.dataset import read_rows  # noqa: E402
-from runtime.recipe import prepare_recipe  # noqa: E402
-from schema.events import Evaluation, Trajectory, WeightVersion  # noqa: E402
+from streamrl.producers.inference import EmbeddedEngine, SamplingParams  # noqa: E402
+from streamrl.producers.publisher import create_run, step_tasks  # noqa: E402
+from streamrl.runtime.bus import EventPublisher, RunReader  # noqa: E402
+from streamrl.runtime.dataset import read_rows  # noqa: E402
+from streamrl.runtime.recipe import prepare_recipe  # noqa: E402
+from streamrl.schema.events import Evaluation, Trajectory, WeightVersion  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

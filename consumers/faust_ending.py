@@ -11,8 +11,8 @@ from __future__ import annotations
 import threading
 import time
 
-from runtime.bus import IDLE_FETCH_WAIT_MS, RunReader
-from runtime.settings import Settings
+from streamrl.runtime.bus import IDLE_FETCH_WAIT_MS, RunReader
+from streamrl.runtime.settings import Settings
 
 ANSWER_GRACE_S = 2.0  # a broker answer this long after the stop shows the broker was not the cause
 

@@ -36,19 +36,19 @@ from pathlib import Path
 
 import msgspec
 
-from consumers.faust_ending import WorkerEnding
-from consumers.faust_recovery import RecoveryStalled, RecoveryWatch
-from consumers.open_group import OpenGroup
-from consumers.processor import PROCESSOR_GROUP, group_outcome, load_custom_advantages
-from algos.advantages import get_advantage_estimator
-from runtime.bus import FRAME_OVERHEAD_BYTES, frame, unframe_record
-from runtime.blobs import PostgresBlobStore
-from runtime.config import Recipe
-from runtime.settings import Settings
-from schema import codec
-from schema.events import Evaluation, Event, GroupFiltered, Trajectory
-from schema.topics import event_key, topic_name
-from schema.topology import check_reads, check_writes
+from streamrl.consumers.faust_ending import WorkerEnding
+from streamrl.consumers.faust_recovery import RecoveryStalled, RecoveryWatch
+from streamrl.consumers.open_group import OpenGroup
+from streamrl.consumers.processor import PROCESSOR_GROUP, group_outcome, load_custom_advantages
+from streamrl.algos.advantages import get_advantage_estimator
+from streamrl.runtime.bus import FRAME_OVERHEAD_BYTES, frame, unframe_record
+from streamrl.runtime.blobs import PostgresBlobStore
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.settings import Settings
+from streamrl.schema import codec
+from streamrl.schema.events import Evaluation, Event, GroupFiltered, Trajectory
+from streamrl.schema.topics import event_key, topic_name
+from streamrl.schema.topology import check_reads, check_writes
 
 log = logging.getLogger("streamrl.processor")
 

@@ -32,19 +32,19 @@ from kafka import OffsetAndMetadata, TopicPartition
 from kafka.errors import KafkaError
 from psycopg.types.json import Jsonb, set_json_dumps
 
-from schema.codec import CodecError, split_bundle
-from schema.events import DeadLetter, Event, RunEvent
-from schema.ledger import TABLE_BY_EVENT, event_row
-from schema.topics import all_runs_pattern, parse_topic, run_pattern, topic_name, topic_window
-from runtime.backoff import backoff_delay
-from runtime.blobs import BlobMissing, PostgresBlobStore
-from runtime.topic_windows import RETIRE_EVERY_S, SinkWindows, delete_topics, ledger_holds
-from runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, dead_letter, make_consumer, unframe
-from runtime.topic_admin import create_topics
-from runtime.db import connect
-from runtime.outage import BrokerWatch, PostgresOutage
-from runtime.settings import Settings
-from consumers.table_writer import TableWriter, json_dumps
+from streamrl.schema.codec import CodecError, split_bundle
+from streamrl.schema.events import DeadLetter, Event, RunEvent
+from streamrl.schema.ledger import TABLE_BY_EVENT, event_row
+from streamrl.schema.topics import all_runs_pattern, parse_topic, run_pattern, topic_name, topic_window
+from streamrl.runtime.backoff import backoff_delay
+from streamrl.runtime.blobs import BlobMissing, PostgresBlobStore
+from streamrl.runtime.topic_windows import RETIRE_EVERY_S, SinkWindows, delete_topics, ledger_holds
+from streamrl.runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, dead_letter, make_consumer, unframe
+from streamrl.runtime.topic_admin import create_topics
+from streamrl.runtime.db import connect
+from streamrl.runtime.outage import BrokerWatch, PostgresOutage
+from streamrl.runtime.settings import Settings
+from streamrl.consumers.table_writer import TableWriter, json_dumps
 
 # How long a stopping sink keeps writing what is left on the topics.
 DRAIN_S = 10.0

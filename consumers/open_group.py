@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from schema.events import Evaluation, Trajectory
+from streamrl.schema.events import Evaluation, Trajectory
 
 
 @dataclass

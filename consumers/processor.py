@@ -24,16 +24,16 @@ from dataclasses import dataclass, field
 import numpy as np
 from kafka import TopicPartition
 
-from consumers.open_group import OpenGroup
-from algos.advantages import (
+from streamrl.consumers.open_group import OpenGroup
+from streamrl.algos.advantages import (
     GRPO_EPSILON, advantage_scope, get_advantage_estimator, group_advantages, group_std, is_zero_variance,
     turn_advantages,
 )
-from schema.events import Evaluation, GroupFiltered, Sample, Trajectory, pack_float32, unpack_int32
-from runtime.bus import EventPublisher, RunReader
-from runtime.config import Recipe
-from runtime.plugins import load_module
-from runtime.settings import Settings
+from streamrl.schema.events import Evaluation, GroupFiltered, Sample, Trajectory, pack_float32, unpack_int32
+from streamrl.runtime.bus import EventPublisher, RunReader
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.plugins import load_module
+from streamrl.runtime.settings import Settings
 
 log = logging.getLogger("streamrl.processor")
 PROCESSOR_GROUP = "streamrl-processor"  # the consumer group of both processors (this plain loop, the faust app)

@@ -19,12 +19,12 @@ from statistics import fmean
 
 from kafka import TopicPartition
 
-from consumers.tracker_backends import STEP_AXIS, VERSION_AXIS, Tracker, open_trackers
-from runtime.bus import RunReader
-from runtime.config import Recipe
-from runtime.dataset import read_rows
-from runtime.settings import Settings
-from schema.events import Evaluation, TrainStep
+from streamrl.consumers.tracker_backends import STEP_AXIS, VERSION_AXIS, Tracker, open_trackers
+from streamrl.runtime.bus import RunReader
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.dataset import read_rows
+from streamrl.runtime.settings import Settings
+from streamrl.schema.events import Evaluation, TrainStep
 
 log = logging.getLogger("streamrl.tracker")
 TRACKER_GROUP = "streamrl-tracker"
@@ -120,7 +120,7 @@ STEP_COLUMNS = ("step", "weight_version", "loss", "kl", "entropy", "clip_fractio
 def export_from_ledger(database_url: str, run_id: str, trackers: list[Tracker]) -> tuple[int, int]:
     """Send a run's train steps and complete validations from the ledger to `trackers`,
     through the same metric functions as the live feed; returns (steps, validations)."""
-    from runtime.db import connect
+    from streamrl.runtime.db import connect
 
     with connect(database_url, autocommit=True) as conn:
         steps = [TrainStep(run_id=run_id, **{k: v for k, v in zip(STEP_COLUMNS, row) if v is not None})

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Protocol
 
-from runtime.logger_config import Logger
-from runtime.settings import Settings
+from streamrl.runtime.logger_config import Logger
+from streamrl.runtime.settings import Settings
 
 STEP_AXIS = "step"
 VERSION_AXIS = "weight_version"

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from algos.advantages import advantages_by_group
-from learner.batching import ForwardInputs, TrainItem, collate
-from learner.step_metrics import _stats
-from learner.trainers import GRPOTrainer, register_trainer
+from streamrl.algos.advantages import advantages_by_group
+from streamrl.learner.batching import ForwardInputs, TrainItem, collate
+from streamrl.learner.step_metrics import _stats
+from streamrl.learner.trainers import GRPOTrainer, register_trainer
 
 ROW_NUMBERS = ("rewards", "advantages")  # metadata with one number per row
 
@@ -309,7 +309,7 @@ def detached_parts(config) -> dict:
     """What a trainer built as `cls(config)` outside the learner holds: the config's
     algorithm and trainer sections, no model. The pad id is 0: padding is found by the
     attention mask, and the pad id is only the fallback for a batch without one."""
-    from runtime.config import Algorithm, Trainer as TrainerSection, _build
+    from streamrl.runtime.config import Algorithm, Trainer as TrainerSection, _build
 
     def section(name: str) -> dict:
         value = config.get(name) if hasattr(config, "get") else None

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from runtime.folders import LATEST_SNAPSHOT, write_folder
+from streamrl.runtime.folders import LATEST_SNAPSHOT, write_folder
 
 
 def rng_state() -> dict:

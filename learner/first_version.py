@@ -20,12 +20,12 @@ from pathlib import Path
 
 import psycopg
 
-from runtime.bus import EventPublisher
-from runtime.config import Recipe
-from runtime.db import connect
-from runtime.folders import LATEST_SNAPSHOT, directory_sha256, run_dir
-from runtime.settings import Settings
-from schema.events import WeightVersion
+from streamrl.runtime.bus import EventPublisher
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.db import connect
+from streamrl.runtime.folders import LATEST_SNAPSHOT, directory_sha256, run_dir
+from streamrl.runtime.settings import Settings
+from streamrl.schema.events import WeightVersion
 
 
 def model_is_version_zero(recipe: Recipe) -> bool:

@@ -32,25 +32,25 @@ import msgspec
 import numpy as np
 from kafka import TopicPartition
 
-from algos.lr_schedule import learning_rate_at
-from learner.step_inputs import (
+from streamrl.algos.lr_schedule import learning_rate_at
+from streamrl.learner.step_inputs import (
     StepBuffer, sample_to_item, staleness_split, with_batch_advantages, with_behaviour_lag,
 )
-from learner.checkpoint import load_state, prune_weight_versions, version_folder
-from learner.recorded_steps import exactly_recorded, holds_untrained, recorded_steps
-from learner.policy import Policy
-from learner.remote_policy import RemotePolicy
-import learner.batch_trainers  # noqa: F401  (registers self_hosted_grpo)
-from learner.remote_trainers import RemoteApiTrainer, trainer_class
-from runtime import folders
-from runtime.folders import directory_sha256
-from runtime.bus import EventPublisher, RunReader
-from runtime.config import Recipe
-from runtime.dataset import total_train_steps
-from runtime.plugins import load_module
-from runtime.settings import Settings
-from runtime.versions import is_version_step, newest_version
-from schema.events import (
+from streamrl.learner.checkpoint import load_state, prune_weight_versions, version_folder
+from streamrl.learner.recorded_steps import exactly_recorded, holds_untrained, recorded_steps
+from streamrl.learner.policy import Policy
+from streamrl.learner.remote_policy import RemotePolicy
+import streamrl.learner.batch_trainers  # noqa: F401  (registers self_hosted_grpo)
+from streamrl.learner.remote_trainers import RemoteApiTrainer, trainer_class
+from streamrl.runtime import folders
+from streamrl.runtime.folders import directory_sha256
+from streamrl.runtime.bus import EventPublisher, RunReader
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.dataset import total_train_steps
+from streamrl.runtime.plugins import load_module
+from streamrl.runtime.settings import Settings
+from streamrl.runtime.versions import is_version_step, newest_version
+from streamrl.schema.events import (
     GroupFiltered, RunEvent, Sample, TrainStep, WeightBroadcast, WeightVersion,
 )
 

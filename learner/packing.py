@@ -19,7 +19,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from learner.batching import MicroBatch, PackedRow, TrainItem, collate
+from streamrl.learner.batching import MicroBatch, PackedRow, TrainItem, collate
 
 
 def pack_by_tokens(lengths: list[int], budget: int) -> list[list[int]]:

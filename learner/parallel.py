@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from runtime.config import Trainer as TrainerConfig
-from runtime.device import resolve_device
-from runtime.lora import base_of
+from streamrl.runtime.config import Trainer as TrainerConfig
+from streamrl.runtime.device import resolve_device
+from streamrl.runtime.lora import base_of
 
 
 @dataclass

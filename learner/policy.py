@@ -15,22 +15,22 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from learner import parallel
-from learner.trainer_factory import build_trainer, unread_trainer_keys
-from learner.batching import TrainItem
-from learner.checkpoint import latest_checkpoint, version_folder, write_model_dir, write_weight_version
-from learner.snapshots import SnapshotStore, load_snapshot
-from learner.version_writes import VersionWrites, cpu_copy
-from learner.weight_broadcast import WeightBroadcaster
-from learner.trainers import StepResult, Trainer, plan_step
-from learner.warmup import cross_entropy_warmup, demonstration_items, greedy_exact_match, supervised_items
-from runtime.config import Recipe
-from runtime.chat_template import recipe_renderer
-from runtime.dataset import read_rows
-from runtime.threads import learner_threads
-from runtime.weight_transport import adapter_versions, broadcast_world_size
-from schema.events import WeightBroadcast
-from runtime.lora import (
+from streamrl.learner import parallel
+from streamrl.learner.trainer_factory import build_trainer, unread_trainer_keys
+from streamrl.learner.batching import TrainItem
+from streamrl.learner.checkpoint import latest_checkpoint, version_folder, write_model_dir, write_weight_version
+from streamrl.learner.snapshots import SnapshotStore, load_snapshot
+from streamrl.learner.version_writes import VersionWrites, cpu_copy
+from streamrl.learner.weight_broadcast import WeightBroadcaster
+from streamrl.learner.trainers import StepResult, Trainer, plan_step
+from streamrl.learner.warmup import cross_entropy_warmup, demonstration_items, greedy_exact_match, supervised_items
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.chat_template import recipe_renderer
+from streamrl.runtime.dataset import read_rows
+from streamrl.runtime.threads import learner_threads
+from streamrl.runtime.weight_transport import adapter_versions, broadcast_world_size
+from streamrl.schema.events import WeightBroadcast
+from streamrl.runtime.lora import (
     AdapterDisabled, adapter_state_dict, base_of, lora_spec, merged_state_dict, with_lora, write_adapter_folder,
 )
 

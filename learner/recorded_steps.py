@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import psycopg
 
-from learner.batching import TrainItem
-from runtime.bus import RunReader
-from runtime.db import connect
-from runtime.outage import PostgresOutage
-from runtime.settings import Settings
-from schema.events import TrainStep
-from schema.ledger import query_events
+from streamrl.learner.batching import TrainItem
+from streamrl.runtime.bus import RunReader
+from streamrl.runtime.db import connect
+from streamrl.runtime.outage import PostgresOutage
+from streamrl.runtime.settings import Settings
+from streamrl.schema.events import TrainStep
+from streamrl.schema.ledger import query_events
 
 # Empty polls in a row that end the read of the steps topic (the embedded broker does not
 # answer a partition's true end offset, so the end is where records stop coming).

@@ -28,17 +28,17 @@ from tenacity import Retrying, retry_if_exception, retry_if_exception_type, stop
 import numpy as np
 import torch
 
-from learner.batching import TrainItem
-from learner.checkpoint import latest_checkpoint, load_state, save_checkpoint, version_folder
-from runtime.backoff import backoff_wait
-from runtime.folders import write_folder
-from learner.parallel import Placement
-from learner.remote_trainers import RemoteApiTrainer, merged_metrics, request_chunks, service_datums
-from learner.trainer_factory import build_guide_trainer, unread_trainer_keys
-from learner.trainers import StepResult
-from learner.version_writes import VersionWrites
-from runtime.config import Recipe
-from runtime.outage import ServiceLost
+from streamrl.learner.batching import TrainItem
+from streamrl.learner.checkpoint import latest_checkpoint, load_state, save_checkpoint, version_folder
+from streamrl.runtime.backoff import backoff_wait
+from streamrl.runtime.folders import write_folder
+from streamrl.learner.parallel import Placement
+from streamrl.learner.remote_trainers import RemoteApiTrainer, merged_metrics, request_chunks, service_datums
+from streamrl.learner.trainer_factory import build_guide_trainer, unread_trainer_keys
+from streamrl.learner.trainers import StepResult
+from streamrl.learner.version_writes import VersionWrites
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.outage import ServiceLost
 
 log = logging.getLogger("streamrl.remote")
 
@@ -123,9 +123,9 @@ class RemotePolicy:
         trainer.seed) as the self-hosted warm-up, submitted ahead so none waits on the last."""
         from transformers import AutoTokenizer
 
-        from learner.warmup import demonstration_items, supervised_items
-        from runtime.chat_template import recipe_renderer
-        from runtime.dataset import read_rows
+        from streamrl.learner.warmup import demonstration_items, supervised_items
+        from streamrl.runtime.chat_template import recipe_renderer
+        from streamrl.runtime.dataset import read_rows
 
         cfg, data = self.recipe.trainer, self.recipe.data
         if not cfg.warmup_cross_entropy_steps:
@@ -183,8 +183,8 @@ class RemotePolicy:
         from tinker import types
         from transformers import AutoTokenizer
 
-        from runtime.chat_template import recipe_renderer
-        from runtime.dataset import lookup, read_rows
+        from streamrl.runtime.chat_template import recipe_renderer
+        from streamrl.runtime.dataset import lookup, read_rows
 
         val_cfg, worker = self.recipe.validate.data, self.recipe.rollout_worker
         if not val_cfg.data_files or worker.type != "single_turn" or worker.custom_rollout_worker_module_path:

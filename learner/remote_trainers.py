@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from learner.step_metrics import log_grpo_metrics, log_rollout_metrics
-from learner.batching import TrainItem
-from algos.advantages import GRPO_EPSILON
-from learner.trainers import CUSTOM_TRAINER_TYPES, TRAINERS, Trainer, compute_grpo_advantage_for_trajectories, register_trainer
-from runtime.config import Recipe
-from runtime.plugins import LoadError, load_class
+from streamrl.learner.step_metrics import log_grpo_metrics, log_rollout_metrics
+from streamrl.learner.batching import TrainItem
+from streamrl.algos.advantages import GRPO_EPSILON
+from streamrl.learner.trainers import CUSTOM_TRAINER_TYPES, TRAINERS, Trainer, compute_grpo_advantage_for_trajectories, register_trainer
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.plugins import LoadError, load_class
 
 
 class RemoteApiTrainer:

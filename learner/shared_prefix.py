@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from learner.batching import ForwardInputs
+from streamrl.learner.batching import ForwardInputs
 
 
 @dataclass(frozen=True)

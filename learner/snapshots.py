@@ -35,9 +35,9 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
 )
 
-from learner.checkpoint import rng_state, set_rng_state
-from runtime.folders import LATEST_SNAPSHOT
-from learner.parallel import Placement
+from streamrl.learner.checkpoint import rng_state, set_rng_state
+from streamrl.runtime.folders import LATEST_SNAPSHOT
+from streamrl.learner.parallel import Placement
 
 # DCP warns that it runs without a process group when there is one learner process.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")

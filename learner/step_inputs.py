@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from kafka import TopicPartition
 
-from algos.advantages import advantage_scope, advantages_by_group
-from learner.batching import TrainItem
-from runtime.versions import versions_behind
-from schema.events import GroupFiltered, Sample, unpack_float32, unpack_int32, unpack_mask
+from streamrl.algos.advantages import advantage_scope, advantages_by_group
+from streamrl.learner.batching import TrainItem
+from streamrl.runtime.versions import versions_behind
+from streamrl.schema.events import GroupFiltered, Sample, unpack_float32, unpack_int32, unpack_mask
 
 
 def sample_to_item(sample: Sample) -> TrainItem:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from algos.losses import masked
-from learner.batching import TrainItem
+from streamrl.algos.losses import masked
+from streamrl.learner.batching import TrainItem
 
 
 def _stats(prefix: str, values) -> dict[str, float]:

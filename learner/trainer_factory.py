@@ -4,10 +4,10 @@ or a remote trainer (its model lives in the training service)."""
 
 from __future__ import annotations
 
-from learner.batch_trainers import SelfHostedTrainer
-from learner.remote_trainers import RemoteApiTrainer
-from learner.trainers import Trainer
-from runtime.config_reads import trainer_config, unread_keys
+from streamrl.learner.batch_trainers import SelfHostedTrainer
+from streamrl.learner.remote_trainers import RemoteApiTrainer
+from streamrl.learner.trainers import Trainer
+from streamrl.runtime.config_reads import trainer_config, unread_keys
 
 
 def build_trainer(cls: type, recipe, model, pad_id: int, ref_model=None, placement=None) -> Trainer:

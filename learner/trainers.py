@@ -24,19 +24,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from algos.advantages import GRPO_EPSILON, advantages_by_group
-from algos.kl import kl_penalty, kl_reward_to_go, make_kl_controller
-from algos.losses import (
+from streamrl.algos.advantages import GRPO_EPSILON, advantages_by_group
+from streamrl.algos.kl import kl_penalty, kl_reward_to_go, make_kl_controller
+from streamrl.algos.losses import (
     POLICY_LOSSES, aggregate_loss, clamped_ratio, masked_sum, token_logprobs_and_entropy,
 )
-from learner.batching import ForwardInputs, MicroBatch, TrainItem, collate, micro_batches_by_tokens
-from learner.packing import collate_packed, pack_by_tokens, padding_fraction, unpack, uses_packing
-from learner.parallel import Placement, all_reduce_maxima, all_reduce_sums, shares_by_tokens
-from learner.shared_prefix import PrefixPlan, plan_prefixes, shared_prefix_logits, to_row_layout, uses_shared_prefix
-from learner.step_metrics import logprob_gap_by_lag, logprob_gap_sums
-from runtime.config import Algorithm as AlgorithmConfig
-from runtime.config import Trainer as TrainerConfig
-from runtime.registry import Registry
+from streamrl.learner.batching import ForwardInputs, MicroBatch, TrainItem, collate, micro_batches_by_tokens
+from streamrl.learner.packing import collate_packed, pack_by_tokens, padding_fraction, unpack, uses_packing
+from streamrl.learner.parallel import Placement, all_reduce_maxima, all_reduce_sums, shares_by_tokens
+from streamrl.learner.shared_prefix import PrefixPlan, plan_prefixes, shared_prefix_logits, to_row_layout, uses_shared_prefix
+from streamrl.learner.step_metrics import logprob_gap_by_lag, logprob_gap_sums
+from streamrl.runtime.config import Algorithm as AlgorithmConfig
+from streamrl.runtime.config import Trainer as TrainerConfig
+from streamrl.runtime.registry import Registry
 
 # `trainer.type`: Trainer subclasses, constructed as
 # `cls(model, pad_id, trainer_config, algorithm_config, temperature=, ref_model=)`.

@@ -8,12 +8,12 @@ import time
 import numpy as np
 import torch
 
-from learner.batching import TrainItem
-from learner.parallel import Placement
-from learner.trainers import CrossEntropyTrainer, plan_step
-from runtime.chat_template import ChatRenderer, demonstration_tokens, stop_token_ids
-from runtime.config import Trainer as TrainerConfig
-from runtime.dataset import lookup
+from streamrl.learner.batching import TrainItem
+from streamrl.learner.parallel import Placement
+from streamrl.learner.trainers import CrossEntropyTrainer, plan_step
+from streamrl.runtime.chat_template import ChatRenderer, demonstration_tokens, stop_token_ids
+from streamrl.runtime.config import Trainer as TrainerConfig
+from streamrl.runtime.dataset import lookup
 
 
 def demonstration_items(rows: list[dict], renderer: ChatRenderer, messages_key: str) -> list[TrainItem]:

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world
 
-from runtime.weight_transport import GO_KEY, RANK_OFFSET_KEY, VERSION_KEY
-from schema.events import WeightBroadcast
+from streamrl.runtime.weight_transport import GO_KEY, RANK_OFFSET_KEY, VERSION_KEY
+from streamrl.schema.events import WeightBroadcast
 
 log = logging.getLogger("streamrl.learner")
 

@@ -4,8 +4,8 @@ service's `schema.service.service_metadata`."""
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from schema.ledger import metadata as ledger_metadata
-from schema.service import service_metadata
+from streamrl.schema.ledger import metadata as ledger_metadata
+from streamrl.schema.service import service_metadata
 
 metadata = [ledger_metadata, service_metadata]
 

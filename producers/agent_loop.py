@@ -31,10 +31,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from runtime.chat_template import ChatRenderer, stop_token_ids
-from runtime.tool_call_formats import ParsedTurn, tool_call_parser, without_turn_end
-from producers.interaction import Interaction
-from producers.tools import ToolRegistry
+from streamrl.runtime.chat_template import ChatRenderer, stop_token_ids
+from streamrl.runtime.tool_call_formats import ParsedTurn, tool_call_parser, without_turn_end
+from streamrl.producers.interaction import Interaction
+from streamrl.producers.tools import ToolRegistry
 
 
 class CompletionClient(Protocol):

@@ -43,14 +43,14 @@ from typing import Any
 
 import yaml
 
-from producers.agent_facade import LoopAgent
-from producers.agent_loop import AgentLimits, Episode, episode_turns, run_agent_loop
-from producers.evaluator import BaseEvaluationTarget, EvaluationOutcome, run_evaluator
-from producers.interaction import Interaction
-from producers.rollout import BaseRolloutWorker, Trajectory, register_rollout_worker, token_loss_mask
-from producers.tools import ToolConfigError, ToolRegistry
-from runtime.plugins import load_class
-from runtime.tool_call_formats import TOOL_CALL_FORMATS, tool_call_parser
+from streamrl.producers.agent_facade import LoopAgent
+from streamrl.producers.agent_loop import AgentLimits, Episode, episode_turns, run_agent_loop
+from streamrl.producers.evaluator import BaseEvaluationTarget, EvaluationOutcome, run_evaluator
+from streamrl.producers.interaction import Interaction
+from streamrl.producers.rollout import BaseRolloutWorker, Trajectory, register_rollout_worker, token_loss_mask
+from streamrl.producers.tools import ToolConfigError, ToolRegistry
+from streamrl.runtime.plugins import load_class
+from streamrl.runtime.tool_call_formats import TOOL_CALL_FORMATS, tool_call_parser
 
 AGENT_CONFIG_KEYS = {"system_prompt", "few_shot", "query_template", "tools", "tools_in_system_prompt", "tool_call_format",
                      "llm_config", "limits", "interaction", "max_tool_output_chars",

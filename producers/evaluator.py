@@ -18,8 +18,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.dataset import lookup
-from runtime.plugins import LoadError, load_class  # noqa: F401  (the seed API's loader, re-exported)
+from streamrl.runtime.dataset import lookup
+from streamrl.runtime.plugins import LoadError, load_class  # noqa: F401  (the seed API's loader, re-exported)
 
 
 @dataclass

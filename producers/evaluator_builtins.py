@@ -23,14 +23,14 @@ import os
 import re
 from typing import Any
 
-from producers.child_pool import ChildPool
-from producers.math_grading import grade
-from producers.evaluator import (
+from streamrl.producers.child_pool import ChildPool
+from streamrl.producers.math_grading import grade
+from streamrl.producers.evaluator import (
     BaseEvaluationTarget, EvaluationRunResult, Evaluator, ExactMatchEvaluator, run_evaluator,
 )
-from producers.sandbox import SandboxLimits, run_python
-from runtime.dataset import lookup
-from runtime.registry import Registry
+from streamrl.producers.sandbox import SandboxLimits, run_python
+from streamrl.runtime.dataset import lookup
+from streamrl.runtime.registry import Registry
 
 # `rollout_worker.evaluator_module_path: builtin:NAME`: Evaluator classes, constructed
 # with `rollout_worker.evaluator_kwargs`.
@@ -249,7 +249,7 @@ def make_evaluator(spec: str | None, kwargs: dict[str, Any] | None = None, base_
     """ "builtin:NAME" or "file.py:Class", constructed with `kwargs`; None gives exact match.
     A built-in evaluator reads the answer at `answer_key` (data.answer_key) unless its
     kwargs name another."""
-    from runtime.plugins import LoadError, load_class
+    from streamrl.runtime.plugins import LoadError, load_class
     kwargs = dict(kwargs or {})
     if not spec:
         spec = "builtin:exact_match"

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from runtime.device import resolve_device
-from algos.sampling import decode, top_p_filter  # noqa: F401  (top_p_filter: callers import it from here)
-from runtime.registry import Registry
+from streamrl.runtime.device import resolve_device
+from streamrl.algos.sampling import decode, top_p_filter  # noqa: F401  (top_p_filter: callers import it from here)
+from streamrl.runtime.registry import Registry
 
 # `service.inference_service.backend`: factories `fn(recipe, seed, settings, logs) -> front`,
 # a front being what a worker's InferenceClient drives: `tokenizer`, `complete(prompt_ids,

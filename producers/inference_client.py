@@ -9,8 +9,8 @@ import logging
 import threading
 from typing import Any
 
-from producers.inference import Completion, SamplingParams
-from runtime.chat_template import ChatRenderer
+from streamrl.producers.inference import Completion, SamplingParams
+from streamrl.runtime.chat_template import ChatRenderer
 
 log = logging.getLogger("streamrl.worker")
 

@@ -19,8 +19,8 @@ import threading
 from pathlib import Path
 
 
-from producers.inference import Completion, InferenceUnavailable, SamplingParams, register_inference_backend
-from runtime.recipe import server_urls
+from streamrl.producers.inference import Completion, InferenceUnavailable, SamplingParams, register_inference_backend
+from streamrl.runtime.recipe import server_urls
 
 log = logging.getLogger("streamrl.openai")
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's spelling of a token with return_tokens_as_token_ids

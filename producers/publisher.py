@@ -20,15 +20,15 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from schema.events import RunEvent, Task, WeightVersion
-from schema.topics import set_window_steps
-from runtime.bus import EventPublisher, RunReader
-from runtime.topic_admin import create_run_topics
-from runtime.topic_retention import topic_configs
-from runtime.dataset import epoch_batches, lookup, read_rows, saved_chat_template
-from runtime.config import Recipe
-from runtime.settings import Settings
-from runtime.versions import newest_version
+from streamrl.schema.events import RunEvent, Task, WeightVersion
+from streamrl.schema.topics import set_window_steps
+from streamrl.runtime.bus import EventPublisher, RunReader
+from streamrl.runtime.topic_admin import create_run_topics
+from streamrl.runtime.topic_retention import topic_configs
+from streamrl.runtime.dataset import epoch_batches, lookup, read_rows, saved_chat_template
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.settings import Settings
+from streamrl.runtime.versions import newest_version
 
 log = logging.getLogger("streamrl.publisher")
 

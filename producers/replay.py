@@ -29,18 +29,18 @@ import copy
 import time
 from dataclasses import dataclass, field
 
-from algos.advantages import get_advantage_estimator
-from algos.losses import POLICY_LOSSES
-from producers.evaluator import BaseEvaluationTarget, Evaluator, run_evaluator
-from producers.evaluator_builtins import make_evaluator
-from schema.events import Evaluation, Trajectory
-from schema.ledger import query_events
-from runtime.bus import EventPublisher, RunReader
-from runtime.config import Recipe, Replay, ReplaySource
-from runtime.db import connect
-from runtime.plugins import load_module
-from runtime.settings import Settings
-from runtime.sql import run_readonly
+from streamrl.algos.advantages import get_advantage_estimator
+from streamrl.algos.losses import POLICY_LOSSES
+from streamrl.producers.evaluator import BaseEvaluationTarget, Evaluator, run_evaluator
+from streamrl.producers.evaluator_builtins import make_evaluator
+from streamrl.schema.events import Evaluation, Trajectory
+from streamrl.schema.ledger import query_events
+from streamrl.runtime.bus import EventPublisher, RunReader
+from streamrl.runtime.config import Recipe, Replay, ReplaySource
+from streamrl.runtime.db import connect
+from streamrl.runtime.plugins import load_module
+from streamrl.runtime.settings import Settings
+from streamrl.runtime.sql import run_readonly
 
 
 

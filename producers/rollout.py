@@ -24,14 +24,14 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from runtime.config_reads import WorkerConfig
-from producers.evaluator import BaseEvaluationTarget, Evaluator, run_evaluator
-from producers.inference import Completion, InferenceUnavailable
-from producers.inference_client import InferenceClient, behaviour_logprobs  # noqa: F401  (the seed API's names)
-from schema.events import Evaluation, Task, Turn, pack_float32, pack_int32, pack_mask
-from schema.events import Trajectory as TrajectoryEvent
-from runtime.chat_template import as_messages
-from runtime.registry import Registry
+from streamrl.runtime.config_reads import WorkerConfig
+from streamrl.producers.evaluator import BaseEvaluationTarget, Evaluator, run_evaluator
+from streamrl.producers.inference import Completion, InferenceUnavailable
+from streamrl.producers.inference_client import InferenceClient, behaviour_logprobs  # noqa: F401  (the seed API's names)
+from streamrl.schema.events import Evaluation, Task, Turn, pack_float32, pack_int32, pack_mask
+from streamrl.schema.events import Trajectory as TrajectoryEvent
+from streamrl.runtime.chat_template import as_messages
+from streamrl.runtime.registry import Registry
 
 SUCCESS, FAIL, RE_ROLLOUT = "success", "fail", "re-rollout"
 

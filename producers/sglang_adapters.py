@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from producers.sglang_server import InferenceServerError
-from runtime.device import resolve_device
+from streamrl.producers.sglang_server import InferenceServerError
+from streamrl.runtime.device import resolve_device
 
 ADAPTER_ROUTES = ("/load_lora_adapter", "/unload_lora_adapter", "/update_weight_version")
 

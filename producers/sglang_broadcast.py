@@ -18,9 +18,9 @@ import datetime
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from producers.sglang_server import InferenceServerError
-from runtime.weight_transport import GO_KEY, RANK_OFFSET_KEY, VERSION_KEY
-from schema.events import WeightBroadcast
+from streamrl.producers.sglang_server import InferenceServerError
+from streamrl.runtime.weight_transport import GO_KEY, RANK_OFFSET_KEY, VERSION_KEY
+from streamrl.schema.events import WeightBroadcast
 
 # a rendezvous gone (its broadcast over) fails this fast; the folder is then loaded
 STORE_CONNECT_TIMEOUT_S = 10.0

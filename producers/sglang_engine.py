@@ -33,14 +33,14 @@ from pathlib import Path
 
 import httpx
 
-from producers.inference import Completion, SamplingParams, register_inference_backend
-from producers.sglang_adapters import ADAPTER_ROUTES, adapter_name, load_adapter, lora_server_args
-from producers.sglang_broadcast import receive_broadcast
-from producers.sglang_server import InferenceServerError, ManagedServer
-from runtime.backoff import backoff_delay
-from runtime.recipe import server_urls
-from runtime.weight_transport import adapter_versions, ranks_per_server
-from schema.events import WeightBroadcast
+from streamrl.producers.inference import Completion, SamplingParams, register_inference_backend
+from streamrl.producers.sglang_adapters import ADAPTER_ROUTES, adapter_name, load_adapter, lora_server_args
+from streamrl.producers.sglang_broadcast import receive_broadcast
+from streamrl.producers.sglang_server import InferenceServerError, ManagedServer
+from streamrl.runtime.backoff import backoff_delay
+from streamrl.runtime.recipe import server_urls
+from streamrl.runtime.weight_transport import adapter_versions, ranks_per_server
+from streamrl.schema.events import WeightBroadcast
 
 log = logging.getLogger("streamrl.sglang")
 ABORTED = "abort"

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import httpx
 
-from producers.inference import InferenceUnavailable
-from runtime.device import resolve_device
+from streamrl.producers.inference import InferenceUnavailable
+from streamrl.runtime.device import resolve_device
 
 log = logging.getLogger("streamrl.sglang")
 

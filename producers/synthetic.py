@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from schema.events import (
+from streamrl.schema.events import (
     DeadLetter, Evaluation, Event, RunEvent, Sample, Task, TrainStep, Trajectory, WeightVersion,
     pack_float32, pack_int32, pack_mask,
 )

@@ -32,11 +32,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import jsonschema
 import yaml
 
-from runtime.plugins import LoadError, load_module
+from streamrl.runtime.plugins import LoadError, load_module
 
+
+
+def jsonschema_module():
+    """jsonschema, imported when a tool config is read (the `agents` extra brings it)."""
+    from streamrl.runtime.extras import missing_extra
+
+    try:
+        import jsonschema
+    except ModuleNotFoundError as exc:
+        raise missing_extra(exc, "an agent's tool arguments check") or exc from None
+    return jsonschema
 
 class ToolConfigError(ValueError):
     pass
@@ -157,6 +167,7 @@ class ToolRegistry:
             name = (schema or {}).get("function", {}).get("name") if isinstance(schema, dict) else None
             if not name:
                 raise ToolConfigError(f"{where}.tool_schema.function.name: required")
+            jsonschema = jsonschema_module()
             try:
                 jsonschema.Draft202012Validator.check_schema(schema["function"].get("parameters", {}))
             except jsonschema.SchemaError as exc:
@@ -194,6 +205,7 @@ class ToolRegistry:
         if tool is None:
             output = f"error: unknown tool {name!r} (available: {', '.join(sorted(self.tools)) or 'none'})"
             return ToolResult(name, arguments, output, False, time.perf_counter() - started)
+        jsonschema = jsonschema_module()
         try:
             jsonschema.validate(arguments, tool.parameters)
         except jsonschema.ValidationError as exc:

@@ -30,20 +30,20 @@ from pathlib import Path
 
 from kafka import TopicPartition
 
-import producers.agent_worker  # noqa: F401  (registers the "agent" worker type)
-import producers.openai_engine  # noqa: F401  (registers the "openai" inference backend)
-import producers.sglang_engine  # noqa: F401  (registers the "sglang" inference backend)
-from runtime.config_reads import unread_keys
-from producers.evaluator import Evaluator
-from producers.evaluator_builtins import make_evaluator as build_evaluator
-from producers.inference import INFERENCE_BACKENDS, SamplingParams
-from producers.rollout import ROLLOUT_WORKERS, BaseRolloutWorker, InferenceClient, make_worker
-from runtime.bus import EventPublisher, RunReader
-from runtime.chat_template import ChatRenderer
-from runtime.config import Recipe
-from runtime.plugins import load_class
-from runtime.settings import Settings
-from schema.events import RunEvent, Task, WeightVersion
+import streamrl.producers.agent_worker  # noqa: F401  (registers the "agent" worker type)
+import streamrl.producers.openai_engine  # noqa: F401  (registers the "openai" inference backend)
+import streamrl.producers.sglang_engine  # noqa: F401  (registers the "sglang" inference backend)
+from streamrl.runtime.config_reads import unread_keys
+from streamrl.producers.evaluator import Evaluator
+from streamrl.producers.evaluator_builtins import make_evaluator as build_evaluator
+from streamrl.producers.inference import INFERENCE_BACKENDS, SamplingParams
+from streamrl.producers.rollout import ROLLOUT_WORKERS, BaseRolloutWorker, InferenceClient, make_worker
+from streamrl.runtime.bus import EventPublisher, RunReader
+from streamrl.runtime.chat_template import ChatRenderer
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.plugins import load_class
+from streamrl.runtime.settings import Settings
+from streamrl.schema.events import RunEvent, Task, WeightVersion
 
 log = logging.getLogger("streamrl.worker")
 WORKER_GROUP = "streamrl-worker"

@@ -10,7 +10,7 @@ import hashlib
 
 import psycopg
 
-from runtime.db import connect
+from streamrl.runtime.db import connect
 
 
 class BlobMissing(LookupError):

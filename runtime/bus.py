@@ -21,15 +21,15 @@ from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartitio
 from kafka.errors import (CommitFailedError, FencedInstanceIdError, IllegalGenerationError, RebalanceInProgressError,
                           UnknownMemberIdError)
 
-from schema import codec
-from schema.events import DeadLetter, Event
-from runtime.blobs import PostgresBlobStore
-from runtime.outage import BrokerWatch
-from runtime.topic_admin import WindowTopics, track_topic
-from schema.topics import (ROTATED_KINDS, event_key, recent_windows, rotates, run_pattern, topic_for, topic_name,
+from streamrl.schema import codec
+from streamrl.schema.events import DeadLetter, Event
+from streamrl.runtime.blobs import PostgresBlobStore
+from streamrl.runtime.outage import BrokerWatch
+from streamrl.runtime.topic_admin import WindowTopics, track_topic
+from streamrl.schema.topics import (ROTATED_KINDS, event_key, recent_windows, rotates, run_pattern, topic_for, topic_name,
                            topic_window, windows_to_hold)
-from schema.topology import STAGE_FOLDERS, TopologyError, check_reads, check_writes
-from runtime.settings import Settings, SettingsError
+from streamrl.schema.topology import STAGE_FOLDERS, TopologyError, check_reads, check_writes
+from streamrl.runtime.settings import Settings, SettingsError
 
 log = logging.getLogger("streamrl.bus")
 

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
 
-from runtime.config_fields import (  # noqa: F401  (missing_files: runtime.recipe reads it from here)
+from streamrl.runtime.config_fields import (  # noqa: F401  (missing_files: runtime.recipe reads it from here)
     _scalar_type, describe_range, knob, missing_files, only, out_of_range, path_field,
 )
-from runtime.config_weights import Lora, Weight  # noqa: F401  (re-exported: runtime.config is where sections live)
-from runtime.logger_config import Logger
-from runtime.service_config import Service
+from streamrl.runtime.config_weights import Lora, Weight  # noqa: F401  (re-exported: runtime.config is where sections live)
+from streamrl.runtime.logger_config import Logger
+from streamrl.runtime.service_config import Service
 
 
 @dataclass

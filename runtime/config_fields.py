@@ -1,6 +1,6 @@
 """Field helpers of the typed recipe: every field carries its description and, for a
 number, its range; `check_against` (runtime/config.py) reads them, and docs/recipe.md is
-generated from them (`python -m runtime.recipe_reference`)."""
+generated from them (`python -m streamrl.runtime.recipe_reference`)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from runtime.config_fields import knob, only
+from streamrl.runtime.config_fields import knob, only
 
 
 @dataclass

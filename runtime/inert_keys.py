@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import Callable
 
-from runtime.config import Recipe
+from streamrl.runtime.config import Recipe
 
 # the remote trainers' losses when service.train_service.config.loss_fn is not set
 REMOTE_DEFAULT_LOSS = {"remote_api_grpo": "importance_sampling", "remote_api_cross_entropy": "cross_entropy"}

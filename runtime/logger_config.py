@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from runtime.config_fields import knob
+from streamrl.runtime.config_fields import knob
 
 TRACKERS = ("wandb", "tensorboard", "mlflow")
 

@@ -104,7 +104,7 @@ def write_adapter_folder(final: Path, model, state: dict[str, torch.Tensor]) -> 
     peft's `PeftModel.from_pretrained` and SGLang's `/load_lora_adapter` read; atomic."""
     from safetensors.torch import save_file
 
-    from runtime.folders import write_folder
+    from streamrl.runtime.folders import write_folder
 
     def fill(folder: Path) -> None:
         model.peft_config["default"].save_pretrained(folder)

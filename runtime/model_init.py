@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from runtime.builtin_families import FAMILY_OF_MODEL_TYPE
-from runtime.tiny_lm import build_tokenizer, write_stamp
+from streamrl.runtime.builtin_families import FAMILY_OF_MODEL_TYPE
+from streamrl.runtime.tiny_lm import build_tokenizer, write_stamp
 
 ARCHITECTURES: dict[str, dict] = {
     "qwen2-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,

@@ -14,9 +14,9 @@ import logging
 import threading
 import time
 
-from runtime.services import redact
-from runtime.backoff import backoff_delay
-from runtime.settings import Settings
+from streamrl.runtime.services import redact
+from streamrl.runtime.backoff import backoff_delay
+from streamrl.runtime.settings import Settings
 
 log = logging.getLogger("streamrl.outage")
 

@@ -26,11 +26,11 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from runtime.weight_transport import transport_problems
-from runtime.config import Recipe, check_against, coerce_strings, missing_files
-from runtime.service_config import TinkerService, window_problems
-from runtime.guide_forms import apply_guide_forms
-from runtime.dataset import DatasetError, data_section_problems, resolve_chat_template
+from streamrl.runtime.weight_transport import transport_problems
+from streamrl.runtime.config import Recipe, check_against, coerce_strings, missing_files
+from streamrl.runtime.service_config import TinkerService, window_problems
+from streamrl.runtime.guide_forms import apply_guide_forms
+from streamrl.runtime.dataset import DatasetError, data_section_problems, resolve_chat_template
 
 
 class RecipeError(ValueError):

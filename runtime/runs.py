@@ -11,11 +11,11 @@ import signal
 import threading
 import time
 
-from schema.events import RunEvent
-from schema.topics import set_window_steps
-from runtime.bus import RunReader
-from runtime.config import Recipe
-from runtime.settings import Settings
+from streamrl.schema.events import RunEvent
+from streamrl.schema.topics import set_window_steps
+from streamrl.runtime.bus import RunReader
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.settings import Settings
 
 
 class RunNotFound(LookupError):

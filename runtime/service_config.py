@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
-from runtime.config_fields import knob, only
+from streamrl.runtime.config_fields import knob, only
 
 
 @dataclass

@@ -19,8 +19,8 @@ from pathlib import Path
 import warnings
 
 
-from runtime.db import connect
-from runtime.settings import Settings
+from streamrl.runtime.db import connect
+from streamrl.runtime.settings import Settings
 
 EMBEDDED_DATABASE = "streamrl"
 

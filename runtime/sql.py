@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from runtime.db import connect
+from streamrl.runtime.db import connect
 
 READ_KEYWORDS = {"select", "with", "values", "table", "explain", "show"}
 _LEADING_NOISE = re.compile(r"^(\s+|--[^\n]*\n?|/\*.*?\*/)+", re.S)

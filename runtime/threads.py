@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 
-from runtime.config import Recipe
-from runtime.settings import int_env
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.settings import int_env
 
 
 def usable_cores() -> int:

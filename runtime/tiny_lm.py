@@ -15,7 +15,7 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
-from runtime.builtin_families import BUILTIN_MODEL_VERSION, FAMILIES, STAMP_FILE, Family
+from streamrl.runtime.builtin_families import BUILTIN_MODEL_VERSION, FAMILIES, STAMP_FILE, Family
 
 
 def byte_alphabet() -> list[str]:

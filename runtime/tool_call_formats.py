@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from runtime.plugins import load_function
-from runtime.registry import Registry
+from streamrl.runtime.plugins import load_function
+from streamrl.runtime.registry import Registry
 
 
 @dataclass

@@ -9,8 +9,8 @@ from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
-from runtime.settings import Settings
-from schema.topics import ROTATED_KINDS, WRITTEN_WINDOWS, run_topics, window_topic
+from streamrl.runtime.settings import Settings
+from streamrl.schema.topics import ROTATED_KINDS, WRITTEN_WINDOWS, run_topics, window_topic
 
 
 def create_topics(settings: Settings, names: list[str], partitions: int | None = None,

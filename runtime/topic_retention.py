@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 from kafka import KafkaAdminClient, TopicPartition
 
-from runtime.bus import make_consumer
-from runtime.db import connect
-from runtime.service_config import Broker
-from runtime.settings import Settings
-from schema.topics import run_pattern
+from streamrl.runtime.bus import make_consumer
+from streamrl.runtime.db import connect
+from streamrl.runtime.service_config import Broker
+from streamrl.runtime.settings import Settings
+from streamrl.schema.topics import run_pattern
 
 # Deleting a topic is asynchronous on the broker: how long to wait for it to go.
 DELETE_WAIT_S = 30.0

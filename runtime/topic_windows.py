@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 
 from kafka import KafkaAdminClient, TopicPartition
 
-from runtime.bus import make_consumer
-from runtime.db import connect
-from runtime.settings import Settings
-from runtime.topic_retention import delete_and_wait, ledger_positions, records_past
-from schema.topics import HELD_WINDOWS, parse_topic, run_pattern, topic_window
+from streamrl.runtime.bus import make_consumer
+from streamrl.runtime.db import connect
+from streamrl.runtime.settings import Settings
+from streamrl.runtime.topic_retention import delete_and_wait, ledger_positions, records_past
+from streamrl.schema.topics import HELD_WINDOWS, parse_topic, run_pattern, topic_window
 
 # How long a window stays eligible before it goes: readers look again every second.
 SETTLE_S = 3.0

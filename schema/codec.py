@@ -25,7 +25,7 @@ import zstandard
 
 import typing
 
-from schema.events import ALL_EVENT_TYPES, Event
+from streamrl.schema.events import ALL_EVENT_TYPES, Event
 
 FRAME_PLAIN = 0x01
 FRAME_ZSTD = 0x02

@@ -20,7 +20,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
-from schema.events import (
+from streamrl.schema.events import (
     DeadLetter, Evaluation, Event, GroupFiltered, RunEvent, Sample, Task, TrainStep, Trajectory, WeightVersion,
     unpack_int32, unpack_mask,
 )

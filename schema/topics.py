@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import re
 
-from schema.events import EVENT_BY_KIND
+from streamrl.schema.events import EVENT_BY_KIND
 
 TOPIC_PREFIX = "streamrl"
 KINDS = tuple(EVENT_BY_KIND)  # tasks, trajectories, ..., runs, dead_letters

@@ -9,32 +9,32 @@ recipe's own plugins register into them when loaded.
 from __future__ import annotations
 
 # Importing the components fills their registries.
-import algos.advantages  # noqa: F401
-import algos.kl  # noqa: F401
-import algos.losses  # noqa: F401
-import algos.lr_schedule  # noqa: F401
-import learner.batch_trainers  # noqa: F401
-import learner.remote_trainers  # noqa: F401
-import learner.trainers  # noqa: F401
-import producers.inference  # noqa: F401
-import producers.worker_loop  # noqa: F401
-from runtime.config_reads import undeclared_keys
-from producers.rollout import ROLLOUT_WORKERS
-from runtime.config import Recipe
-from runtime.inert_keys import inert_key_problems
-from runtime.settings import Settings
-from runtime.topic_retention import topic_configs
-from runtime.registry import registry_problems
+import streamrl.algos.advantages  # noqa: F401
+import streamrl.algos.kl  # noqa: F401
+import streamrl.algos.losses  # noqa: F401
+import streamrl.algos.lr_schedule  # noqa: F401
+import streamrl.learner.batch_trainers  # noqa: F401
+import streamrl.learner.remote_trainers  # noqa: F401
+import streamrl.learner.trainers  # noqa: F401
+import streamrl.producers.inference  # noqa: F401
+import streamrl.producers.worker_loop  # noqa: F401
+from streamrl.runtime.config_reads import undeclared_keys
+from streamrl.producers.rollout import ROLLOUT_WORKERS
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.inert_keys import inert_key_problems
+from streamrl.runtime.settings import Settings
+from streamrl.runtime.topic_retention import topic_configs
+from streamrl.runtime.registry import registry_problems
 from streamrl.data_checks import data_problems
 
 
 def recipe_code_problems(recipe: Recipe) -> list[str]:
     """Load the recipe's own code now, then check its registry keys, so a typo fails the
     run before it starts, not in a worker's log minutes later."""
-    from consumers.processor import load_custom_advantages
-    from learner.remote_trainers import trainer_class
-    from producers.agent_worker import AgentRolloutWorker, load_agent_setup
-    from producers.worker_loop import make_evaluator, worker_class
+    from streamrl.consumers.processor import load_custom_advantages
+    from streamrl.learner.remote_trainers import trainer_class
+    from streamrl.producers.agent_worker import AgentRolloutWorker, load_agent_setup
+    from streamrl.producers.worker_loop import make_evaluator, worker_class
 
     worker = recipe.rollout_worker
     custom_worker = bool(worker.custom_rollout_worker_module_path)
@@ -80,9 +80,9 @@ def recipe_code_problems(recipe: Recipe) -> list[str]:
 def estimator_problems(recipe: Recipe) -> list[str]:
     """Turn-level credit needs an estimator of the (r - b) / s form, which a batch-scope
     or a recipe's own estimator does not declare."""
-    from algos.advantages import GROUP_BASELINES
-    from learner.batch_trainers import SelfHostedTrainer
-    from learner.remote_trainers import RemoteApiGrpoTrainer, trainer_class
+    from streamrl.algos.advantages import GROUP_BASELINES
+    from streamrl.learner.batch_trainers import SelfHostedTrainer
+    from streamrl.learner.remote_trainers import RemoteApiGrpoTrainer, trainer_class
 
     algorithm, worker = recipe.algorithm, recipe.rollout_worker
     if algorithm.credit_assignment != "turn":

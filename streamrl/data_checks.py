@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.config import Data, Recipe
-from runtime.dataset import DatasetError, lookup, read_rows, saved_chat_template
+from streamrl.runtime.config import Data, Recipe
+from streamrl.runtime.dataset import DatasetError, lookup, read_rows, saved_chat_template
 
 
 def data_problems(recipe: Recipe) -> list[str]:
@@ -60,7 +60,7 @@ def template_problems(recipe: Recipe, name: str, section: Data, rows: list[dict]
 def warmup_tool_listing_problems(recipe: Recipe) -> list[str]:
     """Demonstrations are laid out without the tool listing: an agent that lists its tools
     in the prompt would be warmed up on prompts it never sees."""
-    from producers.agent_worker import AgentConfigError, load_agent_config
+    from streamrl.producers.agent_worker import AgentConfigError, load_agent_config
 
     try:
         config = load_agent_config(recipe.rollout_worker.agent_config_path)

@@ -6,13 +6,13 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import Progress
 
-from consumers.ledger_sink import LedgerSink
-from producers.synthetic import synthetic_events
-from runtime.bus import EventPublisher
-from runtime.topic_admin import create_run_topics
-from runtime.settings import Settings
-from runtime.sql import QueryResult, run_readonly
-from schema.events import RunEvent
+from streamrl.consumers.ledger_sink import LedgerSink
+from streamrl.producers.synthetic import synthetic_events
+from streamrl.runtime.bus import EventPublisher
+from streamrl.runtime.topic_admin import create_run_topics
+from streamrl.runtime.settings import Settings
+from streamrl.runtime.sql import QueryResult, run_readonly
+from streamrl.schema.events import RunEvent
 
 LEDGER_TABLES = ("tasks", "trajectories", "evaluations", "samples", "train_steps", "weight_versions",
                  "run_events", "dead_letters")

@@ -22,13 +22,13 @@ import psycopg
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from runtime.config import Recipe
-from runtime.dataset import total_train_steps
-from runtime.service_config import Broker
-from runtime.services import broker_memory_bytes
-from runtime.settings import Settings
-from runtime.topic_retention import retire_run_topics
-from runtime.topic_windows import windows_left
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.dataset import total_train_steps
+from streamrl.runtime.service_config import Broker
+from streamrl.runtime.services import broker_memory_bytes
+from streamrl.runtime.settings import Settings
+from streamrl.runtime.topic_retention import retire_run_topics
+from streamrl.runtime.topic_windows import windows_left
 from streamrl.report import RunSummary, load_summary, plot_reward_curve, summary_table, val_accuracy_at
 from streamrl.supervise import RestartPolicy, RunFailed, Supervisor
 
@@ -140,7 +140,7 @@ class LocalRun:
         self.retire_topics()
         wall = time.monotonic() - started
         summary = load_summary(self.settings.database_url, self.run_id)
-        png = plot_reward_curve(summary, self.out / "reward_curve.png")
+        png = reward_curve_png(summary, self.out / "reward_curve.png")
         table = summary_table(summary, wall)
         table.add_row("process restarts", self.supervisor.restarts_text())
         for key in ("val_accuracy_before_replay", "val_accuracy_after_replay"):
@@ -150,6 +150,19 @@ class LocalRun:
         console.print(table)
         console.print(f"reward curve: {png}", highlight=False)
         return summary
+
+
+def reward_curve_png(summary: RunSummary, path: Path) -> str:
+    """The reward curve's file, or the sentence saying why none was drawn."""
+    from streamrl.runtime.extras import missing_extra
+
+    try:
+        return str(plot_reward_curve(summary, path))
+    except ModuleNotFoundError as exc:
+        missing = missing_extra(exc, "the reward curve")
+        if missing is None:
+            raise
+        return f"not drawn: {missing}"
 
 
 def status_line(summary: RunSummary) -> str:

@@ -10,9 +10,9 @@ import dataclasses
 import typing
 
 import streamrl.checks  # noqa: F401  (fills every registry)
-from runtime.config import Recipe, _scalar_type
-from runtime.config_fields import describe_range
-from runtime.registry import REGISTRIES
+from streamrl.runtime.config import Recipe, _scalar_type
+from streamrl.runtime.config_fields import describe_range
+from streamrl.runtime.registry import REGISTRIES
 
 
 def type_name(tp) -> str:

@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 
 from kafka import TopicPartition
 
-from schema.events import Evaluation, GroupFiltered, RunEvent, Sample, Trajectory
-from schema.ledger import query_events
-from schema.topics import run_pattern, set_window_steps, topic_name
-from runtime.bus import EventPublisher, make_consumer
-from runtime.topic_admin import create_run_topics
-from runtime.config import Recipe
-from runtime.db import connect
-from runtime.settings import Settings
-from runtime.topic_retention import delete_run_topics, topic_configs
+from streamrl.schema.events import Evaluation, GroupFiltered, RunEvent, Sample, Trajectory
+from streamrl.schema.ledger import query_events
+from streamrl.schema.topics import run_pattern, set_window_steps, topic_name
+from streamrl.runtime.bus import EventPublisher, make_consumer
+from streamrl.runtime.topic_admin import create_run_topics
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.db import connect
+from streamrl.runtime.settings import Settings
+from streamrl.runtime.topic_retention import delete_run_topics, topic_configs
 
 
 @dataclass
@@ -152,8 +152,8 @@ class Resume:
 def prepare_resume(settings: Settings, run_id: str) -> Resume:
     """`streamrl run --resume RUN`: the recorded config, the learner's last checkpointed
     step, and what the broker lost rebuilt from the ledger."""
-    from learner.checkpoint import latest_checkpoint, load_state
-    from learner.loop import run_dir
+    from streamrl.learner.checkpoint import latest_checkpoint, load_state
+    from streamrl.learner.loop import run_dir
 
     with connect(settings.database_url, autocommit=True) as conn:
         row = conn.execute("select config, details from run_events where run_id = %s and kind = 'created'",

@@ -12,13 +12,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from producers import replay as rp
-from producers.publisher import create_run
-from runtime.bus import EventPublisher
-from runtime.config import ConfigError, Recipe
-from runtime.db import connect
-from runtime.settings import Settings
-from runtime.sql import SqlFailed, SqlRefused
+from streamrl.producers import replay as rp
+from streamrl.producers.publisher import create_run
+from streamrl.runtime.bus import EventPublisher
+from streamrl.runtime.config import ConfigError, Recipe
+from streamrl.runtime.db import connect
+from streamrl.runtime.settings import Settings
+from streamrl.runtime.sql import SqlFailed, SqlRefused
 from streamrl.orchestrate import RestartPolicy, replay_locally
 
 

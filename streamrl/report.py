@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from runtime.db import connect
-from runtime.sql import plain_value
+from streamrl.runtime.db import connect
+from streamrl.runtime.sql import plain_value
 
 
 @dataclass

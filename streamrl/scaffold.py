@@ -109,7 +109,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "agent_workspace"))
 
 from text_utils import reverse_text  # noqa: E402
-from runtime.builtin_families import is_current  # noqa: E402  (the model is rebuilt when stale)
+from streamrl.api import is_current  # noqa: E402  (the model is rebuilt when stale)
 
 
 def row(rng):
@@ -126,7 +126,7 @@ def main():
     out = HERE / "generated"
     if is_current(out / "model"):
         return
-    from runtime.tiny_lm import build_tiny_model  # torch only when there is a model to build
+    from streamrl.api import build_tiny_model  # torch only when there is a model to build
 
     out.mkdir(exist_ok=True)
     rng = random.Random(0)
@@ -189,7 +189,7 @@ EVALUATOR = '''\
 """The reward: 1 for the right answer. See producers/evaluator_builtins.py for built-ins
 (exact match, tags, fuzzy, math, code, weighted, LLM judge)."""
 
-from producers.evaluator import EvaluationRunResult, Evaluator
+from streamrl.api import EvaluationRunResult, Evaluator
 
 
 class {class_prefix}Evaluator(Evaluator):
@@ -201,7 +201,7 @@ class {class_prefix}Evaluator(Evaluator):
 WORKER = '''\
 """A custom worker to start from: the agent worker with its override points."""
 
-from producers.agent_worker import AgentRolloutWorker
+from streamrl.api import AgentRolloutWorker
 
 
 class {class_prefix}Worker(AgentRolloutWorker):
@@ -281,7 +281,7 @@ def row(rng):
 
 
 def main():
-    from runtime.builtin_families import is_current
+    from streamrl.api import is_current
 
     out = HERE / "generated"
     if is_current(out / "model"):
@@ -289,7 +289,7 @@ def main():
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from runtime.tiny_lm import build_tiny_model  # torch only when there is a model to build
+    from streamrl.api import build_tiny_model  # torch only when there is a model to build
 
     out.mkdir(exist_ok=True)
     rng = random.Random(0)

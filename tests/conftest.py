@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from producers.sglang_server import ManagedServer
-from runtime import db, services
-from runtime.recipe import prepare_recipe
-from runtime.settings import Settings
-from runtime.threads import usable_cores
+from streamrl.producers.sglang_server import ManagedServer
+from streamrl.runtime import db, services
+from streamrl.runtime.recipe import prepare_recipe
+from streamrl.runtime.settings import Settings
+from streamrl.runtime.threads import usable_cores
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -89,7 +89,7 @@ def broker_topics(settings, run_id: str) -> set[str]:
     """Which of the run's topics (plain and windows) the broker lists."""
     from kafka import KafkaAdminClient
 
-    from runtime.topic_retention import existing_run_topics
+    from streamrl.runtime.topic_retention import existing_run_topics
 
     admin = KafkaAdminClient(**settings.kafka_client_options())
     try:
@@ -159,7 +159,7 @@ class SinkThread:
     """The ledger sink in a background thread of the test process."""
 
     def __init__(self, settings, run_id, **kwargs):
-        from consumers.ledger_sink import LedgerSink
+        from streamrl.consumers.ledger_sink import LedgerSink
 
         self.sink = LedgerSink(settings, run_id=run_id, **kwargs)
         self.thread = threading.Thread(target=self.sink.run, daemon=True)

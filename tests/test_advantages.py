@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from algos.advantages import (
+from streamrl.algos.advantages import (
     ADVANTAGE_ESTIMATORS, get_advantage_estimator, grpo_advantages, is_zero_variance, register_advantage,
 )
 

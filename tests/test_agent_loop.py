@@ -11,19 +11,19 @@ import msgspec
 import numpy as np
 import pytest
 
-from producers.agent_loop import AgentLimits, run_agent_loop
-from producers.agent_worker import AgentConfigError, AgentRolloutWorker, load_agent_config
-from runtime.chat_template import ChatRenderer, demonstration_tokens, encode
-from runtime.tool_call_formats import parse_hermes
-from producers.evaluator import ExactMatchEvaluator
-from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
-from producers.interaction import ScriptedUser
-from producers.rollout import InferenceClient
-from producers.tools import ToolConfigError, ToolRegistry
-from schema.events import Task, unpack_float32, unpack_int32, unpack_mask
-from runtime.bus import EventPublisher
-from runtime.topic_admin import create_run_topics
-from runtime.tiny_lm import build_tiny_model, build_tokenizer
+from streamrl.producers.agent_loop import AgentLimits, run_agent_loop
+from streamrl.producers.agent_worker import AgentConfigError, AgentRolloutWorker, load_agent_config
+from streamrl.runtime.chat_template import ChatRenderer, demonstration_tokens, encode
+from streamrl.runtime.tool_call_formats import parse_hermes
+from streamrl.producers.evaluator import ExactMatchEvaluator
+from streamrl.producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
+from streamrl.producers.interaction import ScriptedUser
+from streamrl.producers.rollout import InferenceClient
+from streamrl.producers.tools import ToolConfigError, ToolRegistry
+from streamrl.schema.events import Task, unpack_float32, unpack_int32, unpack_mask
+from streamrl.runtime.bus import EventPublisher
+from streamrl.runtime.topic_admin import create_run_topics
+from streamrl.runtime.tiny_lm import build_tiny_model, build_tokenizer
 from tests.conftest import SinkThread, wait_for
 
 TOKENIZER = build_tokenizer("chatml")
@@ -299,11 +299,11 @@ def test_per_turn_rewards_are_in_the_ledger_and_turn_credit_uses_them(stack, led
     """Two episodes of one task with a tutor that rewards an answer starting with "a"
     (0.5 a turn) and an evaluator that wants "42": turn credit gives each assistant turn
     the advantage of the return from it on."""
-    from consumers.processor import group_outcome
-    from schema.events import unpack_float32
+    from streamrl.consumers.processor import group_outcome
+    from streamrl.schema.events import unpack_float32
 
     (tmp_path / "tutor.py").write_text(textwrap.dedent("""
-        from producers.interaction import InteractionReply, ScriptedUser
+        from streamrl.producers.interaction import InteractionReply, ScriptedUser
 
         class Tutor(ScriptedUser):
             def respond(self, messages, task):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from recipes.byo_math.setup import verl_row
+from streamrl.recipes.byo_math.setup import verl_row
 from tests.conftest import REPO, run_cli
 
 RECIPE = REPO / "recipes" / "byo_math"

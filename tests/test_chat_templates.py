@@ -10,15 +10,15 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from producers.agent_loop import AgentLimits, run_agent_loop
-from producers.evaluator import ExactMatchEvaluator
-from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
-from producers.rollout import InferenceClient, SingleTurnWorker
-from producers.tools import ToolRegistry
-from runtime.chat_template import ChatRenderer, ChatTemplateError, encode
-from runtime.model_init import init_model
-from runtime.tool_call_formats import parse_hermes, parse_llama3_json, parse_mistral
-from schema.events import Task, unpack_int32, unpack_mask
+from streamrl.producers.agent_loop import AgentLimits, run_agent_loop
+from streamrl.producers.evaluator import ExactMatchEvaluator
+from streamrl.producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
+from streamrl.producers.rollout import InferenceClient, SingleTurnWorker
+from streamrl.producers.tools import ToolRegistry
+from streamrl.runtime.chat_template import ChatRenderer, ChatTemplateError, encode
+from streamrl.runtime.model_init import init_model
+from streamrl.runtime.tool_call_formats import parse_hermes, parse_llama3_json, parse_mistral
+from streamrl.schema.events import Task, unpack_int32, unpack_mask
 from tests.test_agent_loop import ScriptedClient
 
 FAMILIES = {"tiny-qwen2": "chatml", "tiny-llama3": "llama3", "tiny-mistral": "mistral"}

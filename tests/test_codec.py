@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
-from schema import codec
-from schema.codec import CodecError
-from schema.events import (
+from streamrl.schema import codec
+from streamrl.schema.codec import CodecError
+from streamrl.schema.events import (
     DeadLetter, Evaluation, RunEvent, Sample, Task, TrainStep, Trajectory, Turn, WeightVersion,
     make_event_id, pack_float32, pack_int32, pack_mask, unpack_float32, unpack_int32, unpack_mask,
 )

@@ -16,7 +16,7 @@ import pytest
 import typer.main
 import yaml
 
-from runtime.settings import DEFAULT_POSTGRES_PORT, ENV_VARS, SGLANG_VERSION, Settings
+from streamrl.runtime.settings import DEFAULT_POSTGRES_PORT, ENV_VARS, SGLANG_VERSION, Settings
 from streamrl.cli import app
 
 REPO = Path(__file__).resolve().parent.parent

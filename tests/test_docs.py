@@ -53,6 +53,6 @@ def test_the_recipe_reference_is_generated_from_the_typed_recipe():
 
 def test_every_recipe_key_has_a_description():
     from streamrl.recipe_reference import rows
-    from runtime.config import Recipe
+    from streamrl.runtime.config import Recipe
 
     assert [key for key, _, spec in rows(Recipe) if not spec.metadata.get("help")] == []

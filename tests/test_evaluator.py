@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from producers.evaluator import (
+from streamrl.producers.evaluator import (
     BaseEvaluationTarget, EvaluationRunResult, Evaluator, ExactMatchEvaluator, LoadError, load_class, run_evaluator,
 )
 
@@ -45,7 +45,7 @@ def test_load_class_from_a_file_that_imports_its_neighbour(tmp_path):
     (tmp_path / "helpers.py").write_text("def normalise(s):\n    return s.strip().lower()\n")
     (tmp_path / "my_eval.py").write_text(
         "from helpers import normalise\n"
-        "from producers.evaluator import Evaluator, EvaluationRunResult\n"
+        "from streamrl.api import EvaluationRunResult, Evaluator\n"
         "class Lower(Evaluator):\n"
         "    def evaluate(self, data, target):\n"
         "        return EvaluationRunResult(reward=float(normalise(target.final_answer) == data['answer']))\n")

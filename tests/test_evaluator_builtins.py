@@ -11,10 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from producers.evaluator import BaseEvaluationTarget, run_evaluator
-from producers.evaluator_builtins import make_evaluator
-from producers.sandbox import SandboxLimits, run_python
-from runtime.plugins import LoadError
+from streamrl.producers.evaluator import BaseEvaluationTarget, run_evaluator
+from streamrl.producers.evaluator_builtins import make_evaluator
+from streamrl.producers.sandbox import SandboxLimits, run_python
+from streamrl.runtime.plugins import LoadError
 from tests.conftest import command_lines
 
 
@@ -201,8 +201,8 @@ def test_math_from_eight_threads_at_once_gives_the_hand_computed_rewards():
     (every reward was 0 there); graded in child processes, each answer gets its reward."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from producers.evaluator import BaseEvaluationTarget
-    from producers.evaluator_builtins import make_evaluator
+    from streamrl.producers.evaluator import BaseEvaluationTarget
+    from streamrl.producers.evaluator_builtins import make_evaluator
 
     cases = [("\\boxed{\\frac{1}{2}}", "0.5", 1.0), ("$0.50$", "1/2", 1.0), ("\\boxed{3}", "4", 0.0),
              ("\\boxed{12}", "12", 1.0), ("x = 7", "7", 1.0), ("\\boxed{0.25}", "1/4", 1.0),
@@ -217,7 +217,7 @@ def test_math_from_eight_threads_at_once_gives_the_hand_computed_rewards():
 def test_a_call_past_its_time_limit_is_an_error_and_the_next_call_works():
     import time
 
-    from producers.child_pool import ChildPool
+    from streamrl.producers.child_pool import ChildPool
 
     pool = ChildPool(time.sleep, size=1, timeout_s=0.5)
     started = time.monotonic()

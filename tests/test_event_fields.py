@@ -5,9 +5,9 @@ test_migrations_match_the_models runs `alembic check`)."""
 
 import msgspec
 
-from producers.synthetic import synthetic_events
-from schema.events import GroupFiltered, Sample
-from schema.ledger import ROW_COLUMNS, TABLE_BY_EVENT, event_row, field_column_mismatches, samples
+from streamrl.producers.synthetic import synthetic_events
+from streamrl.schema.events import GroupFiltered, Sample
+from streamrl.schema.ledger import ROW_COLUMNS, TABLE_BY_EVENT, event_row, field_column_mismatches, samples
 
 
 def test_every_event_field_has_a_column_and_every_column_a_field():

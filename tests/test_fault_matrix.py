@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 
-from runtime import db, services
-from runtime.settings import Settings
-from schema.topics import run_topics, topic_window
+from streamrl.runtime import db, services
+from streamrl.runtime.settings import Settings
+from streamrl.schema.topics import run_topics, topic_window
 from tests.conftest import REPO, broker_topics as broker_topic_names, command_lines, free_port, run_cli, wait_for
 from tests.test_rl_loop import assert_ledger_consistent, small_run_env
 

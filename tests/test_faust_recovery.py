@@ -11,7 +11,7 @@ import faust
 import pytest
 from faust.types import TP
 
-from consumers.faust_recovery import RecoveryStalled, RecoveryWatch, stalled_partitions
+from streamrl.consumers.faust_recovery import RecoveryStalled, RecoveryWatch, stalled_partitions
 
 A, B, C = TP("cl", 0), TP("cl", 1), TP("cl", 2)
 

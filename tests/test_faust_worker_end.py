@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from consumers.faust_ending import WorkerEnding
-from runtime.outage import ServiceLost
-from runtime.settings import Settings
+from streamrl.consumers.faust_ending import WorkerEnding
+from streamrl.runtime.outage import ServiceLost
+from streamrl.runtime.settings import Settings
 
 
 def ending(lost=(), answered_at=0.0):

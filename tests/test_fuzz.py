@@ -14,11 +14,11 @@ import yaml
 import zstandard
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-from runtime.bus import unframe, unframe_record
-from runtime.recipe import RecipeError, load_recipe
-from schema import codec
-from schema.codec import CodecError
-from schema.events import Event
+from streamrl.runtime.bus import unframe, unframe_record
+from streamrl.runtime.recipe import RecipeError, load_recipe
+from streamrl.schema import codec
+from streamrl.schema.codec import CodecError
+from streamrl.schema.events import Event
 
 FAST = hsettings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 400)), deadline=None,
                 derandomize=os.environ.get("CI") == "true", suppress_health_check=[HealthCheck.too_slow])

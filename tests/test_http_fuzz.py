@@ -10,7 +10,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
-from runtime.tiny_lm import build_tiny_model
+from streamrl.runtime.tiny_lm import build_tiny_model
 from tests.conftest import fresh_database, free_port, run_cli, start_serve_training
 
 EXAMPLES = 25

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from learner.remote_trainers import merged_metrics, request_chunks
-from runtime.config import Recipe
-from runtime.inert_keys import inert_key_problems
+from streamrl.learner.remote_trainers import merged_metrics, request_chunks
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.inert_keys import inert_key_problems
 from tests.conftest import REPO, run_cli
 
 REMOTE = {"trainer": {"type": "remote_api_grpo"}}
@@ -98,7 +98,7 @@ SGLANG = {"service": {"inference_service": {"backend": "sglang"}}}
 def test_weight_transport_distributed_is_refused_where_a_broadcast_cannot_work(values, refused):
     from omegaconf import OmegaConf
 
-    from runtime.weight_transport import transport_problems
+    from streamrl.runtime.weight_transport import transport_problems
 
     merged = OmegaConf.to_container(OmegaConf.merge(OmegaConf.create(Recipe().to_dict()), OmegaConf.create(values)))
     found = transport_problems(Recipe.from_dict(merged))
@@ -106,7 +106,7 @@ def test_weight_transport_distributed_is_refused_where_a_broadcast_cannot_work(v
 
 
 def test_the_broadcast_group_counts_every_server_rank_of_every_worker():
-    from runtime.weight_transport import broadcast_world_size
+    from streamrl.runtime.weight_transport import broadcast_world_size
 
     recipe = Recipe.from_dict({**Recipe().to_dict(), "rollout_worker": {"num_workers": 3},
                                "service": {"inference_service": {"backend": "sglang", "num_servers": 2,
@@ -118,6 +118,6 @@ def test_the_broadcast_group_counts_every_server_rank_of_every_worker():
 def transport_problems_of(recipe) -> list[str]:
     from dataclasses import replace
 
-    from runtime.weight_transport import transport_problems
+    from streamrl.runtime.weight_transport import transport_problems
 
     return transport_problems(replace(recipe, weight=replace(recipe.weight, transport="distributed")))

@@ -6,8 +6,8 @@ import threading
 import pytest
 import torch
 
-from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams, top_p_filter
-from runtime.tiny_lm import build_tiny_model
+from streamrl.producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams, top_p_filter
+from streamrl.runtime.tiny_lm import build_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def test_a_weight_version_that_does_not_fit_the_model_is_refused_by_name(model_d
 
 
 def test_one_draw_for_every_sampler_top_k_and_the_logprob_before_the_filters():
-    from algos.sampling import draw_tokens, top_k_filter
+    from streamrl.algos.sampling import draw_tokens, top_k_filter
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
     assert torch.isfinite(top_k_filter(logits, 2)).tolist() == [[True, True, False]]
@@ -117,7 +117,7 @@ def test_one_draw_for_every_sampler_top_k_and_the_logprob_before_the_filters():
 
 
 def test_the_inverse_cdf_draw_follows_the_distribution_and_never_draws_a_zero():
-    from algos.sampling import inverse_cdf_draw
+    from streamrl.algos.sampling import inverse_cdf_draw
 
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]]).repeat(200_000, 1)
     drawn = inverse_cdf_draw(probs, torch.Generator().manual_seed(0))

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from learner.step_metrics import logprob_gap_by_lag, logprob_gap_sums
-from producers.inference import Completion
-from producers.rollout import behaviour_logprobs
-from producers.sglang_engine import parse_generate
-from producers.sglang_server import launch_options, server_flags
-from runtime.config import Recipe
-from runtime.recipe import RecipeError, consistency_problems, server_urls, with_inference_url
+from streamrl.learner.step_metrics import logprob_gap_by_lag, logprob_gap_sums
+from streamrl.producers.inference import Completion
+from streamrl.producers.rollout import behaviour_logprobs
+from streamrl.producers.sglang_engine import parse_generate
+from streamrl.producers.sglang_server import launch_options, server_flags
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.recipe import RecipeError, consistency_problems, server_urls, with_inference_url
 
 
 def test_logprob_gap_by_lag_is_the_mean_and_max_absolute_difference():

@@ -1,4 +1,6 @@
-"""Folders are layers and imports point down (README: where things live):
+"""Folders are layers and imports point down (README: where things live). Every layer is
+imported as `streamrl.<layer>` (the folders sit at the repository's top level and are
+installed as subpackages of `streamrl`):
 
     streamrl/                     the app: CLI, local orchestration, reports, recovery
     producers/ consumers/ learner/ training_service/   the components: talk only through topics
@@ -30,14 +32,32 @@ MAY_IMPORT = {
 }
 
 
-def imported_packages(path: Path) -> set[tuple[str, int]]:
+LAYERS = ("schema", "runtime", "algos", "producers", "consumers", "learner", "training_service", "migrations",
+          "recipes")
+
+
+def layer_of(module: str) -> str | None:
+    """`streamrl.producers.rollout` -> producers; `streamrl.cli` -> streamrl (the app);
+    a bare layer name (`producers.rollout`) -> `bare producers`; anything else -> None."""
+    parts = module.split(".")
+    if parts[0] == "streamrl":
+        return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "streamrl"
+    return f"bare {parts[0]}" if parts[0] in LAYERS else None
+
+
+def imported_modules(path: Path) -> set[tuple[str, int]]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            found |= {(alias.name.split(".")[0], node.lineno) for alias in node.names}
+            found |= {(alias.name, node.lineno) for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add((node.module.split(".")[0], node.lineno))
-    return {(name, line) for name, line in found if name in PROJECT}
+            found |= {(node.module if node.module != "streamrl" else f"streamrl.{alias.name}", node.lineno)
+                      for alias in node.names}
+    return found
+
+
+def imported_packages(path: Path) -> set[tuple[str, int]]:
+    return {(layer, line) for module, line in imported_modules(path) if (layer := layer_of(module)) is not None}
 
 
 def layer_violations(layer: str) -> list[str]:
@@ -54,9 +74,30 @@ def test_imports_point_down(layer):
 
 def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
     (tmp_path / "runtime").mkdir()
-    (tmp_path / "runtime" / "bad.py").write_text("def f():\n    from learner.loop import Learner\n")
+    (tmp_path / "runtime" / "bad.py").write_text("def f():\n    from streamrl.learner.loop import Learner\n")
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     assert layer_violations("runtime") == ["runtime/bad.py:2 imports learner"]
+
+
+PYTHON_TREES = (*PROJECT, "tests", "bench", "contrib")
+
+
+def bare_layer_imports(repo: Path) -> list[str]:
+    """Imports of a layer by its folder's name (`from producers.rollout import ...`): in an
+    installed StreamRL that name is another project's, or nothing."""
+    return [f"{path.relative_to(repo)}:{line} imports {module}"
+            for tree in PYTHON_TREES for path in sorted((repo / tree).rglob("*.py"))
+            for module, line in sorted(imported_modules(path)) if (layer_of(module) or "").startswith("bare ")]
+
+
+def test_every_module_imports_the_layers_under_streamrl():
+    assert bare_layer_imports(REPO) == []
+
+
+def test_the_namespace_check_sees_a_bare_layer_import(tmp_path):
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "b.py").write_text("import os\nfrom schema.events import Sample\nimport streamrl.schema\n")
+    assert bare_layer_imports(tmp_path) == ["bench/b.py:2 imports schema.events"]
 
 
 def test_no_module_is_much_over_400_lines():
@@ -71,7 +112,8 @@ def module_imports(repo: Path) -> dict[str, set[str]]:
     modules = {}
     for layer in PROJECT:
         for path in (repo / layer).rglob("*.py"):
-            name = ".".join(path.relative_to(repo).with_suffix("").parts).removesuffix(".__init__")
+            parts = path.relative_to(repo).with_suffix("").parts
+            name = ".".join(parts if parts[0] == "streamrl" else ("streamrl", *parts)).removesuffix(".__init__")
             modules[name] = path
     graph = {}
     for name, path in modules.items():
@@ -123,21 +165,7 @@ def test_no_import_cycle():
 
 def test_the_cycle_check_sees_a_cycle(tmp_path, monkeypatch):
     (tmp_path / "learner").mkdir()
-    (tmp_path / "learner" / "a.py").write_text("from learner.b import f\n")
-    (tmp_path / "learner" / "b.py").write_text("def f():\n    from learner import a\n")
+    (tmp_path / "learner" / "a.py").write_text("from streamrl.learner.b import f\n")
+    (tmp_path / "learner" / "b.py").write_text("def f():\n    from streamrl.learner import a\n")
     monkeypatch.setattr(sys.modules[__name__], "PROJECT", ("learner",))
-    assert import_cycles(module_imports(tmp_path)) == [["learner.a", "learner.b"]]
-
-
-def test_a_project_shadowing_a_layer_name_is_named_before_anything_runs(tmp_path):
-    import os
-    import subprocess
-
-    assert subprocess.run([sys.executable, "-c", "from streamrl.layout import layer_problems; "
-                                                 "assert layer_problems() == []"], cwd=tmp_path).returncode == 0
-    (tmp_path / "schema").mkdir()
-    (tmp_path / "schema" / "__init__.py").write_text("")  # the PyPI project "schema", say
-    result = subprocess.run([sys.executable, "-m", "streamrl.cli", "--version"], cwd=tmp_path, capture_output=True,
-                            text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)})
-    assert result.returncode == 1
-    assert "the package 'schema' resolves to" in result.stderr and "another project named 'schema'" in result.stderr
+    assert import_cycles(module_imports(tmp_path)) == [["streamrl.learner.a", "streamrl.learner.b"]]

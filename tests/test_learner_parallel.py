@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from learner.batching import TrainItem
-from learner.trainers import GRPOTrainer
-from runtime.config import Algorithm as AlgorithmConfig
-from runtime.config import Trainer as TrainerConfig
-from runtime.tiny_lm import build_tiny_model, load
+from streamrl.learner.batching import TrainItem
+from streamrl.learner.trainers import GRPOTrainer
+from streamrl.runtime.config import Algorithm as AlgorithmConfig
+from streamrl.runtime.config import Trainer as TrainerConfig
+from streamrl.runtime.tiny_lm import build_tiny_model, load
 
 REPO = Path(__file__).resolve().parent.parent
 HARNESS = REPO / "tests" / "helpers" / "dist_learner.py"
@@ -84,7 +84,7 @@ def one_step_grads(model_dir, packing: bool, loss_agg_mode: str = "seq-mean-toke
                                         dtype=dtype),
                           AlgorithmConfig(loss_agg_mode=loss_agg_mode))
     if dtype == "bfloat16":
-        from learner.parallel import Placement
+        from streamrl.learner.parallel import Placement
         trainer.placement = Placement(torch.device("cpu"), autocast_dtype=torch.bfloat16)
     trainer.optimizer.step = lambda: None  # keep the weights: compare gradients
     result = trainer.step(items())
@@ -141,8 +141,8 @@ def test_a_model_from_model_init_loads_like_the_built_in_one_and_trains(tmp_path
     """`streamrl model init`: a real architecture (Qwen2-0.5B's layers, heads and widths;
     the vocabulary shrunk to the tokenizer's to keep the test small) loads through the
     learner's own loading code and takes an optimizer step."""
-    from learner.policy import Policy
-    from runtime.config import Recipe
+    from streamrl.learner.policy import Policy
+    from streamrl.runtime.config import Recipe
     from tests.conftest import run_cli
 
     folder = tmp_path / "qwen2-0.5b"

@@ -5,16 +5,16 @@ import numpy as np
 import pytest
 import torch
 
-from learner.batching import TrainItem, collate, micro_batches_by_tokens
-from learner.checkpoint import latest_checkpoint, load_state
-from learner.parallel import Placement
-from learner.snapshots import SnapshotStore, load_snapshot
-from algos.kl import AdaptiveKLController, kl_reward_to_go
-from learner.step_inputs import staleness_split
-from learner.trainers import CrossEntropyTrainer, GRPOTrainer
-from runtime.config import Algorithm as AlgorithmConfig
-from runtime.config import Trainer as TrainerConfig
-from runtime.tiny_lm import build_tiny_model, load
+from streamrl.learner.batching import TrainItem, collate, micro_batches_by_tokens
+from streamrl.learner.checkpoint import latest_checkpoint, load_state
+from streamrl.learner.parallel import Placement
+from streamrl.learner.snapshots import SnapshotStore, load_snapshot
+from streamrl.algos.kl import AdaptiveKLController, kl_reward_to_go
+from streamrl.learner.step_inputs import staleness_split
+from streamrl.learner.trainers import CrossEntropyTrainer, GRPOTrainer
+from streamrl.runtime.config import Algorithm as AlgorithmConfig
+from streamrl.runtime.config import Trainer as TrainerConfig
+from streamrl.runtime.tiny_lm import build_tiny_model, load
 
 
 def item(tokens, mask, advantage=0.0, version=0, logprobs=None):
@@ -46,7 +46,7 @@ def test_staleness_split_drops_samples_beyond_the_threshold():
 
 
 def test_staleness_counts_published_versions_with_sync_every():
-    from runtime.versions import is_version_step, versions_behind
+    from streamrl.runtime.versions import is_version_step, versions_behind
 
     # a version every 3 steps; the learner has trained step 7, so version 6 is its newest
     assert [versions_behind(7, v, 3) for v in (6, 3, 0)] == [0, 1, 2]
@@ -143,8 +143,8 @@ def test_a_snapshot_round_trip_restores_model_optimizer_and_rng(tiny, tmp_path):
 def test_step_buffer_counts_a_group_once_all_its_samples_arrived():
     from kafka import TopicPartition
 
-    from learner.step_inputs import StepBuffer
-    from schema.events import GroupFiltered, Sample
+    from streamrl.learner.step_inputs import StepBuffer
+    from streamrl.schema.events import GroupFiltered, Sample
 
     tp = TopicPartition("t", 0)
     buffer = StepBuffer()
@@ -165,9 +165,9 @@ def test_custom_trainer_prepare_trajectories_with_the_grpo_helper():
     import numpy as np
     import torch
 
-    from learner.batching import TrainItem
-    from learner.trainers import GRPOTrainer, compute_grpo_advantage_for_trajectories
-    from runtime.tiny_lm import build_tokenizer, tiny_config
+    from streamrl.learner.batching import TrainItem
+    from streamrl.learner.trainers import GRPOTrainer, compute_grpo_advantage_for_trajectories
+    from streamrl.runtime.tiny_lm import build_tokenizer, tiny_config
     from transformers import AutoModelForCausalLM
 
     class LengthPenalty(GRPOTrainer):
@@ -204,11 +204,11 @@ def test_weight_versions_are_written_from_a_copy_and_announced_in_order(tiny, tm
     versions come out oldest first, only once written; a failed write raises."""
     import threading
 
-    from learner.checkpoint import write_weight_version
-    from learner.version_writes import VersionWrites, cpu_copy
-    from runtime.tiny_lm import load
+    from streamrl.learner.checkpoint import write_weight_version
+    from streamrl.learner.version_writes import VersionWrites, cpu_copy
+    from streamrl.runtime.tiny_lm import load
 
-    from runtime.folders import directory_sha256
+    from streamrl.runtime.folders import directory_sha256
 
     tokenizer, model = load(tiny)
     writes = VersionWrites()
@@ -243,7 +243,7 @@ def test_weight_versions_are_written_from_a_copy_and_announced_in_order(tiny, tm
 
 
 def test_broadcast_buckets_hold_consecutive_tensors_up_to_the_byte_limit():
-    from learner.weight_broadcast import buckets
+    from streamrl.learner.weight_broadcast import buckets
 
     tensors = [torch.zeros(10), torch.zeros(100), torch.zeros(5), torch.zeros(1)]  # 40, 400, 20, 4 bytes
     assert buckets(tensors, 400) == [1, 1, 2]  # 40 + 400 > 400: the large one starts a bucket of its own

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from kafka import TopicPartition
 
-from consumers.ledger_sink import SINK_GROUP
-from producers.synthetic import SYNTHETIC, synthetic_events
-from schema import codec
-from schema.events import Trajectory, pack_float32, pack_int32, pack_mask
-from schema.topics import run_topics, topic_name
-from runtime.blobs import PostgresBlobStore
-from runtime.bus import EventPublisher, MessageTooLarge, make_consumer
-from runtime.topic_admin import create_run_topics
+from streamrl.consumers.ledger_sink import SINK_GROUP
+from streamrl.producers.synthetic import SYNTHETIC, synthetic_events
+from streamrl.schema import codec
+from streamrl.schema.events import Trajectory, pack_float32, pack_int32, pack_mask
+from streamrl.schema.topics import run_topics, topic_name
+from streamrl.runtime.blobs import PostgresBlobStore
+from streamrl.runtime.bus import EventPublisher, MessageTooLarge, make_consumer
+from streamrl.runtime.topic_admin import create_run_topics
 from tests.conftest import SinkThread, count_rows, start_sink_process, wait_for
 
 TABLES = {"Task": "tasks", "Trajectory": "trajectories", "Evaluation": "evaluations", "Sample": "samples",

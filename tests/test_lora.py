@@ -13,13 +13,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from learner.batching import TrainItem
-from learner.policy import Policy
-from learner.snapshots import bytes_on_disk
-from learner.trainers import GRPOTrainer
-from runtime.config import Recipe
-from runtime.lora import LoraSpec, merged_state_dict, with_lora
-from runtime.tiny_lm import build_tiny_model, load
+from streamrl.learner.batching import TrainItem
+from streamrl.learner.policy import Policy
+from streamrl.learner.snapshots import bytes_on_disk
+from streamrl.learner.trainers import GRPOTrainer
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.lora import LoraSpec, merged_state_dict, with_lora
+from streamrl.runtime.tiny_lm import build_tiny_model, load
 from tests.test_learner_parallel import run_ranks
 
 

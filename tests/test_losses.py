@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from algos.kl import kl_penalty
-from algos.losses import (
+from streamrl.algos.kl import kl_penalty
+from streamrl.algos.losses import (
     aggregate_loss, entropy_from_logits, ppo_clip_token_loss, token_logprobs,
     truncated_importance_weights,
 )
@@ -118,8 +118,8 @@ def test_four_micro_batches_give_the_gradient_of_one_batch(mode):
 
 
 def test_gspo_clips_whole_sequences_by_their_geometric_mean_ratio():
-    from algos.losses import POLICY_LOSSES
-    from runtime.config import Algorithm
+    from streamrl.algos.losses import POLICY_LOSSES
+    from streamrl.runtime.config import Algorithm
 
     config = Algorithm(clip_ratio_low=0.2, clip_ratio_high=0.28, policy_loss="gspo")
     mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
@@ -139,7 +139,7 @@ def test_gspo_clips_whole_sequences_by_their_geometric_mean_ratio():
 
 
 def test_logprobs_and_entropy_from_one_log_softmax_match_the_two_functions():
-    from algos.losses import token_logprobs_and_entropy
+    from streamrl.algos.losses import token_logprobs_and_entropy
 
     torch.manual_seed(0)
     logits, tokens = torch.randn(2, 7, 11), torch.randint(0, 11, (2, 7))

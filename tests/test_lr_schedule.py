@@ -2,7 +2,7 @@
 
 import pytest
 
-from algos.lr_schedule import learning_rate_at
+from streamrl.algos.lr_schedule import learning_rate_at
 
 
 def test_constant_schedule_keeps_the_rate():

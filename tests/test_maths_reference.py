@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from algos.advantages import (
+from streamrl.algos.advantages import (
     advantage_scope, advantages_by_group, get_advantage_estimator, grpo_advantages, returns_to_go, turn_advantages,
 )
-from algos.kl import kl_penalty
-from algos.losses import POLICY_LOSSES, aggregate_loss, ppo_clip_token_loss
-from consumers.processor import group_outcome
-from learner.batching import TrainItem
-from learner.step_inputs import with_batch_advantages
-from schema.events import Evaluation, Trajectory, Turn, pack_float32, pack_int32, pack_mask, unpack_float32
+from streamrl.algos.kl import kl_penalty
+from streamrl.algos.losses import POLICY_LOSSES, aggregate_loss, ppo_clip_token_loss
+from streamrl.consumers.processor import group_outcome
+from streamrl.learner.batching import TrainItem
+from streamrl.learner.step_inputs import with_batch_advantages
+from streamrl.schema.events import Evaluation, Trajectory, Turn, pack_float32, pack_int32, pack_mask, unpack_float32
 
 CLIP = SimpleNamespace(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
 E10 = 22026.465794806718  # e^10

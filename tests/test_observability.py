@@ -23,9 +23,9 @@ import uuid
 
 import pytest
 
-from consumers.tracker import train_step_metrics, validation_metrics
-from runtime.recipe import RecipeError, load_recipe
-from schema.events import Evaluation, TrainStep, unpack_int32, unpack_mask
+from streamrl.consumers.tracker import train_step_metrics, validation_metrics
+from streamrl.runtime.recipe import RecipeError, load_recipe
+from streamrl.schema.events import Evaluation, TrainStep, unpack_int32, unpack_mask
 from tests.conftest import REPO, free_port, run_cli, wait_for
 from tests.helpers.tracker_files import mlflow_metrics, tensorboard_scalars, wandb_offline_history
 from tests.test_rl_loop import RECIPE, small_run_env
@@ -167,7 +167,7 @@ def observed(stack, ui_server, browser, tmp_path_factory):
                             "logger.wandb.tags=[ci]", "--run", run_id, "--out", str(out / "out")], cwd=REPO, env=env,
                            stdout=open(out / "run.log", "wb"), stderr=subprocess.STDOUT)
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    from runtime.db import connect
+    from streamrl.runtime.db import connect
 
     with connect(stack.database_url, autocommit=True) as ledger:
         def steps() -> int:

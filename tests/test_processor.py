@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from consumers.processor import group_outcome
-from schema.events import Evaluation, GroupFiltered, Sample, Trajectory, pack_float32, pack_int32, pack_mask
+from streamrl.consumers.processor import group_outcome
+from streamrl.schema.events import Evaluation, GroupFiltered, Sample, Trajectory, pack_float32, pack_int32, pack_mask
 
 
 def member(i, reward, error=None, version=3):

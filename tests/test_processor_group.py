@@ -12,9 +12,9 @@ import time
 
 import msgspec
 
-from producers.publisher import create_run
-from runtime.bus import EventPublisher
-from runtime.config import Recipe
+from streamrl.producers.publisher import create_run
+from streamrl.runtime.bus import EventPublisher
+from streamrl.runtime.config import Recipe
 from tests.conftest import REPO, SinkThread, count_rows, wait_for
 from tests.test_processor import member
 

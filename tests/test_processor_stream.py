@@ -9,11 +9,11 @@ import time
 
 import msgspec
 
-from consumers.processor import StreamProcessor
-from runtime.bus import EventPublisher, RunReader
-from runtime.topic_admin import create_run_topics
-from runtime.config import Recipe
-from schema.events import GroupFiltered
+from streamrl.consumers.processor import StreamProcessor
+from streamrl.runtime.bus import EventPublisher, RunReader
+from streamrl.runtime.topic_admin import create_run_topics
+from streamrl.runtime.config import Recipe
+from streamrl.schema.events import GroupFiltered
 from tests.test_processor import member
 
 

@@ -6,9 +6,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from runtime.config import Recipe
-from runtime.dataset import DatasetError, epoch_batches, lookup, read_rows, total_train_steps
-from producers.publisher import Pacing, pacing_for, step_tasks, validation_tasks, validation_versions
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.dataset import DatasetError, epoch_batches, lookup, read_rows, total_train_steps
+from streamrl.producers.publisher import Pacing, pacing_for, step_tasks, validation_tasks, validation_versions
 
 
 def test_pacing_keeps_at_most_k_plus_one_steps_in_flight():

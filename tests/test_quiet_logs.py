@@ -11,7 +11,7 @@ import sys, tempfile
 if sys.argv[1] == "as-streamrl":
     import streamrl.cli  # what every StreamRL process imports first
 from transformers import AutoModelForCausalLM
-from runtime.tiny_lm import build_tiny_model
+from streamrl.runtime.tiny_lm import build_tiny_model
 folder = tempfile.mkdtemp()
 build_tiny_model(folder, seed=1)
 AutoModelForCausalLM.from_pretrained(folder).save_pretrained(folder + "/again")

@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from runtime.recipe import RecipeError, load_recipe
+from streamrl.runtime.recipe import RecipeError, load_recipe
 from tests.conftest import REPO, run_cli
 
 
@@ -126,7 +126,7 @@ def test_publish_refuses_recipe_code_that_does_not_load(recipe_tree):
 
 
 def test_a_custom_workers_own_keys_are_allowed_in_its_section(tmp_path):
-    from runtime.recipe import RecipeError, load_recipe
+    from streamrl.runtime.recipe import RecipeError, load_recipe
     (tmp_path / "w.py").write_text("")
     (tmp_path / "r.yaml").write_text(
         "rollout_worker:\n  custom_rollout_worker_module_path: w.py\n  custom_rollout_worker_class_name: W\n"
@@ -140,11 +140,11 @@ def test_a_custom_workers_own_keys_are_allowed_in_its_section(tmp_path):
 
 
 def test_a_worker_that_declares_its_keys_has_the_others_refused(tmp_path):
-    from runtime.recipe import prepare_recipe
+    from streamrl.runtime.recipe import prepare_recipe
     from streamrl.checks import recipe_code_problems
 
     (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
-    (tmp_path / "w.py").write_text("from producers.rollout import BaseRolloutWorker\n\n"
+    (tmp_path / "w.py").write_text("from streamrl.api import BaseRolloutWorker\n\n"
                                    "class W(BaseRolloutWorker):\n    config_keys = ('use_few_shot', 'few_shot')\n")
     (tmp_path / "r.yaml").write_text("data: {data_files: [train.jsonl]}\nrollout_worker:\n"
                                      "  custom_rollout_worker_module_path: w.py:W\n  use_few_shot: true\n"
@@ -155,7 +155,7 @@ def test_a_worker_that_declares_its_keys_has_the_others_refused(tmp_path):
 
 
 def test_a_trainer_that_declares_its_keys_has_the_others_refused(tmp_path):
-    from runtime.recipe import prepare_recipe
+    from streamrl.runtime.recipe import prepare_recipe
     from streamrl.checks import recipe_code_problems
 
     (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n')
@@ -171,9 +171,9 @@ def test_a_trainer_that_declares_its_keys_has_the_others_refused(tmp_path):
 def test_a_trainer_config_remembers_what_the_trainer_read(tmp_path):
     """The config a guide-style trainer is built with (`cls(config)`) records the own
     `algorithm` keys it reads, at any depth of attribute or item access."""
-    from learner.trainer_factory import build_trainer, unread_trainer_keys
-    from runtime.config import Recipe
-    from runtime.tiny_lm import build_tiny_model
+    from streamrl.learner.trainer_factory import build_trainer, unread_trainer_keys
+    from streamrl.runtime.config import Recipe
+    from streamrl.runtime.tiny_lm import build_tiny_model
     from streamrl.api import SelfHostedTrainer
     from transformers import AutoModelForCausalLM
 
@@ -194,7 +194,7 @@ def test_a_trainer_config_remembers_what_the_trainer_read(tmp_path):
 def test_a_worker_config_remembers_what_the_worker_read():
     import copy
 
-    from runtime.config_reads import WorkerConfig, unread_keys
+    from streamrl.runtime.config_reads import WorkerConfig, unread_keys
 
     config = WorkerConfig({"use_few_shot": True, "few_shot": [], "shots": 3, "temperature": 1.0})
     assert config.use_few_shot is True and config.get("shots") == 3 and "few_shot" not in {"x": 1}
@@ -218,7 +218,7 @@ def test_choices_come_from_literals_and_registries_and_guide_keys_are_never_igno
     assert "weight.sync_mode: expected one of sync, batch-async, fully-async, got 'async'" in problems
     # accepted and ignored would be worse
     # a training service for a self-hosted trainer would train nothing there
-    from runtime.recipe import consistency_problems
+    from streamrl.runtime.recipe import consistency_problems
     recipe = load_recipe(write(recipe_tree / "service.yaml", "service: {train_service: {backend: tinker, url: 'http://x'}}"))
     assert ("service.train_service.backend: tinker is for trainer.type remote_api_grpo or remote_api_cross_entropy "
             "(the trainer is grpo)") in consistency_problems(recipe)
@@ -245,7 +245,7 @@ def test_choices_come_from_literals_and_registries_and_guide_keys_are_never_igno
 def test_a_recipes_own_estimator_is_a_valid_algorithm_type(recipe_tree):
     write(recipe_tree / "my_adv.py", """
         import numpy as np
-        from algos.advantages import register_advantage
+        from streamrl.algos.advantages import register_advantage
 
         @register_advantage("centered_sign")
         def centered_sign(rewards):
@@ -261,7 +261,7 @@ def test_a_recipes_own_estimator_is_a_valid_algorithm_type(recipe_tree):
 
 
 def test_the_typed_recipe_round_trips_through_its_recorded_form(recipe_tree):
-    from runtime.config import Recipe
+    from streamrl.runtime.config import Recipe
 
     recipe = load_recipe(write(recipe_tree / "rt.yaml", "defaults: [common/base]\ndata: {data_files: [train.jsonl]}\n"))
     assert isinstance(recipe, Recipe) and recipe.algorithm.type == "rloo" and recipe.trainer.lr == 1.0e-4
@@ -275,7 +275,7 @@ def test_the_typed_recipe_round_trips_through_its_recorded_form(recipe_tree):
 
 
 def test_a_recorded_config_this_version_cannot_hold_names_its_keys():
-    from runtime.config import ConfigError, Recipe
+    from streamrl.runtime.config import ConfigError, Recipe
 
     with pytest.raises(ConfigError, match=r"unknown keys trainer\.old_knob, trainer\.older_knob"):
         Recipe.from_dict({"trainer": {"old_knob": 1, "older_knob": 2, "lr": 0.1}})
@@ -292,7 +292,7 @@ def test_a_recorded_config_this_version_cannot_hold_names_its_keys():
     ("{type: grpo, credit_assignment: turn}", "algorithm.credit_assignment: turn acts on multi-turn episodes"),
 ])
 def test_the_maths_keys_are_refused_where_nothing_reads_them(recipe_tree, algorithm, problem):
-    from runtime.recipe import prepare_recipe
+    from streamrl.runtime.recipe import prepare_recipe
     from streamrl.checks import recipe_code_problems
 
     path = write(recipe_tree / "maths.yaml", f"data: {{data_files: [train.jsonl]}}\nalgorithm: {algorithm}\n")
@@ -304,7 +304,7 @@ def test_the_maths_keys_are_refused_where_nothing_reads_them(recipe_tree, algori
 
 
 def test_dr_grpos_constant_defaults_to_the_generation_budget_and_is_recorded(recipe_tree):
-    from runtime.recipe import prepare_recipe
+    from streamrl.runtime.recipe import prepare_recipe
     from streamrl.checks import recipe_code_problems
 
     path = write(recipe_tree / "norm.yaml", """
@@ -319,7 +319,7 @@ def test_dr_grpos_constant_defaults_to_the_generation_budget_and_is_recorded(rec
 
 
 def test_turn_credit_is_refused_with_a_trainer_that_recomputes_episode_advantages():
-    from runtime.config import Recipe
+    from streamrl.runtime.config import Recipe
     from streamrl.checks import estimator_problems
 
     recipe = Recipe()

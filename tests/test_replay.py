@@ -175,7 +175,7 @@ def test_show_tells_the_story(source_run, tmp_path):
 def test_rescore_re_evaluates_recorded_trajectories(source_run, ledger, tmp_path):
     evaluator = tmp_path / "sevens.py"
     evaluator.write_text(
-        "from producers.evaluator import EvaluationRunResult, Evaluator\n\n"
+        "from streamrl.api import EvaluationRunResult, Evaluator\n\n"
         "class Sevens(Evaluator):\n"
         "    def evaluate(self, data, evaluation_target):\n"
         "        return EvaluationRunResult(reward=float(evaluation_target.final_answer.strip() == '7'),\n"
@@ -196,8 +196,8 @@ def test_rescore_re_evaluates_recorded_trajectories(source_run, ledger, tmp_path
 
 
 def test_rescore_takes_the_same_evaluator_specs_as_a_recipe():
-    from producers.evaluator_builtins import ExactMatch
-    from producers.replay import ReplayError, make_rescorer
+    from streamrl.producers.evaluator_builtins import ExactMatch
+    from streamrl.producers.replay import ReplayError, make_rescorer
 
     assert isinstance(make_rescorer("builtin:exact_match"), ExactMatch)
     with pytest.raises(ReplayError, match="--rescore: .*no built-in evaluator 'nope'"):

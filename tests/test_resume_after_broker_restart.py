@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 
-from runtime import services
+from streamrl.runtime import services
 from tests.conftest import REPO, command_lines, run_cli, wait_for
 from tests.test_rl_loop import assert_ledger_consistent, scalar, small_run_env
 

@@ -106,7 +106,7 @@ def ledger_counts(conn, run_id: str) -> dict[str, int]:
 def test_a_weight_version_every_three_steps(stack, ledger, run_id, tmp_path):
     """weight.sync_every 3: versions 0, 3, 6, 9 only; the rollouts' staleness counted in
     published versions (fully-async, staleness_threshold 1); validation every version."""
-    from runtime.versions import versions_behind
+    from streamrl.runtime.versions import versions_behind
 
     env = small_run_env(ARITH_STEPS="9", ARITH_VALIDATE_EVERY="1")
     result = run_cli("run", RECIPE, "weight.sync_every=3", "--run", run_id, "--out", str(tmp_path), env=env,
@@ -137,7 +137,7 @@ def test_the_guides_launch_form_without_r_prints_what_would_run_and_starts_nothi
 def test_without_a_warm_up_version_0_is_the_model_folder_announced_once(stack, ledger, run_id, tmp_path):
     """No warm-up: version 0 is the model folder itself, announced before the learner
     imports torch (learner/first_version.py), and the learner does not announce it again."""
-    from runtime.folders import directory_sha256
+    from streamrl.runtime.folders import directory_sha256
 
     env = small_run_env(ARITH_STEPS="3", ARITH_WARMUP_STEPS="0", ARITH_VALIDATE_EVERY="3")
     # an untrained model: every group may score alike, so none is filtered, to train something

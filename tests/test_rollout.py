@@ -3,15 +3,15 @@
 import numpy as np
 import pytest
 
-from producers.evaluator import ExactMatchEvaluator
-from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
-from producers.rollout import (
+from streamrl.producers.evaluator import ExactMatchEvaluator
+from streamrl.producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
+from streamrl.producers.rollout import (
     BaseRolloutWorker, InferenceClient, SingleTurnWorker, Trajectory,
 )
-from schema.events import Evaluation, Task, unpack_float32, unpack_int32, unpack_mask
-from schema.events import Trajectory as TrajectoryEvent
-from runtime.chat_template import encode
-from runtime.tiny_lm import build_tiny_model
+from streamrl.schema.events import Evaluation, Task, unpack_float32, unpack_int32, unpack_mask
+from streamrl.schema.events import Trajectory as TrajectoryEvent
+from streamrl.runtime.chat_template import encode
+from streamrl.runtime.tiny_lm import build_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 
-from producers.evaluator import Evaluator
-from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
-from producers.rollout import InferenceClient
-from producers.worker_loop import make_evaluator, worker_class
-from schema.events import Task, unpack_mask
+from streamrl.producers.evaluator import Evaluator
+from streamrl.producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
+from streamrl.producers.rollout import InferenceClient
+from streamrl.producers.worker_loop import make_evaluator, worker_class
+from streamrl.schema.events import Task, unpack_mask
 from streamrl.checks import recipe_code_problems
-from runtime.recipe import prepare_recipe
+from streamrl.runtime.recipe import prepare_recipe
 from tests.conftest import run_cli
 
 

@@ -19,16 +19,16 @@ import pytest
 import torch
 from omegaconf import DictConfig
 
-from learner.batching import TrainItem
-from learner.remote_trainers import trainer_class
-from learner.trainer_factory import build_trainer
-from producers.evaluator import BaseEvaluationTarget, ExactMatchEvaluator
-from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
-from producers.rollout import InferenceClient, SingleTurnWorker, make_worker
-from runtime.config import Recipe
-from runtime.recipe import load_recipe
-from runtime.tiny_lm import build_tiny_model
-from schema.events import Task, unpack_mask
+from streamrl.learner.batching import TrainItem
+from streamrl.learner.remote_trainers import trainer_class
+from streamrl.learner.trainer_factory import build_trainer
+from streamrl.producers.evaluator import BaseEvaluationTarget, ExactMatchEvaluator
+from streamrl.producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
+from streamrl.producers.rollout import InferenceClient, SingleTurnWorker, make_worker
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.recipe import load_recipe
+from streamrl.runtime.tiny_lm import build_tiny_model
+from streamrl.schema.events import Task, unpack_mask
 from streamrl.api import Batch, RemoteApiTrainer, SelfHostedTrainer
 from tests.conftest import REPO, run_cli
 from tests.seed_examples.listings import (
@@ -232,8 +232,8 @@ def test_llm_judge_listing(sglang_python, tmp_path, monkeypatch):
     """001_08 as printed, against an OpenAI-compatible server: SGLang serving a small model
     taught to answer "0.5", reached through the openai client's own settings
     (OPENAI_BASE_URL, OPENAI_API_KEY). The judge's number is the reward."""
-    from producers.sglang_server import ManagedServer
-    from runtime.model_init import init_model
+    from streamrl.producers.sglang_server import ManagedServer
+    from streamrl.runtime.model_init import init_model
     from tests.helpers.fine_tune import fine_tune
     from tests.seed_examples.listings import s001_08
 
@@ -254,7 +254,7 @@ def test_llm_judge_listing(sglang_python, tmp_path, monkeypatch):
 def test_data_listings(tmp_path, monkeypatch, capsys):
     """The recipe chapter's data preparation writes train.parquet; its validate_data accepts
     it; StreamRL's data.type parquet reads the same rows."""
-    from runtime.dataset import read_rows
+    from streamrl.runtime.dataset import read_rows
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(LISTINGS / "s002_05.py"))
     s002_06.validate_data("train.parquet")
@@ -475,7 +475,7 @@ def test_the_guides_full_configuration_example_names_every_key_it_cannot_honour(
 
 
 def test_a_prompt_longer_than_max_prompt_length_fails_its_rollout(client):
-    from producers.rollout import SingleTurnWorker
+    from streamrl.producers.rollout import SingleTurnWorker
     short = InferenceClient(client._engine, SamplingParams(max_new_tokens=2), max_prompt_tokens=2)
     _, trajectory, evaluation = roll(SingleTurnWorker, short)
     assert "more than max_prompt_length (2)" in trajectory.error and evaluation.reward == 0.0

@@ -15,8 +15,8 @@ import pytest
 import zstandard
 from tinker.proto import tinker_public_pb2 as pb
 
-from runtime.tiny_lm import build_tiny_model
-from runtime import db
+from streamrl.runtime.tiny_lm import build_tiny_model
+from streamrl.runtime import db
 from tests.conftest import fresh_database, free_port, run_cli, start_serve_training
 from tests.test_rl_loop import scalar
 
@@ -159,7 +159,7 @@ def test_nul_characters_and_unstorable_values_are_400s_not_500s(service, key, mo
 
 def test_sample_requests_are_taken_in_turns_of_their_keys():
     """One key's queue of sample requests does not hold another key's back."""
-    from training_service.executor import interleaved_by_key
+    from streamrl.training_service.executor import interleaved_by_key
 
     rows = [{"request_id": f"sample-key-{key}-{i:032x}"} for key, i in
             (("aa11", 1), ("aa11", 2), ("aa11", 3), ("bb22", 4), ("aa11", 5), ("cc33", 6))]

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from runtime import db
+from streamrl.runtime import db
 from tests.conftest import free_port, run_cli
 
 EXTERNAL_URL = os.environ.get("STREAMRL_TEST_EXTERNAL_DATABASE_URL")
@@ -18,7 +18,7 @@ def head_revision() -> str:
     """The newest migration in migrations/versions (what `up` must migrate to)."""
     from alembic.script import ScriptDirectory
 
-    from runtime.db import alembic_config
+    from streamrl.runtime.db import alembic_config
 
     return ScriptDirectory.from_config(alembic_config("postgresql://unused/db")).get_current_head()
 
@@ -67,8 +67,8 @@ def test_external_postgres_by_url(stack, external_database, tmp_path, run_id):
     status = run_cli("status", env=env, check=True)
     assert status.stdout.count("external") == 2
     # The sink writes into the external database.
-    from producers.synthetic import synthetic_events
-    from runtime.topic_admin import create_run_topics
+    from streamrl.producers.synthetic import synthetic_events
+    from streamrl.runtime.topic_admin import create_run_topics
     from tests.test_ledger_sink import publish
 
     create_run_topics(stack, run_id)
@@ -107,13 +107,13 @@ def test_migrations_match_the_models(stack):
     ("postgresql+psycopg://app@db.example/ledger", "postgresql+psycopg://app@db.example/ledger"),
 ])
 def test_redact_hides_only_the_password(url, shown):
-    from runtime.services import redact
+    from streamrl.runtime.services import redact
 
     assert redact(url) == shown
 
 
 def test_backoff_doubles_with_jitter_and_stops_at_its_maximum():
-    from runtime.backoff import backoff_delay
+    from streamrl.runtime.backoff import backoff_delay
 
     # attempt n: initial * 2^(n - 1), plus up to `initial` of jitter, capped
     for attempt, low in ((1, 0.5), (2, 1.0), (3, 2.0)):

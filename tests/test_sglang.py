@@ -23,11 +23,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from algos.losses import token_logprobs_and_entropy
-from producers.inference import InferenceUnavailable, SamplingParams
-from producers.openai_engine import OpenAIEngine
-from producers.sglang_engine import SGLangEngine, Server
-from producers.sglang_server import InferenceServerError, ManagedServer
+from streamrl.algos.losses import token_logprobs_and_entropy
+from streamrl.producers.inference import InferenceUnavailable, SamplingParams
+from streamrl.producers.openai_engine import OpenAIEngine
+from streamrl.producers.sglang_engine import SGLangEngine, Server
+from streamrl.producers.sglang_server import InferenceServerError, ManagedServer
 from tests.conftest import REPO, run_cli, wait_for
 from tests.test_rl_loop import assert_ledger_consistent, scalar
 
@@ -68,10 +68,10 @@ def test_a_merged_lora_version_serves_the_learners_logprobs(sglang_python, model
     the tolerance of the test below."""
     import numpy as np
 
-    from learner.batching import TrainItem
-    from learner.policy import Policy
-    from learner.trainers import GRPOTrainer
-    from runtime.config import Recipe
+    from streamrl.learner.batching import TrainItem
+    from streamrl.learner.policy import Policy
+    from streamrl.learner.trainers import GRPOTrainer
+    from streamrl.runtime.config import Recipe
 
     recipe = Recipe.from_dict({"rollout_worker": {"model_path": str(model_dir)},
                                "trainer": {"lr": 1e-2, "micro_batch_tokens": 64, "device": "cpu",

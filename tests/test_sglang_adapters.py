@@ -10,12 +10,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from producers.inference import SamplingParams
-from producers.sglang_adapters import lora_server_args
-from producers.sglang_engine import SGLangEngine, Server
-from producers.sglang_server import ManagedServer
-from runtime.config import Lora
-from runtime.lora import LoraSpec, with_lora, write_adapter_folder
+from streamrl.producers.inference import SamplingParams
+from streamrl.producers.sglang_adapters import lora_server_args
+from streamrl.producers.sglang_engine import SGLangEngine, Server
+from streamrl.producers.sglang_server import ManagedServer
+from streamrl.runtime.config import Lora
+from streamrl.runtime.lora import LoraSpec, with_lora, write_adapter_folder
 from tests.conftest import REPO, run_cli
 from tests.test_rl_loop import assert_ledger_consistent
 from tests.test_weight_broadcast import scored

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from learner.batching import TrainItem, collate
-from learner.shared_prefix import plan_prefixes
-from learner.trainers import GRPOTrainer
-from runtime.config import Algorithm as AlgorithmConfig
-from runtime.config import KlControl
-from runtime.config import Recipe
-from runtime.config import Trainer as TrainerConfig
-from runtime.inert_keys import inert_key_problems
-from runtime.tiny_lm import build_tiny_model, load
+from streamrl.learner.batching import TrainItem, collate
+from streamrl.learner.shared_prefix import plan_prefixes
+from streamrl.learner.trainers import GRPOTrainer
+from streamrl.runtime.config import Algorithm as AlgorithmConfig
+from streamrl.runtime.config import KlControl
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.config import Trainer as TrainerConfig
+from streamrl.runtime.inert_keys import inert_key_problems
+from streamrl.runtime.tiny_lm import build_tiny_model, load
 
 
 @pytest.fixture(scope="module")

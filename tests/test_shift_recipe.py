@@ -7,9 +7,9 @@ import statistics
 
 import pytest
 
-from recipes.shift.data import shift_text, split_rows
-from recipes.shift.evaluator import ShiftEvaluator, letters_right
-from producers.evaluator import BaseEvaluationTarget, run_evaluator
+from streamrl.recipes.shift.data import shift_text, split_rows
+from streamrl.recipes.shift.evaluator import ShiftEvaluator, letters_right
+from streamrl.producers.evaluator import BaseEvaluationTarget, run_evaluator
 from tests.conftest import REPO, run_cli
 
 RECIPE = str(REPO / "recipes" / "shift" / "recipe.yaml")

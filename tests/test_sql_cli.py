@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from producers.synthetic import synthetic_events
-from runtime.topic_admin import create_run_topics
+from streamrl.producers.synthetic import synthetic_events
+from streamrl.runtime.topic_admin import create_run_topics
 from tests.conftest import REPO, SinkThread, count_rows, run_cli, wait_for
 from tests.test_ledger_sink import publish
 

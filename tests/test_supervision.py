@@ -17,11 +17,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from producers.publisher import create_run
-from runtime import services
-from runtime.bus import EventPublisher
-from runtime.config import Recipe
-from runtime.settings import Settings
+from streamrl.producers.publisher import create_run
+from streamrl.runtime import services
+from streamrl.runtime.bus import EventPublisher
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.settings import Settings
 from streamrl.orchestrate import child_env
 from streamrl.supervise import RestartPolicy, RunFailed, Supervisor
 from tests.conftest import REPO, free_port, wait_for

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from runtime.recipe import prepare_recipe
-from runtime.settings import SettingsError
-from runtime.threads import learner_threads, usable_cores, worker_threads
+from streamrl.runtime.recipe import prepare_recipe
+from streamrl.runtime.settings import SettingsError
+from streamrl.runtime.threads import learner_threads, usable_cores, worker_threads
 from tests.conftest import REPO
 
 RECIPE = REPO / "recipes" / "arith" / "recipe.yaml"
@@ -40,17 +40,17 @@ def test_asynchronous_modes_split_the_cores_between_every_computing_process():
 
 
 def test_workers_that_sample_on_a_server_elsewhere_leave_the_cores_to_the_learner(monkeypatch):
-    import runtime.threads
+    import streamrl.runtime.threads
 
     recipe = recipe_with("fully-async", workers=2, backend="sglang")
     external = dataclasses.replace(recipe, service=dataclasses.replace(recipe.service, inference_service=dataclasses.replace(
         recipe.service.inference_service, url="http://127.0.0.1:30000")))
     assert learner_threads(external, cores=8) == 8
     # managed servers on a CPU-only machine sample beside the learner: one share each
-    monkeypatch.setattr(runtime.threads, "cuda_present", lambda: False)
+    monkeypatch.setattr(streamrl.runtime.threads, "cuda_present", lambda: False)
     assert learner_threads(recipe, cores=8) == 2  # 8 // (1 learner + 2 servers)
     assert learner_threads(recipe_with("sync", workers=2, backend="sglang"), cores=8) == 8  # they take turns
-    monkeypatch.setattr(runtime.threads, "cuda_present", lambda: True)
+    monkeypatch.setattr(streamrl.runtime.threads, "cuda_present", lambda: True)
     assert learner_threads(recipe, cores=8) == 8  # the servers sample on the GPUs
 
 

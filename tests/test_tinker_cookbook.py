@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.model_init import init_model
-from runtime import db
+from streamrl.runtime.model_init import init_model
+from streamrl.runtime import db
 from tests.conftest import free_port, fresh_database, required_environment, run_cli, start_serve_training
 from tests.helpers.fine_tune import warm_up, write_datasets
 from tests.test_rl_loop import scalar

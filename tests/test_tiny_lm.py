@@ -5,8 +5,8 @@ import hashlib
 import pytest
 import torch
 
-from recipes.arith.data import arith_row, split_rows, write_jsonl
-from runtime.tiny_lm import build_tiny_model, load
+from streamrl.recipes.arith.data import arith_row, split_rows, write_jsonl
+from streamrl.runtime.tiny_lm import build_tiny_model, load
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +71,8 @@ def test_every_byte_of_every_built_in_recipes_texts_survives_encode_and_decode()
     models' tokenizers: nothing unknown, no whitespace lost."""
     from transformers import AutoTokenizer
 
-    from runtime.recipe import prepare_recipe
-    from runtime.dataset import read_rows
+    from streamrl.runtime.recipe import prepare_recipe
+    from streamrl.runtime.dataset import read_rows
     from tests.conftest import REPO
 
     for recipe_file in ("arith/recipe.yaml", "kv_agent/recipe.yaml", "byo_math/recipe.yaml"):
@@ -99,7 +99,7 @@ def test_a_generated_model_of_an_older_version_is_rebuilt(tmp_path):
     import subprocess
     import sys
 
-    from runtime.builtin_families import BUILTIN_MODEL_VERSION, STAMP_FILE
+    from streamrl.runtime.builtin_families import BUILTIN_MODEL_VERSION, STAMP_FILE
     from tests.conftest import REPO
 
     shutil.copy(REPO / "recipes" / "byo_math" / "setup.py", tmp_path / "setup.py")

@@ -8,11 +8,11 @@ from __future__ import annotations
 import os
 import re
 
-from producers.synthetic import synthetic_events
-from runtime.bus import EventPublisher
-from runtime.topic_admin import create_run_topics
-from runtime.services import broker_memory_bytes
-from schema.topics import run_topics
+from streamrl.producers.synthetic import synthetic_events
+from streamrl.runtime.bus import EventPublisher
+from streamrl.runtime.topic_admin import create_run_topics
+from streamrl.runtime.services import broker_memory_bytes
+from streamrl.schema.topics import run_topics
 from tests.conftest import SinkThread, broker_topics, count_rows, run_cli, wait_for
 
 
@@ -52,8 +52,8 @@ def test_retention_ms_goes_to_an_external_kafka_and_is_refused_by_the_embedded_b
 
     import pytest
 
-    from runtime.service_config import Broker
-    from runtime.topic_retention import topic_configs
+    from streamrl.runtime.service_config import Broker
+    from streamrl.runtime.topic_retention import topic_configs
 
     assert topic_configs(Broker(), stack) == {}
     external = dataclasses.replace(stack, kafka_bootstrap_env="kafka-0:9092")
@@ -77,7 +77,7 @@ def test_a_long_run_with_a_small_window_keeps_a_bounded_set_of_topics(stack, led
     import sys
     import time
 
-    from schema.topics import topic_window
+    from streamrl.schema.topics import topic_window
     from tests.conftest import REPO
     from tests.test_rl_loop import RECIPE, assert_ledger_consistent, small_run_env
 

@@ -1,7 +1,7 @@
 import pytest
 
-from schema.events import Evaluation, TrainStep
-from schema.topics import TopicNameError, event_key, parse_topic, run_topics, topic_name
+from streamrl.schema.events import Evaluation, TrainStep
+from streamrl.schema.topics import TopicNameError, event_key, parse_topic, run_topics, topic_name
 
 
 def test_topic_names_round_trip():
@@ -31,8 +31,8 @@ def test_group_events_share_a_key_and_run_events_use_the_run():
 
 
 def test_a_rotating_runs_events_go_to_the_window_of_their_step():
-    from schema.events import Sample, WeightVersion
-    from schema.topics import set_window_steps, topic_for, topic_window, window_topic
+    from streamrl.schema.events import Sample, WeightVersion
+    from streamrl.schema.topics import set_window_steps, topic_for, topic_window, window_topic
 
     set_window_steps("rot", 5)
     try:
@@ -55,8 +55,8 @@ def test_a_rotating_runs_events_go_to_the_window_of_their_step():
 def test_readers_hold_the_newest_four_windows_and_the_learner_those_it_has_not_trained():
     import re
 
-    from learner.recorded_steps import holds_untrained
-    from schema.topics import run_pattern, windows_to_hold
+    from streamrl.learner.recorded_steps import holds_untrained
+    from streamrl.schema.topics import run_pattern, windows_to_hold
 
     listed = ["streamrl.r.samples", "streamrl.r2.samples.w000009", "streamrl.r.tasks.w000009",
               *[f"streamrl.r.samples.w{w:06d}" for w in range(8)]]
@@ -69,7 +69,7 @@ def test_readers_hold_the_newest_four_windows_and_the_learner_those_it_has_not_t
 
 
 def test_a_window_closes_when_the_snapshot_and_every_readers_hold_are_past_it():
-    from runtime.topic_windows import window_closed
+    from streamrl.runtime.topic_windows import window_closed
 
     seen = {0, 1, 2, 3, 4}
     assert window_closed(0, 5, snapshot=4, windows_seen=seen)  # steps 0-4, window 4 made
@@ -79,7 +79,7 @@ def test_a_window_closes_when_the_snapshot_and_every_readers_hold_are_past_it():
 
 
 def test_a_window_shorter_than_the_rollouts_lead_is_refused():
-    from runtime.service_config import Broker, window_problems
+    from streamrl.runtime.service_config import Broker, window_problems
 
     assert window_problems(Broker(window_steps=3), staleness=1) == []
     problems = window_problems(Broker(window_steps=2), staleness=1)

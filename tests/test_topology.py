@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from schema.events import EVENT_TYPES, DeadLetter, Sample, Trajectory
-from schema.topics import KINDS
-from schema.topology import STAGE_FOLDERS, TOPOLOGY, TopologyError, check_reads, check_writes, render_table
+from streamrl.schema.events import EVENT_TYPES, DeadLetter, Sample, Trajectory
+from streamrl.schema.topics import KINDS
+from streamrl.schema.topology import STAGE_FOLDERS, TOPOLOGY, TopologyError, check_reads, check_writes, render_table
 
 REPO = Path(__file__).resolve().parent.parent
 CODE_FOLDERS = ("producers", "consumers", "learner", "training_service", "streamrl", "runtime")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.tiny_lm import build_tiny_model
+from streamrl.runtime.tiny_lm import build_tiny_model
 from tests.conftest import REPO, free_port, run_cli
 from tests.test_rl_loop import assert_ledger_consistent, scalar, small_run_env
 
@@ -92,7 +92,7 @@ def test_the_tinker_client_trains_samples_and_gets_streamrls_losses(stack, model
     from tinker import types
     from transformers import AutoModelForCausalLM
 
-    from algos.losses import clamped_ratio, token_logprobs
+    from streamrl.algos.losses import clamped_ratio, token_logprobs
 
     client = tinker_clients(URL, api_key)
     trainer = client.create_lora_training_client(base_model="tiny", rank=4).result()

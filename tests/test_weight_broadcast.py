@@ -12,11 +12,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from algos.losses import token_logprobs_and_entropy
-from learner.checkpoint import write_weight_version
-from learner.weight_broadcast import WeightBroadcaster
-from producers.inference import SamplingParams
-from producers.sglang_engine import SGLangEngine, Server
+from streamrl.algos.losses import token_logprobs_and_entropy
+from streamrl.learner.checkpoint import write_weight_version
+from streamrl.learner.weight_broadcast import WeightBroadcaster
+from streamrl.producers.inference import SamplingParams
+from streamrl.producers.sglang_engine import SGLangEngine, Server
 from tests.conftest import REPO, run_cli
 from tests.test_rl_loop import assert_ledger_consistent
 

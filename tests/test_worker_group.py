@@ -12,9 +12,9 @@ import signal
 import subprocess
 import sys
 
-from producers.publisher import create_run
-from runtime.bus import EventPublisher
-from runtime.recipe import prepare_recipe
+from streamrl.producers.publisher import create_run
+from streamrl.runtime.bus import EventPublisher
+from streamrl.runtime.recipe import prepare_recipe
 from tests.conftest import REPO, command_lines, run_cli, wait_for
 from tests.test_rl_loop import RECIPE, assert_ledger_consistent, scalar, small_run_env
 

@@ -11,13 +11,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from producers.evaluator import ExactMatchEvaluator
-from producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
-from producers.rollout import InferenceClient
-from recipes.patterns import workers
-from schema.events import Task, unpack_float32, unpack_int32, unpack_mask
-from runtime.chat_template import encode
-from runtime.tiny_lm import build_tiny_model
+from streamrl.producers.evaluator import ExactMatchEvaluator
+from streamrl.producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
+from streamrl.producers.rollout import InferenceClient
+from streamrl.recipes.patterns import workers
+from streamrl.schema.events import Task, unpack_float32, unpack_int32, unpack_mask
+from streamrl.runtime.chat_template import encode
+from streamrl.runtime.tiny_lm import build_tiny_model
 
 
 def chatml_user(client, text: str) -> list[int]:

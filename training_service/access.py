@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 import pydantic
 from fastapi import Header, HTTPException, Request
 
-from training_service.executor import Executor
-from training_service.limits import ServiceLimits
-from training_service.store import ServiceStore
+from streamrl.training_service.executor import Executor
+from streamrl.training_service.limits import ServiceLimits
+from streamrl.training_service.store import ServiceStore
 
 KEY_RECHECK_S = 5.0
 

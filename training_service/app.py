@@ -15,12 +15,12 @@ import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from training_service.access import Access, Service
-from training_service.executor import Executor
-from training_service.limits import BodyLimit, ServiceLimits
-from training_service.routes import router, streamrl_router
-from training_service.store import ServiceStore
-from training_service.wire import WireError
+from streamrl.training_service.access import Access, Service
+from streamrl.training_service.executor import Executor
+from streamrl.training_service.limits import BodyLimit, ServiceLimits
+from streamrl.training_service.routes import router, streamrl_router
+from streamrl.training_service.store import ServiceStore
+from streamrl.training_service.wire import WireError
 
 
 def build_app(store: ServiceStore, executor: Executor, limits: ServiceLimits | None = None) -> FastAPI:

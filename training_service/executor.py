@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from training_service.names import CHECKPOINT_NAME
-from training_service.model import TrainableModel
-from training_service.sampler import Sampler
-from training_service.store import ServiceStore
-from training_service.wire import WireError, decode_forward_backward, encode_forward_backward_output, encode_sample_response
+from streamrl.training_service.names import CHECKPOINT_NAME
+from streamrl.training_service.model import TrainableModel
+from streamrl.training_service.sampler import Sampler
+from streamrl.training_service.store import ServiceStore
+from streamrl.training_service.wire import WireError, decode_forward_backward, encode_forward_backward_output, encode_sample_response
 
 log = logging.getLogger("streamrl.serve_training")
 TRAINING_KINDS = ("create_model", "load_weights", "forward_backward", "optim_step", "save_weights",

@@ -17,10 +17,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from algos.service_losses import SERVICE_LOSSES
-from runtime.folders import write_folder
-from runtime.lora import LoraSpec, base_of, lora_targets, merged_state_dict, with_lora
-from training_service.wire import ForwardBackward
+from streamrl.algos.service_losses import SERVICE_LOSSES
+from streamrl.runtime.folders import write_folder
+from streamrl.runtime.lora import LoraSpec, base_of, lora_targets, merged_state_dict, with_lora
+from streamrl.training_service.wire import ForwardBackward
 
 MICRO_BATCH_TOKENS = 16384  # padded tokens per forward pass
 class TrainableModel:

@@ -16,10 +16,10 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 from tinker import types
 
-from training_service.access import Service, caller, parse, service_of
-from training_service.limits import too_large
-from training_service.names import checkpoint_name
-from training_service.wire import PROTO_CONTENT_TYPE, decode_forward_backward, plain_body
+from streamrl.training_service.access import Service, caller, parse, service_of
+from streamrl.training_service.limits import too_large
+from streamrl.training_service.names import checkpoint_name
+from streamrl.training_service.wire import PROTO_CONTENT_TYPE, decode_forward_backward, plain_body
 
 LONG_POLL_S = 10.0
 # Feature flags the client asks for first: API keys, not JWT exchange; httpx's own transport.

@@ -13,7 +13,7 @@ from collections import OrderedDict
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from algos.sampling import decode
+from streamrl.algos.sampling import decode
 
 
 class Sampler:

@@ -11,8 +11,8 @@ import secrets
 from sqlalchemy import and_, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from runtime.db import engine
-from schema.service import (
+from streamrl.runtime.db import engine
+from streamrl.schema.service import (
     service_api_keys, service_checkpoints, service_models, service_requests, service_sessions,
 )
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
-from algos.service_losses import REQUIRED_INPUTS, SERVICE_LOSSES
-from training_service.limits import ServiceLimits, decompress_capped, too_large
+from streamrl.algos.service_losses import REQUIRED_INPUTS, SERVICE_LOSSES
+from streamrl.training_service.limits import ServiceLimits, decompress_capped, too_large
 
 PROTO_CONTENT_TYPE = "application/x-protobuf"
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}

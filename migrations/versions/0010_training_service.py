@@ -6,7 +6,7 @@ Revises: 0009
 """
 from alembic import op
 
-from schema.service import service_metadata
+from streamrl.schema.service import service_metadata
 
 revision = '0010'
 down_revision = '0009'

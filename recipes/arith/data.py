@@ -58,12 +58,12 @@ def write_generated(out: Path, settings: dict, make_rows) -> None:
     """A built-in recipe's generated folder: train.jsonl and val.jsonl from
     `make_rows()`, a tiny model seeded with settings["seed"], and the settings that made
     them. Nothing is rewritten when the folder was made with the same settings."""
-    from runtime.builtin_families import generated_is_current
+    from streamrl.api import generated_is_current
 
     if generated_is_current(out, settings):
         return
     # torch and transformers only when there is a model to build: a run starts with a set-up script
-    from runtime.tiny_lm import build_tiny_model
+    from streamrl.api import build_tiny_model
 
     train, val = make_rows()
     write_jsonl(train, out / "train.jsonl")

@@ -4,7 +4,7 @@ Also reports whether the answer was well-formed (digits only), so a run can tell
 model that answers wrongly from one that has not learned the format.
 """
 
-from producers.evaluator import EvaluationRunResult, Evaluator
+from streamrl.api import EvaluationRunResult, Evaluator
 
 
 class ArithEvaluator(Evaluator):

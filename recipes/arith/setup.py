@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent.parent))  # run as a script from the recipe's folder
 
-from recipes.arith.data import split_rows, write_generated  # noqa: E402
+from streamrl.recipes.arith.data import split_rows, write_generated  # noqa: E402
 
 
 def main() -> None:

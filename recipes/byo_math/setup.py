@@ -23,9 +23,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent.parent))  # run as a script from the recipe's folder
 
-from runtime.builtin_families import generated_is_current  # noqa: E402
+from streamrl.api import generated_is_current  # noqa: E402
 
 SYSTEM = "Answer with the number only."
 
@@ -45,7 +44,7 @@ def main() -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from runtime.model_init import init_model  # torch only when there is a model to build
+    from streamrl.runtime.model_init import init_model  # torch only when there is a model to build
 
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(settings["seed"])

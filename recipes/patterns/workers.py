@@ -21,9 +21,9 @@ import re
 import urllib.parse
 import urllib.request
 
-from producers.evaluator import BaseEvaluationTarget, run_evaluator
-from producers.evaluator_builtins import make_evaluator
-from producers.rollout import BaseRolloutWorker, Trajectory, token_loss_mask
+from streamrl.api import BaseEvaluationTarget, run_evaluator
+from streamrl.api import make_evaluator
+from streamrl.api import BaseRolloutWorker, Trajectory, token_loss_mask
 
 
 def _trajectory(result: dict, reward: float, task: dict, mask: list[int] | None = None, **extra) -> Trajectory:

@@ -8,7 +8,7 @@ training and would give most groups no signal. `accuracy` (exact match) is repor
 beside it and is what held-out accuracy means for this recipe.
 """
 
-from producers.evaluator import EvaluationRunResult, Evaluator
+from streamrl.api import EvaluationRunResult, Evaluator
 
 
 def letters_right(output: str, truth: str) -> float:

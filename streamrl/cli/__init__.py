@@ -16,12 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-from streamrl.layout import layer_problems
-
-if layer_problems():  # before any layer is imported: a clash would fail far from its cause
-    sys.exit("error: " + "\nerror: ".join(layer_problems()))
-
-from runtime.quiet import quiet_library_progress  # noqa: E402
+from streamrl.runtime.quiet import quiet_library_progress
 
 quiet_library_progress()
 

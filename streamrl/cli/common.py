@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from runtime.sql import plain_value as plain
+from streamrl.runtime.sql import plain_value as plain
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -65,17 +65,21 @@ class CommandFailed(CliError):
 
 def as_cli_error(exc: Exception) -> CliError | None:
     """The CLI meaning of an error raised by the layers below, or None (a bug: re-raised)."""
-    from runtime.config import ConfigError
-    from runtime.dataset import DatasetError
-    from runtime.outage import ServiceLost
-    from runtime.recipe import RecipeError
-    from runtime.runs import RunNotFound
-    from runtime.services import ServiceError
-    from runtime.settings import SettingsError
-    from runtime.sql import SqlFailed, SqlRefused
+    from streamrl.runtime.config import ConfigError
+    from streamrl.runtime.dataset import DatasetError
+    from streamrl.runtime.extras import missing_extra
+    from streamrl.runtime.outage import ServiceLost
+    from streamrl.runtime.recipe import RecipeError
+    from streamrl.runtime.runs import RunNotFound
+    from streamrl.runtime.services import ServiceError
+    from streamrl.runtime.settings import SettingsError
+    from streamrl.runtime.sql import SqlFailed, SqlRefused
 
     if isinstance(exc, CliError):
         return exc
+    missing = missing_extra(exc, f"`streamrl {command_name()}`")
+    if missing is not None:
+        return CommandFailed(str(missing), "missing extra")
     if isinstance(exc, RecipeError):
         error = UsageError(f"{exc.path}:", exc.problems)
         error.label = "invalid recipe"
@@ -99,13 +103,13 @@ def as_cli_error(exc: Exception) -> CliError | None:
         return ServiceMissing(lost)
     # Only a process that loaded the inference code can raise its errors (importing it
     # here would cost every command a torch import).
-    inference = sys.modules.get("producers.inference")
+    inference = sys.modules.get("streamrl.producers.inference")
     if inference is not None and isinstance(exc, inference.InferenceUnavailable):
         # a lost service (exit 3): `streamrl run` does not restart a worker for it
         error = ServiceMissing(str(exc))
         error.label = "inference service"
         return error
-    recovery = sys.modules.get("consumers.faust_recovery")
+    recovery = sys.modules.get("streamrl.consumers.faust_recovery")
     if recovery is not None and isinstance(exc, recovery.RecoveryStalled):
         return CommandFailed(str(exc))  # exit 1: `streamrl run` restarts the processor
     return None
@@ -144,6 +148,12 @@ def report(error: CliError) -> None:
         err_console.print(f"  - {problem}", highlight=False, markup=False, soft_wrap=True)
 
 
+def command_name() -> str:
+    """The command being run, as the user typed it (`recipe validate`, `ui`)."""
+    words = [word for word in sys.argv[1:3] if not word.startswith("-")]
+    return " ".join(words[:2] if words[:1] == ["recipe"] else words[:1]) or "streamrl"
+
+
 def cli_command(fn):
     """Wrap a command: errors of the layers below become one message and an exit code."""
     @functools.wraps(fn)
@@ -166,7 +176,7 @@ def cli_command(fn):
 # --- helpers commands share ---------------------------------------------------------------
 
 def settings():
-    from runtime.settings import Settings
+    from streamrl.runtime.settings import Settings
 
     return Settings.from_env()
 
@@ -180,8 +190,8 @@ def readonly_url(current=None) -> str:
 
 def database_url(current=None) -> str:
     """The ledger's URL, checked reachable (ServiceMissing otherwise)."""
-    from runtime import services
-    from runtime.settings import SettingsError
+    from streamrl.runtime import services
+    from streamrl.runtime.settings import SettingsError
 
     current = current or settings()
     try:
@@ -210,7 +220,7 @@ def sharding(current, shard: str) -> tuple[int, int]:
 
 
 def checked_run_id(run_id: str, option: str) -> str:
-    from schema.topics import TopicNameError, validate_run_id
+    from streamrl.schema.topics import TopicNameError, validate_run_id
 
     try:
         validate_run_id(run_id)
@@ -224,6 +234,16 @@ def new_run_id(experiment_name: str) -> str:
     return f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
+def recipe_file(file: Path) -> Path:
+    """The recipe argument as a file: `builtin:NAME` copies the shipped recipe out first."""
+    from streamrl.builtin_recipes import resolve_recipe_path
+
+    try:
+        return resolve_recipe_path(file, settings().home)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def prepared_recipe(file: Path, overrides: list[str] | None = None, load_code: bool = True):
     """The recipe a run starts from, its `key=value` overrides applied, its own code
     loaded and its registry keys checked: `run`, `publish` and `recipe validate` all
@@ -231,7 +251,7 @@ def prepared_recipe(file: Path, overrides: list[str] | None = None, load_code: b
     the publisher `streamrl run` starts after checking the same file: the code check
     imports every component, torch included, which the publisher does not need (on a
     small machine that import is seconds of the run's start)."""
-    from runtime.recipe import prepare_recipe
+    from streamrl.runtime.recipe import prepare_recipe
 
     recipe = prepare_recipe(file, overrides=overrides)
     if load_code:
@@ -241,7 +261,7 @@ def prepared_recipe(file: Path, overrides: list[str] | None = None, load_code: b
 
 def check_recipe_code(file: Path, recipe) -> None:
     """Load the recipe's own code and check its registry keys (RecipeError naming them)."""
-    from runtime.recipe import RecipeError
+    from streamrl.runtime.recipe import RecipeError
     from streamrl.checks import recipe_code_problems
 
     problems = recipe_code_problems(recipe)

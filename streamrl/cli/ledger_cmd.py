@@ -34,8 +34,8 @@ def sink(
     """Write every event of every run (or of --run) into the ledger, idempotently;
     undecodable messages go to the run's dead-letter topic and table. SIGTERM/SIGINT
     finish the current batch, commit and exit 0."""
-    from consumers.ledger_sink import LedgerSink
-    from runtime.runs import stop_on_signals
+    from streamrl.consumers.ledger_sink import LedgerSink
+    from streamrl.runtime.runs import stop_on_signals
 
     stop = stop_on_signals()  # first: a SIGTERM during start-up still ends in a clean exit
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
@@ -78,7 +78,7 @@ def runs(limit: Annotated[int, typer.Option(help="Show at most this many runs, n
          tag: Annotated[Optional[str], typer.Option("--tag", "-t", help="Only the runs started with this "
                                                     "tag (`streamrl run -t TAG`).")] = None) -> None:
     """List the runs in the ledger with their status, tag and event counts."""
-    from runtime.sql import SqlFailed, run_readonly
+    from streamrl.runtime.sql import SqlFailed, run_readonly
 
     try:
         result = run_readonly(readonly_url(), RUNS_QUERY, {"limit": limit, "tag": tag})
@@ -117,7 +117,7 @@ def sql(
     statement timeout; writes and multiple statements are refused). Rows come from a
     server-side cursor: --csv streams every row; the other forms stop at --max-rows or
     --max-bytes and say so."""
-    from runtime.sql import readonly_rows, run_readonly
+    from streamrl.runtime.sql import readonly_rows, run_readonly
 
     if (query is None) == (file is None):
         raise UsageError("give a QUERY or --file, not both or neither")

@@ -27,7 +27,7 @@ def model_init(
 ) -> None:
     """Write a randomly initialised model of a real architecture and size, with a
     tokenizer, loadable by from_pretrained: nothing is downloaded."""
-    from runtime.model_init import init_model, parameter_count
+    from streamrl.runtime.model_init import init_model, parameter_count
 
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out}: the folder exists and is not empty")

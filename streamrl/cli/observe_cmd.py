@@ -24,8 +24,8 @@ def tracker(run: Annotated[str, typer.Argument(help="Run id.")]) -> None:
     """Send RUN's train steps and validation results to the trackers its recipe names
     (logger.backends), as they arrive; a late or restarted tracker catches up. SIGTERM
     logs what the topics already hold, then closes the trackers."""
-    from consumers.tracker import TrackerFeed
-    from runtime.runs import stop_on_signals
+    from streamrl.consumers.tracker import TrackerFeed
+    from streamrl.runtime.runs import stop_on_signals
 
     stop = stop_on_signals()
     current = settings()
@@ -50,14 +50,14 @@ def export(
 ) -> None:
     """Send RUN's train steps and validations from the ledger to trackers: a back-fill
     for a run that had none, or lost one (the same W&B / MLflow run is continued)."""
-    from consumers.tracker import export_from_ledger
-    from consumers.tracker_backends import open_trackers
-    from runtime.logger_config import TRACKERS
+    from streamrl.consumers.tracker import export_from_ledger
+    from streamrl.consumers.tracker_backends import open_trackers
+    from streamrl.runtime.logger_config import TRACKERS
 
     unknown = [name for name in to if name not in TRACKERS]
     if unknown:
         raise UsageError(f"--to {unknown[0]}: expected one of {', '.join(TRACKERS)}")
-    from runtime.config import Recipe
+    from streamrl.runtime.config import Recipe
     from streamrl.report import run_config as ledger_run_config
 
     current = settings()
@@ -93,6 +93,9 @@ def ui(
     printed here."""
     import secrets
 
+    from streamrl.runtime.extras import require_extra
+
+    require_extra("ui", "`streamrl ui`")
     import uvicorn
 
     from streamrl.ui.app import LOOPBACK_HOSTS, make_app

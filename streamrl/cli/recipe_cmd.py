@@ -1,4 +1,4 @@
-"""`streamrl recipe new` and `streamrl recipe validate`."""
+"""`streamrl recipe new`, `validate`, `copy` and `list`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ recipe_app = typer.Typer(help="Recipes: YAML with defaults: composition and ${oc
 def register(app: typer.Typer) -> None:
     recipe_app.command("new")(cli_command(recipe_new))
     recipe_app.command("validate")(cli_command(recipe_validate))
+    recipe_app.command("copy")(cli_command(recipe_copy))
+    recipe_app.command("list")(cli_command(recipe_list))
     app.add_typer(recipe_app, name="recipe")
 
 
@@ -39,6 +41,31 @@ def recipe_new(
     console.print(f"run it: streamrl run {folder / (name + '.yaml')}", highlight=False)
 
 
+def recipe_copy(
+    name: Annotated[str, typer.Argument(help="A built-in recipe (`streamrl recipe list`).")],
+    destination: Annotated[Optional[Path], typer.Argument(help="The folder to write (default: ./NAME).")] = None,
+) -> None:
+    """Write out a recipe StreamRL ships, to read, change and run: `streamrl recipe copy
+    arith` then `streamrl run arith/recipe.yaml`. (`streamrl run builtin:arith` runs it
+    unchanged.)"""
+    from streamrl.builtin_recipes import copy_recipe
+
+    try:
+        recipe = copy_recipe(name.removeprefix("builtin:"), destination or Path(name.removeprefix("builtin:")))
+    except (ValueError, FileExistsError) as exc:
+        raise UsageError(str(exc)) from None
+    console.print(f"run it: streamrl run {recipe}", highlight=False)
+
+
+def recipe_list() -> None:
+    """The recipes StreamRL ships, each runnable as `streamrl run builtin:NAME`."""
+    from streamrl.builtin_recipes import builtin_folder, builtin_names
+
+    for name in builtin_names():
+        first = (builtin_folder(name) / "recipe.yaml").read_text().splitlines()[0].lstrip("# ")
+        console.print(f"builtin:{name}  {first}", highlight=False, markup=False)
+
+
 def check_inference_url(url: str) -> None:
     """An inference server answers at `url` (its /health, as SGLang and vLLM serve it)."""
     import httpx
@@ -52,7 +79,7 @@ def check_inference_url(url: str) -> None:
 
 
 def recipe_validate(
-    file: Annotated[Path, typer.Argument(help="The recipe YAML.")],
+    file: Annotated[Path, typer.Argument(help="The recipe YAML, or builtin:NAME.")],
     overrides: Annotated[Optional[list[str]], typer.Argument(
         help="Overrides, key.path=value, as `streamrl run` takes them.", show_default=False)] = None,
     show: Annotated[bool, typer.Option("--show", help="Print the fully resolved recipe.")] = False,
@@ -71,14 +98,15 @@ def recipe_validate(
     `--inference-url` add, each with its key path (exit 2 if any)."""
     import yaml
 
-    from streamrl.cli.common import prepared_recipe
+    from streamrl.cli.common import prepared_recipe, recipe_file
     from streamrl.cli.train_cmd import check_mode, check_training_service, with_url
 
+    file = recipe_file(file)
     recipe = with_url(prepared_recipe(file, overrides), inference_url)
     check_mode(mode, recipe)
     if check_services:
         check_training_service(recipe)
-        from runtime.recipe import server_urls
+        from streamrl.runtime.recipe import server_urls
 
         for url in server_urls(recipe.service.inference_service.url):
             check_inference_url(url)

@@ -23,8 +23,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _store():
-    from training_service.store import ServiceStore
-    from runtime import db
+    from streamrl.training_service.store import ServiceStore
+    from streamrl.runtime import db
 
     url = database_url(settings())
     db.upgrade(url)
@@ -59,12 +59,15 @@ def serve_training(
     client, tinker-cookbook scripts and recipes with trainer.type remote_api_* train
     here. Sessions, models, requests and checkpoints are kept in the ledger's PostgreSQL, so
     a restarted service finishes what it accepted."""
+    from streamrl.runtime.extras import require_extra
+
+    require_extra("service", "`streamrl serve-training`")
     import torch
     import uvicorn
 
-    from training_service.app import build_app
-    from training_service.executor import Executor
-    from training_service.limits import ServiceLimits
+    from streamrl.training_service.app import build_app
+    from streamrl.training_service.executor import Executor
+    from streamrl.training_service.limits import ServiceLimits
 
     if device not in ("auto", "cpu", "cuda"):
         raise UsageError(f"--device: {device!r} is not one of auto, cpu, cuda")

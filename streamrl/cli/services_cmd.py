@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
 def up(migrate: Annotated[bool, typer.Option(help="Run the ledger migrations after starting.")] = True) -> None:
     """Start the embedded broker and PostgreSQL (unless external ones are configured) and
     migrate the ledger. Safe to run again: it starts only what is not running."""
-    from runtime import db, services
+    from streamrl.runtime import db, services
 
     current = settings()
     for line in services.up(current):
@@ -38,7 +38,7 @@ def up(migrate: Annotated[bool, typer.Option(help="Run the ledger migrations aft
 
 def down() -> None:
     """Stop the services that `streamrl up` started here (never external ones)."""
-    from runtime import services
+    from streamrl.runtime import services
 
     for line in services.down(settings()):
         console.print(line)
@@ -47,7 +47,7 @@ def down() -> None:
 def status() -> None:
     """Show each service: embedded or external, address, version, the embedded broker's
     memory (it holds the runs' topics in memory) and health."""
-    from runtime import services
+    from streamrl.runtime import services
 
     table = Table("service", "mode", "address", "version", "memory", "health")
     statuses = services.status(settings())
@@ -63,7 +63,7 @@ def status() -> None:
 
 def db_upgrade(revision: Annotated[str, typer.Argument(help="Target Alembic revision.")] = "head") -> None:
     """Apply the ledger's Alembic migrations up to REVISION (default: the latest)."""
-    from runtime import db
+    from streamrl.runtime import db
 
     url = database_url()
     db.upgrade(url, revision)
@@ -79,9 +79,9 @@ def topics(
 ) -> None:
     """Create RUN's topics (tasks, trajectories, ..., dead_letters) if they do not exist;
     with --remove, free them from the broker once the ledger holds everything."""
-    from runtime.topic_admin import create_run_topics
-    from runtime.topic_retention import retire_run_topics
-    from schema.topics import run_topics
+    from streamrl.runtime.topic_admin import create_run_topics
+    from streamrl.runtime.topic_retention import retire_run_topics
+    from streamrl.schema.topics import run_topics
 
     names = run_topics(checked_run_id(run, "RUN"))
     if remove:

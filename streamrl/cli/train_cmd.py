@@ -8,15 +8,18 @@ import functools
 import logging
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from runtime.config import ReplaySource
-from runtime.service_config import WINDOWS_NEED_PLAIN_PROCESSOR
+if TYPE_CHECKING:
+    from streamrl.report import RunSummary
+
+from streamrl.runtime.config import ReplaySource
+from streamrl.runtime.service_config import WINDOWS_NEED_PLAIN_PROCESSOR
 from streamrl.cli.common import (
     CommandFailed, UsageError, checked_run_id, cli_command, console, database_url, new_run_id, sharding,
-    check_recipe_code, prepared_recipe, settings,
+    check_recipe_code, prepared_recipe, recipe_file, settings,
 )
 
 
@@ -50,7 +53,7 @@ def restart_policy(max_restarts: int, window_s: float):
 
 
 def with_url(recipe, urls: list[str] | None):
-    from runtime.recipe import with_inference_url
+    from streamrl.runtime.recipe import with_inference_url
 
     return with_inference_url(recipe, urls) if urls else recipe
 
@@ -58,7 +61,7 @@ def with_url(recipe, urls: list[str] | None):
 def run_config(current, run: str, check_assignment: bool = False):
     """The run's typed config, from its `created` event (every process but the publisher
     starts from the run id alone); `check_assignment` for a worker or processor."""
-    from runtime.runs import fetch_run_config
+    from streamrl.runtime.runs import fetch_run_config
 
     try:
         return fetch_run_config(current, run, check_assignment=check_assignment)
@@ -67,7 +70,8 @@ def run_config(current, run: str, check_assignment: bool = False):
 
 
 def run_recipe(
-    file: Annotated[Optional[Path], typer.Argument(help="The recipe YAML (not with --resume).")] = None,
+    file: Annotated[Optional[Path], typer.Argument(help="The recipe YAML, or builtin:NAME for a recipe StreamRL ships "
+                                                        "(not with --resume).")] = None,
     overrides: Overrides = None,
     resume: Annotated[Optional[str], typer.Option(help="Finish RUN after a crash or a broker restart: what the "
                                                        "broker lost is rebuilt from the ledger.")] = None,
@@ -88,12 +92,12 @@ def run_recipe(
     run_now: Annotated[bool, typer.Option("--run-nexrl", "-r", help="With -c: start the run now; without it, "
                                           "-c only prints what would run.")] = False,
     tag: Tag = None,
-) -> None:
+) -> tuple[str, RunSummary] | None:
     """Train a recipe end to end on this machine: start the services if needed, then the
     ledger sink, stream processor, learner, rollout workers and publisher as processes,
     with progress bars; at the end a summary table and a reward-curve PNG. The guide's
     form, `-m MODE -c FILE -r -t TAG`, does the same."""
-    from runtime import db, services
+    from streamrl.runtime import db, services
     from streamrl.orchestrate import RunFailed, run_locally
     from streamrl.recovery import prepare_resume
 
@@ -106,6 +110,7 @@ def run_recipe(
         raise UsageError("-r/--run-nexrl goes with -c/--train-config (FILE alone runs at once)")
     if (file is None) == (resume is None):
         raise UsageError("give a recipe FILE or --resume RUN, not both or neither")
+    file = recipe_file(file) if file is not None else None
     # The recipe's own code is loaded and checked (torch imported: seconds on a small
     # machine) while the learner and workers start: run_locally calls code_check before
     # it starts the publisher, which creates the run, so a refused recipe records nothing.
@@ -141,12 +146,13 @@ def run_recipe(
         raise UsageError(WINDOWS_NEED_PLAIN_PROCESSOR)  # asked for by name: refused, not overridden
     run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
     try:
-        run_locally(current, file, recipe, run, workers or recipe.rollout_worker.num_workers, out, console,
+        summary = run_locally(current, file, recipe, run, workers or recipe.rollout_worker.num_workers, out, console,
                     resume=bool(resume), reset_offsets=bool(resume) and resumed.rebuilt.topics_recreated,
                     inference_urls=inference_url, policy=restart_policy(max_restarts, restart_window),
                     overrides=overrides, tag=tag, code_check=code_check)
     except RunFailed as exc:
         raise CommandFailed(str(exc), "run failed") from None
+    return run, summary
 
 
 MODES = ("self-hosted", "training-service")
@@ -165,7 +171,7 @@ def print_plan(recipe, file: Path, workers: int | None) -> None:
 
 def check_mode(mode: str | None, recipe) -> None:
     """The guide's launch modes: the recipe's trainer must be the mode's kind."""
-    from runtime.recipe import REMOTE_TRAINER_TYPES
+    from streamrl.runtime.recipe import REMOTE_TRAINER_TYPES
 
     if mode is None:
         return
@@ -183,7 +189,7 @@ def check_training_service(recipe) -> None:
 
     service = recipe.service.train_service
     if service.backend == "tinker" and service.url:
-        from learner.remote_policy import wait_until_healthy
+        from streamrl.learner.remote_policy import wait_until_healthy
         wait_until_healthy(service.url.rstrip("/"), recipe.service.tinker_service.api_key or
                            os.environ.get("TINKER_API_KEY"), tries=3, then="then run this command again")
 
@@ -202,9 +208,9 @@ def publish(
 ) -> None:
     """Create a run from a recipe (its topics, and a `created` event holding the resolved
     config) and publish its tasks, paced by the weight versions the learner publishes."""
-    from producers.publisher import create_run, run_publisher
-    from runtime.bus import EventPublisher
-    from runtime.runs import stop_on_signals
+    from streamrl.producers.publisher import create_run, run_publisher
+    from streamrl.runtime.bus import EventPublisher
+    from streamrl.runtime.runs import stop_on_signals
     from streamrl.recovery import finished_task_ids
 
     current = settings()
@@ -216,6 +222,7 @@ def publish(
         skip = finished_task_ids(database_url(current), run)
         console.print(f"resuming run {run}: {len(skip)} tasks already done", highlight=False)
     else:
+        file = recipe_file(file)
         recipe = with_url(prepared_recipe(file, overrides, load_code=not checked), inference_url)
         run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
         with EventPublisher(current, stage="app") as publisher:
@@ -238,9 +245,9 @@ def worker(
     SIGTERM/SIGINT finish the tasks in flight, commit and exit 0."""
     import torch
 
-    from producers.worker_loop import run_worker
-    from runtime.runs import stop_on_signals
-    from runtime.threads import worker_threads
+    from streamrl.producers.worker_loop import run_worker
+    from streamrl.runtime.runs import stop_on_signals
+    from streamrl.runtime.threads import worker_threads
 
     # What the worker does to its inference servers (started, restarted, re-synced) goes to its log.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
@@ -266,13 +273,13 @@ def processor(
     and emit samples (or a GroupFiltered record for a group that gives none). By default
     a faust app in the run's processor group: start as many as you like."""
 
-    from runtime.runs import stop_on_signals
+    from streamrl.runtime.runs import stop_on_signals
 
     current = settings()
     index_count = sharding(current, shard)
     recipe = run_config(current, run, check_assignment=True)
     if current.partition_assignment == "group":
-        from consumers.faust_processor import FaustProcessor
+        from streamrl.consumers.faust_processor import FaustProcessor
 
         if recipe.service.broker.window_steps is not None:
             raise UsageError(WINDOWS_NEED_PLAIN_PROCESSOR)
@@ -285,7 +292,7 @@ def processor(
         FaustProcessor(current, run, recipe, name or os.uname().nodename).run(tracebacks=debugging())
         console.print("processor stopped", highlight=False)
         return
-    from consumers.processor import StreamProcessor
+    from streamrl.consumers.processor import StreamProcessor
 
     stop = stop_on_signals()
     stream = StreamProcessor(current, run, recipe, index_count)
@@ -304,15 +311,15 @@ def learner(
 ) -> None:
     """Train RUN: batches of samples, optimizer steps, a checkpoint and a weight version
     per step. Restarted, it resumes after its last checkpointed step."""
-    from learner.first_version import announce_model_as_version_zero
-    from runtime.runs import stop_on_signals
+    from streamrl.learner.first_version import announce_model_as_version_zero
+    from streamrl.runtime.runs import stop_on_signals
 
     current = settings()
     recipe = run_config(current, run)
     launch_ranks_if_asked(recipe, run, reset_offsets)
     # before torch and transformers are imported: sampling can start while they load
     announced = announce_model_as_version_zero(current, run, recipe)
-    from learner.loop import Learner
+    from streamrl.learner.loop import Learner
 
     stop = stop_on_signals()
     trainer = Learner(current, run, recipe, version_zero_announced=announced)
@@ -373,7 +380,7 @@ def replay(
     evaluations (behaviour logprobs and weight versions included) into a new run whose
     processor recomputes advantages and whose learner trains with an off-policy
     correction. The new run records its parent run and each source event id."""
-    from producers.replay import ReplayError
+    from streamrl.producers.replay import ReplayError
     from streamrl.orchestrate import RunFailed
     from streamrl.replaying import ReplayOptions, replay_run
 

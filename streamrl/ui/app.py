@@ -30,7 +30,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
-from runtime.sql import SqlFailed, SqlRefused, plain_value, readonly_rows, run_readonly
+from streamrl.runtime.sql import SqlFailed, SqlRefused, plain_value, readonly_rows, run_readonly
 from streamrl.report import config_highlights
 from streamrl.ui.charts import figures
 from streamrl.ui.queries import PAGE, Ledger

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.sql import SqlRefused, run_readonly
+from streamrl.runtime.sql import SqlRefused, run_readonly
 
 PAGE = 50  # trajectories per rollout-browser page
 

@@ -9,7 +9,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from schema.events import unpack_float32, unpack_int32, unpack_mask
+from streamrl.schema.events import unpack_float32, unpack_int32, unpack_mask
 
 
 @dataclass

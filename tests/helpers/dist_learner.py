@@ -14,10 +14,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from learner.batching import TrainItem  # noqa: E402
-from learner.policy import Policy  # noqa: E402
-from learner.trainers import GRPOTrainer  # noqa: E402
-from runtime.config import Recipe  # noqa: E402
+from streamrl.learner.batching import TrainItem  # noqa: E402
+from streamrl.learner.policy import Policy  # noqa: E402
+from streamrl.learner.trainers import GRPOTrainer  # noqa: E402
+from streamrl.runtime.config import Recipe  # noqa: E402
 
 
 def step_items(step: int) -> list[TrainItem]:

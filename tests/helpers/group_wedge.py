@@ -21,8 +21,8 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
-from runtime.topic_admin import create_topics
-from runtime.settings import Settings
+from streamrl.runtime.topic_admin import create_topics
+from streamrl.runtime.settings import Settings
 
 MEMBER = Path(__file__).resolve().parent / "group_member.py"
 PARTITIONS = 4

@@ -3,7 +3,7 @@ episode whose tool call worked (a well-formed call on an existing key) but whose
 is wrong. The partial credit gives a young policy's groups reward variance to learn
 from before it ever answers right; `accuracy` counts only right answers."""
 
-from producers.evaluator import EvaluationRunResult, Evaluator
+from streamrl.api import EvaluationRunResult, Evaluator
 
 TOOL_CREDIT = 0.3
 

@@ -9,7 +9,7 @@ import logging
 import numpy as np
 import torch
 
-from learner.batching import TrainItem
+from streamrl.learner.batching import TrainItem
 from streamrl.api import Batch
 from tests.seed_examples.listings import s000_11, s000_13
 

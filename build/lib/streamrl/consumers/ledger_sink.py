@@ -1,0 +1,376 @@
+"""The ledger sink: every topic of every run (or of one run) into PostgreSQL.
+
+A thin loop:  poll a batch -> decode -> one database transaction (rows + consumed
+offsets) -> commit the offsets to Kafka too.
+
+Exactly-once effects: the rows and the next offset of every partition are written in
+one transaction (table `consumer_offsets`), and a restarted sink seeks to those
+offsets. Rows are also inserted with `ON CONFLICT (event_id) DO NOTHING`, so a message
+read twice for any other reason (the same event published again, a second sink) changes
+nothing. Offsets go to Kafka under the group id only after the database commit, so
+standard lag tooling sees the sink's progress.
+
+Partitions are assigned explicitly (all partitions of the matching topics, or a
+`shard` of them when several sinks share the work), not by the broker's group
+coordinator: the embedded broker's coordinator was seen to wedge a group for good after
+a member was killed mid-rebalance, and the ledger's offsets make membership unneeded.
+Messages that cannot be decoded (or whose event does not belong to
+the topic it came on) become DeadLetter rows and events, and the sink goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import zlib
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+from kafka import OffsetAndMetadata, TopicPartition
+from kafka.errors import KafkaError
+from psycopg.types.json import Jsonb, set_json_dumps
+
+from streamrl.schema.codec import CodecError, split_bundle
+from streamrl.schema.events import DeadLetter, Event, RunEvent
+from streamrl.schema.ledger import TABLE_BY_EVENT, event_row
+from streamrl.schema.topics import all_runs_pattern, parse_topic, run_pattern, topic_name, topic_window
+from streamrl.runtime.backoff import backoff_delay
+from streamrl.runtime.blobs import BlobMissing, PostgresBlobStore
+from streamrl.runtime.topic_windows import RETIRE_EVERY_S, SinkWindows, delete_topics, ledger_holds
+from streamrl.runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, dead_letter, make_consumer, unframe
+from streamrl.runtime.topic_admin import create_topics
+from streamrl.runtime.db import connect
+from streamrl.runtime.outage import BrokerWatch, PostgresOutage
+from streamrl.runtime.settings import Settings
+from streamrl.consumers.table_writer import TableWriter, json_dumps
+
+# How long a stopping sink keeps writing what is left on the topics.
+DRAIN_S = 10.0
+log = logging.getLogger("streamrl.ledger_sink")
+
+SINK_GROUP = "streamrl-ledger"
+SINK_STAGE = "ledger-sink"
+RUN_STATUS = {"created": "created", "started": "running", "resumed": "running",
+              "finished": "finished", "failed": "failed"}
+
+
+WRITERS = {event_type: TableWriter(table) for event_type, table in TABLE_BY_EVENT.items()}
+
+
+def create_staging_tables(conn: psycopg.Connection) -> None:
+    """The COPY targets of `insert_events`, once per database session, in a transaction
+    of their own: created inside a batch's, a rolled-back batch would take them along.
+    The session's JSONB values are dumped by msgspec (the COPYs take them unwrapped)."""
+    set_json_dumps(json_dumps, conn)
+    with conn.transaction():
+        for writer in WRITERS.values():
+            conn.execute(writer.create_stage_sql)
+
+
+@dataclass
+class Placed:
+    """A decoded event with the coordinates it was read from."""
+
+    event: Event
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass
+class SinkStats:
+    rows: int = 0
+    dead_letters: int = 0
+    batches: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+
+
+def decode_record(record, blobs) -> tuple[list[Event], list[DeadLetter]]:
+    """The events in a consumer record (one, or a bundle's) and, if some frame is not an
+    event of this topic's, one dead letter keeping the whole record with the reasons."""
+    parsed = parse_topic(record.topic)
+    try:
+        frames = split_bundle(record.value)
+    except CodecError as exc:
+        return [], [undecodable(record, str(exc))]
+    events, errors = [], []
+    for index, value in enumerate(frames):
+        try:
+            event = unframe(value, blobs)
+            if parsed is not None:
+                run_id, kind = parsed
+                if event.KIND != kind:
+                    raise CodecError(f"{type(event).__name__} event on a {kind} topic (expected kind {event.KIND})")
+                if event.run_id != run_id:
+                    raise CodecError(f"event of run {event.run_id!r} on a topic of run {run_id!r}")
+            events.append(event)
+        except (CodecError, BlobMissing) as exc:
+            errors.append(str(exc) if len(frames) == 1 else f"bundle frame {index}: {exc}")
+    return events, [undecodable(record, "; ".join(errors))] if errors else []
+
+
+def undecodable(record, error: str) -> DeadLetter:
+    parsed = parse_topic(record.topic)
+    return dead_letter(record, parsed[0] if parsed else "unknown", error, SINK_STAGE)
+
+
+def insert_events(conn: psycopg.Connection, placed: list[Placed]) -> None:
+    """Insert one batch (inside the caller's transaction), grouped by table. The
+    session must have its staging tables (`create_staging_tables`)."""
+    by_type: dict[type, list[tuple]] = {}
+    for p in placed:
+        by_type.setdefault(type(p.event), []).append(
+            WRITERS[type(p.event)].params(event_row(p.event, p.topic, p.partition, p.offset)))
+    with conn.cursor() as cur:
+        for event_type, params in by_type.items():
+            WRITERS[event_type].write(cur, params)
+        run_ids = sorted({p.event.run_id for p in placed})
+        cur.executemany("insert into runs (run_id) values (%s) on conflict (run_id) do nothing",
+                        [(r,) for r in run_ids])
+        for p in placed:
+            if isinstance(p.event, RunEvent):
+                apply_run_event(cur, p.event)
+
+
+def apply_run_event(cur: psycopg.Cursor, event: RunEvent) -> None:
+    """Keep the `runs` row (the current state of a run) in step with its lifecycle events."""
+    cur.execute(
+        """update runs set
+             status = coalesce(%s, status),
+             name = coalesce(nullif(%s, ''), name),
+             config = coalesce(%s, config),
+             parent_run_id = coalesce(%s, parent_run_id),
+             updated_at = now()
+           where run_id = %s""",
+        (RUN_STATUS.get(event.kind), event.name if event.kind == "created" else "",  # the run's name, not a stage's
+         Jsonb(event.config, dumps=json_dumps) if event.kind == "created" and event.config else None,
+         event.parent_run_id, event.run_id),
+    )
+
+
+def save_offsets(conn: psycopg.Connection, consumer: str, next_offsets: dict[TopicPartition, int]) -> None:
+    conn.cursor().executemany(
+        """insert into consumer_offsets (consumer, topic, partition, next_offset) values (%s, %s, %s, %s)
+           on conflict (consumer, topic, partition)
+           do update set next_offset = excluded.next_offset, updated_at = now()""",
+        [(consumer, tp.topic, tp.partition, offset) for tp, offset in next_offsets.items()],
+    )
+
+
+def load_offsets(conn: psycopg.Connection, consumer: str) -> dict[TopicPartition, int]:
+    rows = conn.execute("select topic, partition, next_offset from consumer_offsets where consumer = %s",
+                        (consumer,)).fetchall()
+    return {TopicPartition(t, p): o for t, p, o in rows}
+
+
+def write_batch(conn: psycopg.Connection, placed: list[Placed], dead: list[DeadLetter],
+                consumer: str, next_offsets: dict[TopicPartition, int]) -> list[DeadLetter]:
+    """Write a batch and the offsets after it in one transaction. A row the database
+    rejects (say, a NUL byte in a text field) does not block the partition: the batch is
+    retried event by event and the rejected ones become dead letters. Returns all dead
+    letters written."""
+    try:
+        with conn.transaction():
+            insert_events(conn, placed + [Placed(d, d.source_topic, d.source_partition, d.source_offset) for d in dead])
+            save_offsets(conn, consumer, next_offsets)
+        return dead
+    except (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError) as batch_error:
+        log.warning("batch rejected (%s); retrying event by event", batch_error)
+    dead = list(dead)
+    with conn.transaction():
+        for p in placed:
+            try:
+                with conn.transaction():  # a savepoint
+                    insert_events(conn, [p])
+            except (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError) as exc:
+                dead.append(DeadLetter(
+                    run_id=p.event.run_id, source_topic=p.topic, source_partition=p.partition,
+                    source_offset=p.offset, raw=b"", error=f"ledger rejected {type(p.event).__name__} "
+                    f"{p.event.event_id}: {exc}".strip(), stage=SINK_STAGE))
+        insert_events(conn, [Placed(d, d.source_topic, d.source_partition, d.source_offset) for d in dead])
+        save_offsets(conn, consumer, next_offsets)
+    return dead
+
+
+class LedgerSink:
+    """Owns the consumer, the database connection and the dead-letter producer."""
+
+    def __init__(self, settings: Settings, run_id: str | None = None, max_batch: int = 2000,
+                 group_id: str = SINK_GROUP, shard: tuple[int, int] = (0, 1), stop: threading.Event | None = None):
+        self.settings = settings
+        self.max_batch = max_batch
+        self.group_id = group_id
+        self.shard = shard
+        self.topic_pattern = re.compile(run_pattern(run_id) if run_id else all_runs_pattern())
+        self.conn = None
+        self._connect()
+        self.consumer = make_consumer(settings, group_id, fetch_max_wait_ms=IDLE_FETCH_WAIT_MS)  # the ledger can wait
+        self.publisher = EventPublisher(settings, stage="sink")
+        self.stop_requested = stop or threading.Event()
+        self.outage = PostgresOutage(settings, run_id, self.stop_requested)
+        self.broker_watch = BrokerWatch(settings, self.consumer, run_id)
+        self.stats = SinkStats()
+        self._dead_letter_topics: set[str] = set()
+        self.windows = SinkWindows()  # rotating runs' windows, retired here (runtime/topic_windows.py)
+
+    def _connect(self) -> None:
+        """(Re)open the ledger connection. After a lost connection the partitions are
+        re-read from the offsets the ledger holds: the batch in hand was rolled back."""
+        self._disconnect()
+        self.conn = connect(self.settings.database_url, autocommit=True)
+        create_staging_tables(self.conn)
+        self.blobs = PostgresBlobStore(self.conn)
+        self.positions: dict[TopicPartition, int] = {}  # next offset to read, per partition
+        self._last_refresh = 0.0
+
+    def _disconnect(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except psycopg.Error:
+                pass
+            self.conn = None
+
+    def owns(self, tp: TopicPartition) -> bool:
+        index, count = self.shard
+        return zlib.crc32(f"{tp.topic}:{tp.partition}".encode()) % count == index
+
+    def refresh_assignment(self, every_s: float = 2.0) -> None:
+        """Pick up partitions of new matching topics, starting where the ledger says."""
+        if time.monotonic() - self._last_refresh < every_s:
+            return
+        self._last_refresh = time.monotonic()
+        listed = [topic for topic in self.consumer.topics() if self.topic_pattern.match(topic)]
+        self.windows.observe(listed)
+        wanted = {TopicPartition(topic, p) for topic in listed for p in (self.consumer.partitions_for_topic(topic) or ())}
+        wanted = {tp for tp in wanted if self.owns(tp)}
+        if wanted == self.positions.keys():
+            return
+        for tp in self.positions.keys() - wanted:  # a retired window's topic (runtime/topic_windows.py)
+            del self.positions[tp]
+        stored = load_offsets(self.conn, self.group_id)
+        for tp in wanted - self.positions.keys():
+            self.positions[tp] = stored.get(tp, 0)
+        self.consumer.assign(sorted(self.positions, key=lambda tp: (tp.topic, tp.partition)))
+        for tp, offset in self.positions.items():
+            self.consumer.seek(tp, offset)
+
+    def poll_once(self, timeout_ms: int = 500) -> int:
+        """One batch: decode, write rows and offsets, publish dead letters, commit to Kafka.
+        Returns the number of records seen."""
+        self.refresh_assignment()
+        if not self.positions:
+            time.sleep(timeout_ms / 1000)
+            return 0
+        batch = self.consumer.poll(timeout_ms=timeout_ms, max_records=self.max_batch)
+        if not batch:
+            return 0
+        placed, dead, next_offsets = [], [], {}
+        for tp, records in batch.items():
+            for record in records:
+                events, bad = decode_record(record, self.blobs)
+                placed += [Placed(event, record.topic, record.partition, record.offset) for event in events]
+                dead += bad
+            next_offsets[tp] = records[-1].offset + 1
+        dead = write_batch(self.conn, placed, dead, self.group_id, next_offsets)
+        self.positions.update(next_offsets)
+        self._publish_dead_letters(dead)
+        try:
+            self.consumer.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in next_offsets.items()})
+        except KafkaError as exc:
+            # The ledger holds the authoritative offsets; Kafka's copy is for lag tooling.
+            log.warning("could not commit offsets to Kafka (ledger has them): %s", exc)
+        count = sum(len(r) for r in batch.values())
+        self._count(placed, dead)
+        return count
+
+    def _publish_dead_letters(self, dead: list[DeadLetter]) -> None:
+        if not dead:
+            return
+        topics = {topic_name(d.run_id, "dead_letters") for d in dead if d.run_id != "unknown"}
+        if topics - self._dead_letter_topics:
+            create_topics(self.settings, sorted(topics - self._dead_letter_topics))
+            self._dead_letter_topics |= topics
+        for d in dead:
+            if d.run_id != "unknown" and d.source_topic != topic_name(d.run_id, "dead_letters"):
+                self.publisher.publish(d)
+        self.publisher.flush()
+
+    def _count(self, placed: list[Placed], dead: list[DeadLetter]) -> None:
+        self.stats.batches += 1
+        self.stats.rows += len(placed)
+        self.stats.dead_letters += len(dead)
+        for p in placed:
+            name = type(p.event).__name__
+            self.stats.by_type[name] = self.stats.by_type.get(name, 0) + 1
+
+    def run(self, idle_exit_s: float | None = None, on_batch=None) -> SinkStats:
+        """Loop until `stop_requested` is set (the CLI sets it on SIGTERM/SIGINT, after the
+        batch in hand is written with its offsets), or idle for `idle_exit_s`."""
+        last_data = time.monotonic()
+        kafka_errors = 0
+        while not self.stop_requested.is_set():
+            try:
+                if self.conn is None:
+                    self._connect()
+                self.broker_watch.check()
+                seen = self.poll_once()
+                self.retire_windows()
+                self.outage.recovered()
+                kafka_errors = 0
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:  # the ledger went away
+                self._disconnect()
+                self.outage.wait(exc)
+                continue
+            except KafkaError as exc:
+                kafka_errors += 1
+                log.warning("kafka error, retrying: %s", exc)
+                time.sleep(backoff_delay(kafka_errors, 0.5, 5.0))
+                continue
+            # The idle clock starts once there is something to read.
+            if seen or not self.positions:
+                last_data = time.monotonic()
+            if seen:
+                if on_batch:
+                    on_batch(self.stats)
+            elif idle_exit_s is not None and time.monotonic() - last_data > idle_exit_s:
+                break
+        if self.stop_requested.is_set():
+            self.drain()
+        return self.stats
+
+    def retire_windows(self) -> None:
+        """Delete the windows no reader needs whose records the ledger holds, after letting
+        go of their partitions (a sink of one shard only: shards would each hold some)."""
+        now = time.monotonic()
+        if self.shard[1] != 1 or now - self.windows.last_pass < RETIRE_EVERY_S:
+            return
+        self.windows.last_pass = now
+        for run_id, window in self.windows.due(self.conn, now):
+            partitions = [tp for tp in self.positions
+                          if topic_window(tp.topic) == window and parse_topic(tp.topic)[0] == run_id]
+            if not partitions or not ledger_holds(self.settings, partitions):
+                break
+            for tp in partitions:
+                del self.positions[tp]
+            self.consumer.assign(sorted(self.positions, key=lambda tp: (tp.topic, tp.partition)))
+            delete_topics(self.settings, sorted({tp.topic for tp in partitions}))
+            self.windows.forget(run_id, window)
+            log.info("retired window %d of run %s (%d partitions)", window, run_id, len(partitions))
+
+    def drain(self, within_s: float = DRAIN_S) -> None:
+        """Stopping: write what the topics hold now (what the run's other processes
+        published while they stopped), for at most `within_s`; the services may be gone."""
+        deadline = time.monotonic() + within_s
+        try:
+            while time.monotonic() < deadline and self.conn is not None and self.poll_once(timeout_ms=300):
+                pass
+        except (psycopg.Error, KafkaError) as exc:
+            log.warning("stopping: the last records stay unwritten (%s)", exc)
+
+    def close(self) -> None:
+        self.consumer.close(autocommit=False)
+        self.publisher.close()
+        self._disconnect()

@@ -1,0 +1,73 @@
+"""What `recipe validate` (and every run) checks in the recipe's rows before anything
+starts: each file reads, each prompt is text or chat messages the run can render, and
+the answer a built-in evaluator reads is there, every problem with its file, row and key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamrl.runtime.config import Data, Recipe
+from streamrl.runtime.dataset import DatasetError, lookup, read_rows, saved_chat_template
+
+
+def data_problems(recipe: Recipe) -> list[str]:
+    problems = []
+    answer_key = evaluator_answer_key(recipe)
+    sections = [("data", recipe.data)]
+    if recipe.validate.data.data_files:
+        sections.append(("validate.data", recipe.validate.data))
+    for name, section in sections:
+        try:
+            rows = read_rows(section.data_files, section.type, (answer_key,) if answer_key else (),
+                             prompt_keys=(section.prompt_key,))
+        except DatasetError as exc:
+            problems.append(f"{name}.data_files: {exc}")
+            continue
+        problems += template_problems(recipe, name, section, rows)
+    if recipe.trainer.warmup_messages_key and recipe.rollout_worker.type in ("agent", "nexau"):
+        problems += warmup_tool_listing_problems(recipe)
+    return problems
+
+
+def evaluator_answer_key(recipe: Recipe) -> str | None:
+    """The key a built-in evaluator reads the answer at (None for a recipe's own evaluator,
+    which reads what it likes)."""
+    worker = recipe.rollout_worker
+    spec = worker.evaluator_module_path
+    if spec and not spec.startswith("builtin:"):
+        return None
+    if spec in ("builtin:code", "builtin:weighted", "builtin:llm_judge"):  # an answer is optional there
+        return worker.evaluator_kwargs.get("answer_key")
+    return worker.evaluator_kwargs.get("answer_key", recipe.data.answer_key)
+
+
+def template_problems(recipe: Recipe, name: str, section: Data, rows: list[dict]) -> list[str]:
+    """Chat-message prompts need a chat template; a local model folder says whether it has one."""
+    first = next((i for i, row in enumerate(rows) if not isinstance(lookup(row, section.prompt_key, ""), str)), None)
+    if first is None:
+        return []
+    where = f"{name}.{section.prompt_key} (row {first + 1} of {section.data_files[0]}...)"
+    if recipe.data.apply_chat_template is False:
+        return [f"{where}: holds chat messages, and data.apply_chat_template is false (raw text only)"]
+    model_path = recipe.rollout_worker.model_path
+    if recipe.data.chat_template or not model_path or not Path(model_path).is_dir() or saved_chat_template(model_path):
+        return []
+    return [f"{where}: holds chat messages, and the tokenizer in {model_path} has no chat template "
+            "(set data.chat_template to a .jinja file)"]
+
+
+def warmup_tool_listing_problems(recipe: Recipe) -> list[str]:
+    """Demonstrations are laid out without the tool listing: an agent that lists its tools
+    in the prompt would be warmed up on prompts it never sees."""
+    from streamrl.producers.agent_worker import AgentConfigError, load_agent_config
+
+    try:
+        config = load_agent_config(recipe.rollout_worker.agent_config_path)
+    except (AgentConfigError, TypeError):
+        return []  # reported with the agent config's own key
+    if config.get("tools") and config.get("tools_in_system_prompt", True):
+        return ["trainer.warmup_messages_key: demonstrations are rendered without the tool listing, and the agent "
+                "lists its tools in the prompt (tools_in_system_prompt); set it false, or warm up without "
+                "demonstrations"]
+    return []

@@ -1,0 +1,258 @@
+"""`streamrl run` and `streamrl replay`: a run's processes on this machine, watched
+through the ledger.
+
+Starts, as separate processes (the same commands a cluster would run): the ledger sink,
+the stream processor, the learner and, for a run, the rollout workers and the
+publisher. Progress is read from the ledger, the run's durable record, once a second.
+A run is over when the learner has finished its last step and the final validation is
+in the ledger; then the other processes get SIGTERM (they commit and exit), and a
+summary table and a reward-curve PNG are written.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import psycopg
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.dataset import total_train_steps
+from streamrl.runtime.service_config import Broker
+from streamrl.runtime.services import broker_memory_bytes
+from streamrl.runtime.settings import Settings
+from streamrl.runtime.topic_retention import retire_run_topics
+from streamrl.runtime.topic_windows import windows_left
+from streamrl.report import RunSummary, load_summary, plot_reward_curve, summary_table, val_accuracy_at
+from streamrl.supervise import RestartPolicy, RunFailed, Supervisor
+
+__all__ = ["RunFailed", "RestartPolicy", "run_locally", "replay_locally"]
+
+
+def child_env(settings: Settings) -> dict:
+    env = dict(os.environ)
+    env["STREAMRL_HOME"] = str(settings.home)
+    env["STREAMRL_KAFKA_BOOTSTRAP"] = settings.kafka_bootstrap
+    env["STREAMRL_DATABASE_URL"] = settings.database_url
+    env["STREAMRL_PARTITION_ASSIGNMENT"] = settings.partition_assignment
+    # Several torch processes on 2 cores stall each other unless each keeps to one thread.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MKL_NUM_THREADS", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+@dataclass
+class LocalRun:
+    """The processes of one run, their logs under `out/logs`, supervised (restarted when
+    they crash, by `policy`) and stopped together."""
+
+    settings: Settings
+    run_id: str
+    out: Path
+    console: Console
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
+    broker: Broker = field(default_factory=Broker)
+
+    def __post_init__(self):
+        self.logs = self.out / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.supervisor = Supervisor(self.logs, child_env(self.settings), self.policy, self.say)
+        self.spawn, self.check, self.stop = self.supervisor.spawn, self.supervisor.check, self.supervisor.stop
+        self.broker_warned = False
+
+    def restarts_note(self) -> str:
+        count = sum(self.supervisor.restarts.values())
+        return f"restarts {count}" if count else ""
+
+    def broker_note(self) -> str:
+        """The embedded broker's memory for the progress line; past the recipe's share of
+        the machine's memory, said once with what grows and what to do."""
+        import psutil
+
+        rss = broker_memory_bytes(self.settings)
+        if rss is None:
+            return ""
+        total = psutil.virtual_memory().total
+        if not self.broker_warned and rss > self.broker.memory_warning_share * total:
+            self.broker_warned = True
+            self.say(f"the embedded broker holds {rss / 2**30:.1f} GiB, over "
+                     f"{self.broker.memory_warning_share:.0%} of this machine's {total / 2**30:.0f} GiB: it keeps "
+                     "every event of the runs it carries in memory (a finished run's topics leave it with "
+                     "service.broker.retention: remove); for long runs, point STREAMRL_KAFKA_BOOTSTRAP at a Kafka "
+                     "cluster")
+        return f"broker {rss / 2**20:.0f} MB"
+
+    def retire_topics(self) -> None:
+        """The run is over and its processes stopped: free its topics (retention: remove)."""
+        if self.broker.retention == "keep":
+            return
+        try:
+            self.say(retire_run_topics(self.settings, self.run_id).sentence(self.run_id))
+        except Exception as error:  # noqa: BLE001 - the run itself succeeded; say why the topics stay
+            self.say(f"kept run {self.run_id}'s topics on the broker: removing them failed ({error})")
+
+    def say(self, line: str) -> None:
+        """A supervision event: on the console and in logs/supervisor.log."""
+        self.console.print(f"[yellow]{line}[/]", highlight=False)
+        with open(self.logs / "supervisor.log", "a") as log:
+            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+
+    def follow(self, console: Console, total_steps: int, finished: Callable[[RunSummary], bool],
+               poll_s: float = 1.0, before: Callable[[Progress], None] | None = None) -> RunSummary:
+        """Progress bars until `finished(summary)`; then the processes are stopped and the
+        summary table and reward curve written. While the ledger does not answer, the
+        line says so and the processes wait for it (they give up, and so does the run,
+        after `STREAMRL_SERVICE_WAIT_S`)."""
+        started = time.monotonic()
+        summary = None
+        try:
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          TextColumn("{task.fields[status]}"), console=console) as progress:
+                if before:
+                    before(progress)
+                bar = progress.add_task("training steps", total=total_steps, status="starting")
+                while True:
+                    time.sleep(poll_s)
+                    self.check()
+                    try:
+                        summary = load_summary(self.settings.database_url, self.run_id, with_counts=False)
+                    except psycopg.OperationalError:
+                        progress.update(bar, status=f"waiting for the ledger's PostgreSQL  {self.restarts_note()}")
+                        continue
+                    notes = "  ".join(note for note in (self.broker_note(), self.restarts_note()) if note)
+                    progress.update(bar, completed=len(summary.steps), status=f"{status_line(summary)}  {notes}".rstrip())
+                    if finished(summary):
+                        break
+        except KeyboardInterrupt:
+            console.print("[yellow]interrupted: stopping the run's processes (they commit what they have)[/]")
+            raise
+        finally:
+            self.stop()
+        if self.broker.window_steps:
+            self.say(windows_left(self.settings, self.run_id, total_steps, self.broker.window_steps))
+        self.retire_topics()
+        wall = time.monotonic() - started
+        summary = load_summary(self.settings.database_url, self.run_id)
+        png = plot_reward_curve(summary, self.out / "reward_curve.png")
+        table = summary_table(summary, wall)
+        table.add_row("process restarts", self.supervisor.restarts_text())
+        for key in ("val_accuracy_before_replay", "val_accuracy_after_replay"):
+            value = (summary.finish or {}).get(key, summary.warmup.get(key))
+            if value is not None:
+                table.add_row(key.replace("_", " ").replace("val ", "validation "), f"{value:.3f}")
+        console.print(table)
+        console.print(f"reward curve: {png}", highlight=False)
+        return summary
+
+
+def status_line(summary: RunSummary) -> str:
+    latest_val = (f"val acc {summary.val_accuracy[-1]:.2f} @v{summary.val_versions[-1]}"
+                  if summary.val_accuracy else "val acc -")
+    tail = summary.reward_by_step[-10:]
+    reward = f"reward {sum(tail) / len(tail):.2f}" if tail else "warming up"
+    return f"{reward}  {latest_val}"
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM (a scheduler, `timeout`, `kill`) stops the run as Ctrl-C does: its
+    processes are stopped and commit what they have, instead of being left running."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, run_id: str, workers: int,
+                out: Path | None, console: Console, final_val_timeout_s: float = 180.0,
+                resume: bool = False, reset_offsets: bool = False,
+                inference_urls: list[str] | None = None, policy: RestartPolicy = RestartPolicy(),
+                overrides: list[str] | None = None, tag: str | None = None,
+                code_check: Callable[[], None] | None = None) -> RunSummary:
+    """`code_check` (a fresh run): loads and checks the recipe's code, raising what it
+    finds; it runs while the learner and workers start (their imports are most of a
+    run's start), before the publisher creates the run."""
+    interrupt_on_sigterm()
+    local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy, recipe.service.broker)
+    total = total_train_steps(recipe)  # the same count the publisher and the learner use
+    val_rows = recipe.validate.data.max_rows
+    console.print(f"run [bold]{run_id}[/]: logs in {local.logs}", highlight=False)
+    # The learner and the workers start first: importing torch and transformers and
+    # building the model is most of a run's start. They wait for the run's `created`
+    # event, which the publisher writes from the same recipe and overrides (the resolved
+    # config every other process reads).
+    role = "remote-trainer" if recipe.service.train_service.backend != "none" else "learner"
+    learner = local.spawn(role, ["learner", run_id] + (["--reset-offsets"] if reset_offsets else []),
+                          may_finish=True)
+    for i in range(workers):  # group members by name, or fixed shards (STREAMRL_PARTITION_ASSIGNMENT)
+        placement = ["--name", f"worker-{i}"] if settings.partition_assignment == "group" else ["--shard", f"{i}/{workers}"]
+        local.spawn(f"worker-{i}", ["worker", run_id, *placement])
+    if code_check is not None:
+        try:
+            code_check()
+        except BaseException:  # refused before the run exists: nothing is recorded
+            local.stop()
+            raise
+    publish = ["publish", "--resume", run_id] if resume else \
+        ["publish", str(recipe_file), *(overrides or []), "--run", run_id, "--checked",
+         *(["--tag", tag] if tag else [])]
+    publish += [arg for url in inference_urls or [] for arg in ("--inference-url", url)]
+    # Restarted, the publisher resumes: the run exists, and tasks already done are skipped.
+    local.spawn("publisher", publish, may_finish=True, restart_args=["publish", "--resume", run_id])
+    local.spawn("sink", ["sink", "--run", run_id])
+    local.spawn("processor", ["processor", run_id])
+    if recipe.logger.trackers():  # W&B / TensorBoard / MLflow, fed from the topics; training never waits for it
+        local.spawn("tracker", ["tracker", run_id], optional=f"`streamrl export {run_id} --to ...` back-fills the trackers")
+    final_val_version = total if recipe.validate.data.data_files else None
+    val_wait_started = None
+
+    def finished(summary: RunSummary) -> bool:
+        nonlocal val_wait_started
+        if not local.supervisor.finished(learner) or len(summary.steps) < total:
+            return False
+        if final_val_version is None or val_accuracy_at(summary, final_val_version, val_rows) is not None:
+            return True
+        val_wait_started = val_wait_started or time.monotonic()
+        if time.monotonic() - val_wait_started > final_val_timeout_s:
+            console.print("[yellow]final validation incomplete; stopping anyway[/]")
+            return True
+        return False
+
+    summary = local.follow(console, total, finished)
+    console.print(f"ask the ledger: streamrl sql \"select step, metrics->>'reward_mean' as reward from train_steps "
+                  f"where run_id = '{run_id}' order by step\"", highlight=False, markup=False)
+    return summary
+
+
+def replay_locally(settings: Settings, run_id: str, steps: int, publish, out: Path | None,
+                   console: Console, policy: RestartPolicy = RestartPolicy(), trackers: bool = False,
+                   broker: Broker = Broker()) -> RunSummary:
+    """The trainers of a replayed run (sink, processor, learner) as processes, fed by
+    `publish(on_progress)` here; over when the learner has trained its last step."""
+    local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy, broker)
+    console.print(f"replay into [bold]{run_id}[/]: logs in {local.logs}", highlight=False)
+    local.spawn("sink", ["sink", "--run", run_id])
+    local.spawn("processor", ["processor", run_id])
+    learner = local.spawn("learner", ["learner", run_id], may_finish=True)
+    if trackers:
+        local.spawn("tracker", ["tracker", run_id], optional=f"`streamrl export {run_id} --to ...` back-fills the trackers")
+
+    def publish_all(progress: Progress) -> None:
+        sent = progress.add_task("replayed rollouts", total=None, status="")
+
+        def on_progress(count: int) -> None:
+            progress.update(sent, completed=count)
+            local.check()
+
+        total = publish(on_progress)
+        progress.update(sent, total=total, completed=total)
+
+    def finished(summary: RunSummary) -> bool:
+        return local.supervisor.finished(learner) and len(summary.steps) >= steps and summary.finish is not None
+
+    return local.follow(console, steps, finished, before=publish_all)

@@ -1,0 +1,274 @@
+"""The rollout worker process: tasks in, trajectories and evaluations out.
+
+A thin loop around a `BaseRolloutWorker`: take up to `max_concurrent_tasks` tasks from
+this worker's partitions, make sure the engine holds a weight version the tasks allow,
+roll them out concurrently (the engine batches their completions), publish, and only
+then commit the tasks' offsets. A crash re-runs the uncommitted tasks; their events
+keep the same ids, and the processor and ledger keep the first copy.
+
+Weight sync (`weight.sync_mode`):
+    sync         tasks carry min_weight_version = the version they must be sampled by;
+                 the worker waits for it and loads it between batches of tasks
+    batch-async  the newest version is loaded between batches of tasks
+    fully-async  the newest version is loaded as soon as it arrives, between two
+                 engine batches (a watcher thread), even while tasks are in flight
+
+With `weight.transport: distributed` every version is received as the learner
+broadcasts it (the watcher thread, in sync mode too): a broadcast waits for every server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import zlib
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from kafka import TopicPartition
+
+import streamrl.producers.agent_worker  # noqa: F401  (registers the "agent" worker type)
+import streamrl.producers.openai_engine  # noqa: F401  (registers the "openai" inference backend)
+import streamrl.producers.sglang_engine  # noqa: F401  (registers the "sglang" inference backend)
+from streamrl.runtime.config_reads import unread_keys
+from streamrl.producers.evaluator import Evaluator
+from streamrl.producers.evaluator_builtins import make_evaluator as build_evaluator
+from streamrl.producers.inference import INFERENCE_BACKENDS, SamplingParams
+from streamrl.producers.rollout import ROLLOUT_WORKERS, BaseRolloutWorker, InferenceClient, make_worker
+from streamrl.runtime.bus import EventPublisher, RunReader
+from streamrl.runtime.chat_template import ChatRenderer
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.plugins import load_class
+from streamrl.runtime.settings import Settings
+from streamrl.schema.events import RunEvent, Task, WeightVersion
+
+log = logging.getLogger("streamrl.worker")
+WORKER_GROUP = "streamrl-worker"
+# Rollouts after which a custom worker's own keys it never read are reported (once).
+UNREAD_CHECK_ROLLOUTS = 16
+
+
+def make_evaluator(recipe: Recipe) -> Evaluator:
+    worker = recipe.rollout_worker
+    return build_evaluator(worker.evaluator_module_path, worker.evaluator_kwargs, answer_key=recipe.data.answer_key)
+
+
+def worker_class(recipe: Recipe) -> type[BaseRolloutWorker]:
+    worker = recipe.rollout_worker
+    if worker.custom_rollout_worker_module_path:
+        spec = worker.custom_rollout_worker_module_path  # file.py:Class, or the file and the class apart
+        if worker.custom_rollout_worker_class_name:
+            spec = f"{spec}:{worker.custom_rollout_worker_class_name}"
+        return load_class(spec, ".", BaseRolloutWorker)
+    try:
+        return ROLLOUT_WORKERS.get(worker.type)
+    except KeyError as exc:
+        raise ValueError(f"rollout_worker.type: {exc} (or set custom_rollout_worker_module_path)") from None
+
+
+class WeightWatcher:
+    """Follows the run's weights topic; knows the newest version."""
+
+    def __init__(self, settings: Settings, run_id: str):
+        self.reader = RunReader(settings, run_id, ["weights"], group_id=None, stage="worker")
+        self.latest: WeightVersion | None = None
+
+    def poll(self, timeout_ms: int = 0) -> WeightVersion | None:
+        events, _ = self.reader.poll(timeout_ms=timeout_ms)
+        for event, _, _ in events:
+            if isinstance(event, WeightVersion) and (self.latest is None or event.version > self.latest.version):
+                self.latest = event
+        return self.latest
+
+    def wait_for(self, version: int, stop: threading.Event) -> WeightVersion | None:
+        while not stop.is_set():
+            latest = self.poll(timeout_ms=100)
+            if latest is not None and latest.version >= version:
+                return latest
+        return None
+
+
+def run_worker(settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int, int] = (0, 1),
+               stop: threading.Event | None = None, idle_exit_s: float | None = None, name: str | None = None) -> int:
+    """Serve tasks until stopped; returns the number of tasks completed.
+
+    With `STREAMRL_PARTITION_ASSIGNMENT=group` (the default) the worker joins the run's
+    worker group as `name` and serves the tasks partitions the group gives it; with
+    `shard` it serves the partitions of `shard`."""
+    return WorkerLoop(settings, run_id, recipe, shard, stop or threading.Event(), name).run(idle_exit_s)
+
+
+class WorkerLoop:
+    """One worker process: its engine, its reader of tasks, its publisher, and the weight
+    version its engine holds."""
+
+    def __init__(self, settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int, int],
+                 stop: threading.Event, name: str | None):
+        self.settings, self.run_id, self.stop = settings, run_id, stop
+        self.cfg, self.mode = recipe.rollout_worker, recipe.weight.sync_mode
+        self.transport = recipe.weight.transport
+        in_group = settings.partition_assignment == "group"
+        name = name or (os.uname().nodename if in_group else str(shard[0]))
+        worker_id = f"{os.uname().nodename}-{os.getpid()}-{name}"
+        # each worker samples with its own seed: the shard index, or a number from its name
+        seed_offset = zlib.crc32(name.encode()) % 1000 if in_group else shard[0]
+        backend = INFERENCE_BACKENDS.get(recipe.service.inference_service.backend)
+        self.engine = backend(recipe, recipe.trainer.seed + seed_offset, settings, settings.home / "runs" / run_id / "logs")
+        cfg = self.cfg
+        client = InferenceClient(
+            self.engine,
+            SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature, top_p=cfg.top_p),
+            SamplingParams(max_new_tokens=cfg.max_response_length, temperature=recipe.validate.temperature),
+            max_prompt_tokens=min(cfg.max_prompt_length, recipe.data.max_prompt_length),
+            chat=ChatRenderer(self.engine.tokenizer, recipe.data.apply_chat_template, recipe.data.chat_template))
+        # a group's trajectories (and its evaluations) leave as one record each
+        self.publisher = EventPublisher(settings, bundle=True, stage="worker")
+        self.worker = make_worker(worker_class(recipe), cfg.worker_config(), client, make_evaluator(recipe),
+                                  self.publisher.publish, worker_id)
+        self.tasks = RunReader(settings, run_id, ["tasks"], group_id=f"{WORKER_GROUP}.{run_id}", shard=shard,
+                               stage="worker", member=name if in_group else None)
+        self.watcher = WeightWatcher(settings, run_id)
+        self.loaded_version = -1
+        self._load_lock = threading.Lock()
+        self.failures: list[BaseException] = []
+        self.pool = ThreadPoolExecutor(max_workers=cfg.max_concurrent_tasks, thread_name_prefix="rollout")
+        self.unread_reported = False
+
+    def load(self, version: WeightVersion | None) -> None:
+        """Load `version` into the engine if it is newer (applied before its next batch)."""
+        with self._load_lock:
+            if version is not None and version.version > self.loaded_version:
+                if version.broadcast is not None:  # weight.transport distributed (an SGLang engine)
+                    self.engine.update_weights(Path(version.uri), version.version, broadcast=version.broadcast)
+                else:
+                    self.engine.update_weights(Path(version.uri), version.version)
+                self.loaded_version = version.version
+
+    def _follow_weights(self) -> None:
+        """fully-async, or weights broadcast: load each version as it arrives, from a
+        thread of its own."""
+        watcher = WeightWatcher(self.settings, self.run_id)
+        try:
+            while not self.stop.is_set():
+                self.load(watcher.poll(timeout_ms=200))
+        except Exception as exc:  # a weight version the engine refused: the worker stops, loudly
+            self.failures.append(exc)
+            self.stop.set()
+
+    def run(self, idle_exit_s: float | None) -> int:
+        # a broadcast version is received as it is sent, whatever the worker is doing
+        if self.mode == "fully-async" or self.transport == "distributed":
+            threading.Thread(target=self._follow_weights, name="weights", daemon=True).start()
+        done, last_work = 0, time.monotonic()
+        try:
+            while not self.stop.is_set():
+                events, dead = take_tasks(self.tasks, self.cfg.max_concurrent_tasks, self.cfg.rollout_repeat_n)
+                for letter in dead:
+                    self.publisher.publish(letter)
+                batch = [task for task, _, _ in events if isinstance(task, Task)]
+                if not batch and not dead:
+                    if idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s:
+                        break
+                    continue
+                last_work = time.monotonic()
+                if batch:
+                    if not self._weights_for(batch):  # stopped while waiting: hand the tasks back uncommitted
+                        break
+                    self._roll_out(batch)
+                    done += len(batch)
+                    if not self.unread_reported and done >= UNREAD_CHECK_ROLLOUTS:
+                        self.report_unread_keys()
+                self.publisher.flush()
+                self._commit(events, dead)
+        finally:
+            if done and not self.unread_reported:
+                self.report_unread_keys()
+            self.close()
+        if self.failures:
+            raise self.failures[0]
+        return done
+
+    def report_unread_keys(self) -> None:
+        """Once, after the first rollouts: the worker's own keys it never read
+        (runtime/config_reads.py), in its log and in the ledger."""
+        self.unread_reported = True
+        unread = unread_keys(self.worker._config, self.cfg.extra)
+        if not unread:
+            return
+        message = (f"rollout_worker: {', '.join(unread)} read by nothing in the first rollouts of "
+                   f"{type(self.worker).__name__} (a misspelt key?); declare the worker's keys with "
+                   f"`config_keys = (...)` to have the others refused when the recipe is checked")
+        log.warning(message)
+        self.publisher.publish(RunEvent(run_id=self.run_id, kind="config_unread", name="rollout_worker",
+                                        message=message, details={"section": "rollout_worker", "keys": unread}))
+        self.publisher.flush()
+
+    def _weights_for(self, batch: list[Task]) -> bool:
+        """The engine holds a version every task of `batch` allows (sync waits for it;
+        batch-async takes the newest between batches). False: stopped while waiting."""
+        needed = max(task.min_weight_version for task in batch)
+        if self.loaded_version < needed:
+            latest = self.watcher.wait_for(needed, self.stop)
+            if latest is None:
+                return False
+            self.load(latest)
+        elif self.mode != "fully-async":
+            self.load(self.watcher.poll())
+        return True
+
+    def _roll_out(self, batch: list[Task]) -> None:
+        """What the worker samples as one batch it rolls out here, the rest a thread each;
+        a group's events leave as soon as its last task here is done, not with the batch."""
+        unfinished = Counter(task.group_id for task in batch)
+
+        def finished(task: Task) -> None:
+            unfinished[task.group_id] -= 1
+            if not unfinished[task.group_id]:
+                self.publisher.send_held(task.group_id.encode())
+
+        left = self.worker.run_tasks(batch, self.cfg.max_retries)
+        left_ids = {id(task) for task, _ in left}
+        for task in batch:
+            if id(task) not in left_ids:
+                finished(task)
+        futures = {self.pool.submit(self.worker.run_task, task, retries): task for task, retries in left}
+        for future in as_completed(futures):
+            future.result()
+            finished(futures[future])
+
+    def _commit(self, events: list, dead: list) -> None:
+        """After the batch's events are published: the offsets past every record taken."""
+        next_offsets: dict[TopicPartition, int] = {}
+        for _, tp, offset in events:
+            next_offsets[tp] = max(next_offsets.get(tp, 0), offset + 1)
+        for letter in dead:
+            next_offsets[_tp(letter)] = max(next_offsets.get(_tp(letter), 0), letter.source_offset + 1)
+        self.tasks.commit(next_offsets)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.pool.shutdown(wait=True)
+        self.publisher.flush()
+        self.publisher.close()
+        self.tasks.close()
+        self.engine.close()
+
+
+def take_tasks(tasks: RunReader, limit: int, group_size: int) -> tuple[list, list]:
+    """Up to `limit` tasks from the tasks topic, where a record holds a whole group's
+    tasks (the publisher bundles them) or one (a validation task): records are taken a
+    few at a time while another group's bundle still fits."""
+    events, dead = tasks.poll(timeout_ms=100, max_records=max(1, limit // group_size))
+    while (events or dead) and len(events) + group_size <= limit:
+        more, more_dead = tasks.poll(timeout_ms=0, max_records=max(1, (limit - len(events)) // group_size))
+        if not more and not more_dead:
+            break
+        events, dead = events + more, dead + more_dead
+    return events, dead
+
+
+def _tp(letter) -> TopicPartition:
+    return TopicPartition(letter.source_topic, letter.source_partition)

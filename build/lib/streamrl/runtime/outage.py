@@ -1,0 +1,109 @@
+"""Lost services: waiting for the broker or PostgreSQL to come back, and the one
+sentence a process ends with when they do not.
+
+Every process of a run waits the same way: the Kafka client reconnects by itself (its
+backoff grows to `reconnect_backoff_max_ms`), PostgreSQL connections are re-opened
+with a delay that doubles up to 10 s, and after `STREAMRL_SERVICE_WAIT_S` without the
+service the process raises `ServiceLost`, which the CLI prints as one sentence (exit
+code 3) naming the service, its address, and the commands that bring the run back.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from streamrl.runtime.services import redact
+from streamrl.runtime.backoff import backoff_delay
+from streamrl.runtime.settings import Settings
+
+log = logging.getLogger("streamrl.outage")
+
+
+class ServiceLost(RuntimeError):
+    pass
+
+
+def how_to_recover(run_id: str | None) -> str:
+    finish = f"`streamrl run --resume {run_id}`" if run_id else "the command that stopped"
+    return f"bring it back (`streamrl up` for the embedded services), then {finish}"
+
+
+def postgres_lost(settings: Settings, run_id: str | None, waited_s: float, detail: str) -> ServiceLost:
+    return ServiceLost(f"PostgreSQL at {redact(settings.database_url)} did not answer for {waited_s:.0f} s "
+                       f"({detail.strip().splitlines()[0] if detail.strip() else 'no answer'}): "
+                       f"{how_to_recover(run_id)}.")
+
+
+def broker_lost(settings: Settings, run_id: str | None, waited_s: float, detail: str) -> ServiceLost:
+    return ServiceLost(f"the Kafka broker at {settings.kafka_bootstrap} {detail} for {waited_s:.0f} s: "
+                       f"{how_to_recover(run_id)}.")
+
+
+class PostgresOutage:
+    """How long the ledger has been unreachable, and the wait before the next try."""
+
+    def __init__(self, settings: Settings, run_id: str | None, stop: threading.Event | None = None):
+        self.settings, self.run_id = settings, run_id
+        self.stop = stop or threading.Event()
+        self.since: float | None = None
+        self.tries = 0
+
+    def wait(self, exc: Exception) -> None:
+        """After a failed use of the database: sleep before the next try, or raise ServiceLost."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            log.warning("lost PostgreSQL (%s); retrying for up to %d s", str(exc).strip().splitlines()[0]
+                        if str(exc).strip() else type(exc).__name__, self.settings.service_wait_s)
+        if now - self.since > self.settings.service_wait_s:
+            raise postgres_lost(self.settings, self.run_id, now - self.since, str(exc)) from exc
+        self.tries += 1
+        self.stop.wait(backoff_delay(self.tries, 0.5, 10.0))
+
+    def recovered(self) -> None:
+        if self.since is not None:
+            log.warning("PostgreSQL answers again after %.0f s", time.monotonic() - self.since)
+        self.since, self.tries = None, 0
+
+
+class BrokerWatch:
+    """Notices a consumer that has lost the broker, or whose topics the broker no longer
+    has (an embedded broker restarted: it keeps topics in memory), and raises ServiceLost
+    once that has lasted `STREAMRL_SERVICE_WAIT_S`. Checked at most once a second."""
+
+    def __init__(self, settings: Settings, consumer, run_id: str | None, topics: list[str] | None = None):
+        self.settings, self.consumer, self.run_id, self.topics = settings, consumer, run_id, topics or []
+        self.problem_since: float | None = None
+        self.warned = False
+        self.last_check = 0.0
+
+    def problem(self) -> str | None:
+        metrics = self.consumer.metrics().get("consumer-metrics", {})
+        if metrics.get("connection-count", 1) == 0:
+            return "did not answer"
+        missing = [t for t in self.topics if not self.consumer.partitions_for_topic(t)]
+        if missing:
+            return f"no longer has the run's topics ({', '.join(missing[:2])}: restarted without its storage?)"
+        return None
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now - self.last_check < 1.0:
+            return
+        self.last_check = now
+        problem = self.problem()
+        if problem is None:
+            if self.problem_since is not None and self.warned:
+                log.warning("the Kafka broker answers again after %.0f s", now - self.problem_since)
+            self.problem_since = None
+            return
+        if self.problem_since is None:
+            self.problem_since = now
+            self.warned = False
+        elif not self.warned and now - self.problem_since >= 5.0:  # a client reconnects now and then
+            self.warned = True
+            log.warning("the Kafka broker %s; waiting up to %d s", problem, self.settings.service_wait_s)
+        if now - self.problem_since > self.settings.service_wait_s:
+            raise broker_lost(self.settings, self.run_id, now - self.problem_since, problem)

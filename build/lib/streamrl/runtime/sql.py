@@ -1,0 +1,156 @@
+"""Read-only SQL over the ledger.
+
+Four guards, strongest last: a friendly check of the statement's first keyword; the
+query is sent as a prepared statement (or a server-side cursor's DECLARE, itself
+prepared), which PostgreSQL refuses to build from more than one command; it runs in a
+READ ONLY transaction with a statement timeout, so even a write hidden in a CTE or an
+EXPLAIN ANALYZE cannot change the ledger; and the commands
+connect as `streamrl_reader` (migration 0007: SELECT on the ledger and nothing else), so
+server files, other sessions and other roles are out of reach whatever the query does.
+
+Memory is bounded too: a SELECT-like statement's rows come from a server-side cursor a
+batch at a time, and the callers that hold a result stop at a row and a byte limit
+(`run_readonly`) or stream it (`readonly_rows`).
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+
+from streamrl.runtime.db import connect
+
+READ_KEYWORDS = {"select", "with", "values", "table", "explain", "show"}
+_LEADING_NOISE = re.compile(r"^(\s+|--[^\n]*\n?|/\*.*?\*/)+", re.S)
+
+
+class SqlRefused(ValueError):
+    """The statement is not a single read-only query."""
+
+
+class SqlFailed(RuntimeError):
+    """PostgreSQL could not run the statement (syntax, unknown column, timeout, ...)."""
+
+
+@dataclass
+class QueryResult:
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+    stopped: str | None = None  # why the rows end before the result does (a row or byte limit)
+
+
+# Statements a server-side cursor can hold: their rows are fetched a batch at a time, so
+# a huge result never sits in this process's memory at once.
+CURSOR_KEYWORDS = {"select", "with", "values", "table"}
+FETCH_BATCH = 1000
+
+
+def first_keyword(query: str) -> str:
+    body = _LEADING_NOISE.sub("", query)
+    match = re.match(r"\(*\s*([A-Za-z]+)", body)
+    return match.group(1).lower() if match else ""
+
+
+def check_read_only(query: str) -> str:
+    """The statement's first keyword, if it is one a read-only query may start with."""
+    if not query.strip():
+        raise SqlRefused("empty query")
+    keyword = first_keyword(query)
+    if keyword not in READ_KEYWORDS:
+        raise SqlRefused(
+            f"streamrl sql runs read-only queries; {keyword.upper() or 'this statement'} is not allowed "
+            f"(allowed: {', '.join(sorted(k.upper() for k in READ_KEYWORDS))})"
+        )
+    return keyword
+
+
+@contextmanager
+def readonly_rows(database_url: str, query: str, params: dict[str, Any] | None = None, timeout_s: float = 30.0):
+    """(columns, an iterator of rows) of one read-only statement, in a READ ONLY
+    transaction with a statement timeout; a SELECT-like statement's rows come from a
+    server-side cursor, a batch at a time. Problems become SqlRefused / SqlFailed."""
+    keyword = check_read_only(query)
+    try:
+        conn = connect(database_url)
+    except psycopg.OperationalError as exc:
+        raise SqlFailed(f"cannot connect to the ledger as its read-only role ({str(exc).strip()}); "
+                        "`streamrl db upgrade` creates the streamrl_reader role, or set "
+                        "STREAMRL_READONLY_DATABASE_URL") from None
+    with conn, conn.transaction(), _sql_errors(timeout_s):
+        conn.execute("set transaction read only")
+        conn.execute("select set_config('statement_timeout', %s, true)", (f"{int(timeout_s * 1000)}",))
+        if keyword in CURSOR_KEYWORDS:
+            # DECLARE goes as a prepared statement too: more than one command is refused
+            cur = conn.cursor(name="streamrl_sql")
+            cur.execute(query, params or None)
+        else:
+            cur = conn.execute(query, params or None, prepare=True)
+        columns = [d.name for d in cur.description] if cur.description else []
+
+        def rows():
+            if not cur.description:
+                return
+            while batch := cur.fetchmany(FETCH_BATCH):
+                yield from batch
+        yield columns, rows()
+
+
+@contextmanager
+def _sql_errors(timeout_s: float):
+    try:
+        yield
+    except psycopg.errors.SyntaxError as exc:
+        if "multiple commands" in str(exc):
+            raise SqlRefused("exactly one statement is allowed; remove the ';'-separated extra ones") from None
+        raise SqlFailed(str(exc).strip()) from None
+    except psycopg.errors.ReadOnlySqlTransaction as exc:
+        raise SqlRefused(f"the ledger is read-only here: {str(exc).strip()}") from None
+    except psycopg.errors.FeatureNotSupported as exc:
+        if "data-modifying" not in str(exc):  # a write in a WITH, refused by the cursor before it runs
+            raise SqlFailed(str(exc).strip()) from None
+        raise SqlRefused(f"the ledger is read-only here: {str(exc).strip()}") from None
+    except psycopg.errors.QueryCanceled:
+        raise SqlFailed(f"statement timed out after {timeout_s:g} s (--timeout)") from None
+    except psycopg.Error as exc:
+        raise SqlFailed(str(exc).strip()) from None
+
+
+def row_bytes(row: tuple) -> int:
+    """A row's size, roughly: its text and bytes, and 16 for anything else."""
+    return sum(len(v) if isinstance(v, (str, bytes, memoryview)) else 16 for v in row)
+
+
+def run_readonly(database_url: str, query: str, params: dict[str, Any] | None = None, timeout_s: float = 30.0,
+                 max_rows: int | None = None, max_bytes: int | None = None) -> QueryResult:
+    """One read-only statement's result, held in memory: at most `max_rows` rows and
+    about `max_bytes` bytes of them (`stopped` says which limit ended it)."""
+    kept, size, stopped = [], 0, None
+    with readonly_rows(database_url, query, params, timeout_s) as (columns, rows):
+        for row in rows:
+            if max_rows is not None and len(kept) >= max_rows:
+                stopped = f"the first {max_rows:,} rows"
+                break
+            size += row_bytes(row)
+            if max_bytes is not None and size > max_bytes:
+                stopped = f"the first {len(kept):,} rows (about {max_bytes:,} bytes)"
+                break
+            kept.append(row)
+    return QueryResult(columns, kept, stopped)
+
+
+def plain_value(value):
+    """A SQL result value as plain Python for printing or JSON: bytes as \\x hex,
+    timestamps as ISO text, numerics as int when whole, else float."""
+    if isinstance(value, (bytes, memoryview)):
+        return "\\x" + bytes(value).hex()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value

@@ -1,0 +1,174 @@
+"""Tool-call formats: how each model family writes a tool call in its sampled text.
+
+A format is a parser, `parse(text) -> ParsedTurn`, registered by name; the agent
+config's `tool_call_format` picks one (`auto`: from the chat template's own markers).
+The tool schemas reach the prompt through the chat template (`tools=`), which lists
+them as its family expects. A malformed call becomes an error the model is shown, in
+the tool results, never an exception.
+
+    hermes       Qwen 2.5 / Qwen 3 / Hermes:  <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+                 (one element per call, anywhere outside a <think> block)
+    llama3_json  Llama 3.1 - 3.3:  the turn is {"name": ..., "parameters": {...}} (optionally after
+                 <|python_tag|>), several calls separated by ";"
+    mistral      Mistral (v3 tokenizer):  [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]
+
+A recipe's own: `tool_call_format: my_parsers.py:parse` (a function of the same shape).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from streamrl.runtime.plugins import load_function
+from streamrl.runtime.registry import Registry
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class ParsedTurn:
+    """An assistant turn's text split into what the agent loop acts on."""
+
+    content: str  # the text without thinking and tool calls: the answer, if this is the last turn
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # malformed calls, reported back to the model
+
+
+TOOL_CALL_FORMATS: Registry[Callable[[str], ParsedTurn]] = Registry("tool-call format", None)
+register_tool_call_format = TOOL_CALL_FORMATS.register
+
+THINK_RE = re.compile(r"<think>.*?(</think>|$)", re.DOTALL)
+# special tokens a decoded turn may end with (decoding keeps them: tags must survive)
+TURN_END_TEXT = re.compile(r"(<\|im_end\|>|<\|eot_id\|>|<\|eom_id\|>|</s>|<\|endoftext\|>|<\|end_of_text\|>)\s*$")
+
+
+def strip_thinking(text: str) -> str:
+    return THINK_RE.sub("", text)
+
+
+def without_turn_end(text: str) -> str:
+    """A decoded turn without the special token that closed it."""
+    return TURN_END_TEXT.sub("", text)
+
+
+def visible_text(text: str) -> str:
+    return without_turn_end(strip_thinking(text))
+
+
+def call_from_json(payload: Any, body: str, arguments_key: str = "arguments") -> ToolCall | str:
+    """A ToolCall from a decoded JSON object, or why it is not one."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+        return f'tool call needs a "name" string: {body[:200]}'
+    arguments = payload.get(arguments_key, payload.get("arguments", {}))
+    if isinstance(arguments, str):  # some models send the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(arguments, dict):
+        return f'tool call "{payload["name"]}": "{arguments_key}" must be an object, got {arguments!r:.100}'
+    return ToolCall(payload["name"], arguments)
+
+
+def _add(parsed: ParsedTurn, outcome: ToolCall | str) -> None:
+    (parsed.tool_calls if isinstance(outcome, ToolCall) else parsed.errors).append(outcome)
+
+
+def _json(body: str) -> tuple[Any, str | None]:
+    try:
+        return json.loads(body), None
+    except json.JSONDecodeError as exc:
+        return None, f"tool call is not valid JSON ({exc.msg} at character {exc.pos}): {body[:200]}"
+
+
+HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+HERMES_UNCLOSED = re.compile(r"<tool_call>(?!.*</tool_call>)", re.DOTALL)
+
+
+@register_tool_call_format("hermes")
+def parse_hermes(text: str) -> ParsedTurn:
+    visible = visible_text(text)
+    parsed = ParsedTurn("")
+    for match in HERMES_CALL.finditer(visible):
+        payload, error = _json(match.group(1).strip())
+        _add(parsed, error or call_from_json(payload, match.group(1).strip()))
+    if HERMES_UNCLOSED.search(visible):
+        parsed.errors.append("a <tool_call> was not closed with </tool_call>")
+    parsed.content = HERMES_UNCLOSED.split(HERMES_CALL.sub("", visible))[0].strip()
+    return parsed
+
+
+@register_tool_call_format("llama3_json")
+def parse_llama3_json(text: str) -> ParsedTurn:
+    """A turn that is a JSON call (or several, ";"-separated) is a tool call; a turn of
+    prose is the answer. A turn that starts like JSON but does not parse is malformed."""
+    visible = visible_text(text).strip()
+    tagged = visible.startswith("<|python_tag|>")
+    visible = visible.removeprefix("<|python_tag|>").strip()
+    if not (tagged or visible.startswith("{")):
+        return ParsedTurn(visible)
+    parsed = ParsedTurn("")
+    decoder = json.JSONDecoder()
+    position = 0
+    while position < len(visible):
+        try:
+            payload, end = decoder.raw_decode(visible, position)
+        except json.JSONDecodeError as exc:
+            parsed.errors.append(f"tool call is not valid JSON ({exc.msg} at character {exc.pos}): "
+                                 f"{visible[position:position + 200]}")
+            break
+        _add(parsed, call_from_json(payload, visible[position:end], arguments_key="parameters"))
+        position = end
+        rest = visible[position:].lstrip()
+        if rest.startswith(";"):
+            rest = rest[1:].lstrip()
+        position = len(visible) - len(rest)
+    return parsed
+
+
+MISTRAL_MARK = "[TOOL_CALLS]"
+
+
+@register_tool_call_format("mistral")
+def parse_mistral(text: str) -> ParsedTurn:
+    visible = visible_text(text)
+    if MISTRAL_MARK not in visible:
+        return ParsedTurn(visible.strip())
+    content, _, body = visible.partition(MISTRAL_MARK)
+    parsed = ParsedTurn(content.strip())
+    payload, error = _json(body.strip())
+    if error:
+        parsed.errors.append(error)
+    elif not isinstance(payload, list):
+        parsed.errors.append(f"{MISTRAL_MARK} must be followed by a JSON list of calls: {body.strip()[:200]}")
+    else:
+        for call in payload:
+            _add(parsed, call_from_json(call, json.dumps(call)))
+    return parsed
+
+
+# The markers a chat template's text shows its family by (`tool_call_format: auto`).
+TEMPLATE_MARKERS = (("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|start_header_id|>", "llama3_json"))
+
+
+def detect_format(chat_template: str | None) -> str:
+    for marker, name in TEMPLATE_MARKERS:
+        if chat_template and marker in chat_template:
+            return name
+    return "hermes"  # the format most open tool-calling models were tuned on
+
+
+def tool_call_parser(name: str, chat_template: str | None, base_dir: str = ".") -> Callable[[str], ParsedTurn]:
+    """The parser `name` (a registered format, `auto`, or `file.py:function`) stands for."""
+    if name == "auto":
+        name = detect_format(chat_template)
+    if ":" in name:
+        return load_function(name, base_dir)
+    return TOOL_CALL_FORMATS.get(name)
