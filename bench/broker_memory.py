@@ -47,12 +47,32 @@ def fresh_broker(home: Path) -> Settings:
 
 def one_run(settings: Settings, retention: str, steps: int, out: Path) -> tuple[str, float, str]:
     run_id = fresh_run_id(f"broker-{retention}")
-    env = {**os.environ, "STREAMRL_HOME": str(settings.home), "ARITH_STEPS": str(steps), "ARITH_WARMUP_STEPS": "5",
-           "ARITH_VALIDATE_EVERY": str(steps)}
+    env = {
+        **os.environ,
+        "STREAMRL_HOME": str(settings.home),
+        "ARITH_STEPS": str(steps),
+        "ARITH_WARMUP_STEPS": "5",
+        "ARITH_VALIDATE_EVERY": str(steps),
+    }
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "streamrl.cli", "run", str(RECIPE), f"service.broker.retention={retention}",
-                             "--run", run_id, "--out", str(out / run_id)], cwd=ROOT, env=env, capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "run",
+            str(RECIPE),
+            f"service.broker.retention={retention}",
+            "--run",
+            run_id,
+            "--out",
+            str(out / run_id),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
         raise SystemExit(f"run {run_id} failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
     said = " ".join(line for line in result.stdout.splitlines() if "topics" in line and run_id in line)
@@ -77,14 +97,19 @@ def series(retention: str, runs: int, steps: int, workdir: Path) -> dict:
             removal_s.append(time.monotonic() - started)
             assert not retired.behind, retired.sentence(run_id)
         time.sleep(2)
-        return {"rss_mb": [r / 2**20 for r in rss], "after_removal_mb": services.broker_memory_bytes(settings) / 2**20,
-                "removal_s": removal_s, "said": lines}
+        return {
+            "rss_mb": [r / 2**20 for r in rss],
+            "after_removal_mb": services.broker_memory_bytes(settings) / 2**20,
+            "removal_s": removal_s,
+            "said": lines,
+        }
     finally:
         services.down(settings)
 
 
 def plot(results: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -114,9 +139,11 @@ def main() -> None:
     for i in range(args.runs + 1):
         print(f"{i:<15}{results['keep']['rss_mb'][i]:>12.0f}{results['remove']['rss_mb'][i]:>13.0f}")
     keep_removal = results["keep"]["removal_s"]
-    print(f"keep series, its {args.runs} runs' topics then removed: {results['keep']['after_removal_mb']:.0f} MB; "
-          f"removal took {min(keep_removal):.2f}-{max(keep_removal):.2f} s per run, after the run's processes stopped "
-          f"(on the training path: none)")
+    print(
+        f"keep series, its {args.runs} runs' topics then removed: {results['keep']['after_removal_mb']:.0f} MB; "
+        f"removal took {min(keep_removal):.2f}-{max(keep_removal):.2f} s per run, after the run's processes stopped "
+        f"(on the training path: none)"
+    )
     print(f"what a run with retention: remove said: {results['remove']['said'][-1]}")
     (OUT / "broker_memory.json").write_text(json.dumps(results, indent=2))
     plot(results, OUT / "broker_memory.png")

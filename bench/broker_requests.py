@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from common import bench_settings, fresh_run_id
+
 from streamrl.runtime.bus import RunReader, make_producer
 from streamrl.runtime.topic_admin import create_run_topics
 from streamrl.schema.topics import topic_name
@@ -61,9 +62,11 @@ def main() -> None:
     for size in (200, 4000):
         batched = measure(settings, size, False, args.records)
         alone = measure(settings, size, True, args.records)
-        print(f"  {size:>5} B  batched by the producer (baseline): produce {batched[0]:6.0f} µs, fetch {batched[1]:4.0f} µs"
-              f"   one record per request: produce {alone[0]:6.0f} µs, fetch {alone[1]:4.0f} µs"
-              f"   ({alone[0] / max(batched[0], 1e-9):.0f}x)")
+        print(
+            f"  {size:>5} B  batched by the producer (baseline): produce {batched[0]:6.0f} µs, fetch {batched[1]:4.0f} µs"
+            f"   one record per request: produce {alone[0]:6.0f} µs, fetch {alone[1]:4.0f} µs"
+            f"   ({alone[0] / max(batched[0], 1e-9):.0f}x)"
+        )
 
 
 if __name__ == "__main__":

@@ -37,20 +37,32 @@ def trained_steps(settings: Settings, run_id: str) -> int:
     try:
         with db.connect(settings.database_url, autocommit=True) as conn:
             return conn.execute("select count(*) from train_steps where run_id = %s", (run_id,)).fetchone()[0]
-    except Exception:  # noqa: BLE001 - not migrated yet at the very start
+    except Exception:
         return 0
 
 
 def one_long_run(settings: Settings, label: str, steps: int, window: int | None, save_freq: int, out: Path) -> dict:
     run_id = fresh_run_id("window" if window else "plain")
     # both with fixed shards, the assignment a rotating run uses, so the step times differ by rotation alone
-    env = {**os.environ, "STREAMRL_HOME": str(settings.home), "ARITH_STEPS": str(steps), "ARITH_WARMUP_STEPS": "30",
-           "ARITH_VALIDATE_EVERY": str(steps), "STREAMRL_PARTITION_ASSIGNMENT": "shard", "COLUMNS": "300"}
+    env = {
+        **os.environ,
+        "STREAMRL_HOME": str(settings.home),
+        "ARITH_STEPS": str(steps),
+        "ARITH_WARMUP_STEPS": "30",
+        "ARITH_VALIDATE_EVERY": str(steps),
+        "STREAMRL_PARTITION_ASSIGNMENT": "shard",
+        "COLUMNS": "300",
+    }
     overrides = [f"trainer.save_freq={save_freq}"] + ([f"service.broker.window_steps={window}"] if window else [])
     started = time.monotonic()
-    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(RECIPE), *overrides, "--run", run_id,
-                            "--out", str(out / run_id)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", "run", str(RECIPE), *overrides, "--run", run_id, "--out", str(out / run_id)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     samples: list[tuple[int, float]] = []  # (trained steps, broker RSS in MB)
     first_step_at = None
     while run.poll() is None:
@@ -66,8 +78,7 @@ def one_long_run(settings: Settings, label: str, steps: int, window: int | None,
         raise SystemExit(f"run {run_id} failed:\n{output[-3000:]}")
     wall = time.monotonic() - (first_step_at or started)
     said = [" ".join(line.split()) for line in output.splitlines() if "windows" in line or "topics" in line]
-    return {"run_id": run_id, "window_steps": window, "samples": samples, "seconds_per_step": wall / steps,
-            "said": said}
+    return {"run_id": run_id, "window_steps": window, "samples": samples, "seconds_per_step": wall / steps, "said": said}
 
 
 def rss_at(samples: list[tuple[int, float]], step: int) -> float | None:
@@ -77,6 +88,7 @@ def rss_at(samples: list[tuple[int, float]], step: int) -> float | None:
 
 def plot(results: dict, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -111,10 +123,14 @@ def main() -> None:
     checkpoints = sorted({s for s in (100, 250, 500, 1000, 2000, 3000, 5000, args.steps) if s <= args.steps})
     print(f"\n{'trained steps':<15}{'one topic per kind (MB)':>25}{f'window_steps {args.window} (MB)':>25}")
     for step in checkpoints:
-        print(f"{step:<15}{rss_at(base['samples'], step) or float('nan'):>25.0f}"
-              f"{rss_at(rotated['samples'], step) or float('nan'):>25.0f}")
-    print(f"time per step: {base['seconds_per_step']:.3f} s one topic per kind, {rotated['seconds_per_step']:.3f} s "
-          f"with windows ({rotated['seconds_per_step'] / base['seconds_per_step'] - 1:+.1%})")
+        print(
+            f"{step:<15}{rss_at(base['samples'], step) or float('nan'):>25.0f}"
+            f"{rss_at(rotated['samples'], step) or float('nan'):>25.0f}"
+        )
+    print(
+        f"time per step: {base['seconds_per_step']:.3f} s one topic per kind, {rotated['seconds_per_step']:.3f} s "
+        f"with windows ({rotated['seconds_per_step'] / base['seconds_per_step'] - 1:+.1%})"
+    )
     for line in rotated["said"]:
         print(f"the rotating run said: {line}")
     (OUT / "broker_window.json").write_text(json.dumps(results, indent=2))

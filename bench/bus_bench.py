@@ -4,14 +4,14 @@ same client settings, one run (target ratio >= 0.5)."""
 import time
 
 import numpy as np
+from common import bench_settings, fresh_run_id
 from kafka import TopicPartition
 
-from common import bench_settings, fresh_run_id
+from streamrl.runtime.bus import EventPublisher, make_consumer, make_producer, unframe
+from streamrl.runtime.topic_admin import create_topics
 from streamrl.schema import codec
 from streamrl.schema.events import Trajectory, pack_float32, pack_int32, pack_mask
 from streamrl.schema.topics import topic_name
-from streamrl.runtime.bus import EventPublisher, make_consumer, make_producer, unframe
-from streamrl.runtime.topic_admin import create_topics
 
 N_MESSAGES = 20_000
 N_TOKENS = 400  # ~4 KB frames, like the measured raw-broker figures
@@ -23,8 +23,16 @@ def trajectories(run_id):
     mask = pack_mask(np.ones(N_TOKENS))
     logprobs = pack_float32(-rng.random(N_TOKENS))
     for i in range(N_MESSAGES):
-        yield Trajectory(run_id=run_id, trajectory_id=f"t{i}", task_id=f"task{i}", group_id=f"g{i // 8}",
-                         tokens=tokens, loss_mask=mask, logprobs=logprobs, response_text="42")
+        yield Trajectory(
+            run_id=run_id,
+            trajectory_id=f"t{i}",
+            task_id=f"task{i}",
+            group_id=f"g{i // 8}",
+            tokens=tokens,
+            loss_mask=mask,
+            logprobs=logprobs,
+            response_text="42",
+        )
 
 
 def consume_all(settings, topic, decode) -> float:
@@ -62,7 +70,7 @@ def main() -> None:
     payload = b"x" * size
     producer = make_producer(settings)
     start = time.perf_counter()
-    for i, event in enumerate(events):
+    for _i, event in enumerate(events):
         producer.send(raw_topic, key=event.group_id.encode(), value=payload)
     producer.flush()
     raw_produce = time.perf_counter() - start
@@ -75,10 +83,14 @@ def main() -> None:
     event_rate = rate(event_produce + event_consume)
     raw_rate = rate(raw_produce + raw_consume)
     print(f"bus: {N_MESSAGES:,} messages of {size:,} bytes on {settings.kafka_bootstrap}")
-    print(f"  Trajectory events: produce {rate(event_produce):8,.0f} msg/s  consume+decode {rate(event_consume):8,.0f} msg/s"
-          f"  round {event_rate:8,.0f} msg/s")
-    print(f"  raw bytes:         produce {rate(raw_produce):8,.0f} msg/s  consume        {rate(raw_consume):8,.0f} msg/s"
-          f"  round {raw_rate:8,.0f} msg/s")
+    print(
+        f"  Trajectory events: produce {rate(event_produce):8,.0f} msg/s  consume+decode {rate(event_consume):8,.0f} msg/s"
+        f"  round {event_rate:8,.0f} msg/s"
+    )
+    print(
+        f"  raw bytes:         produce {rate(raw_produce):8,.0f} msg/s  consume        {rate(raw_consume):8,.0f} msg/s"
+        f"  round {raw_rate:8,.0f} msg/s"
+    )
     ratio = event_rate / raw_rate
     print(f"  ratio events/raw: {ratio:.2f}  target >= 0.5: {'PASS' if ratio >= 0.5 else 'FAIL'}")
 

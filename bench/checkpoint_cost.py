@@ -29,9 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 import common  # noqa: F401  (puts the repo on sys.path)
+import numpy as np
 from common import OUT
 
 MODES = ("off", "before", "after")
@@ -44,18 +43,27 @@ def folder_bytes(folder: Path) -> int:
 
 def step_items(vocab: int, step: int):
     from streamrl.learner.batching import TrainItem
+
     rng = np.random.default_rng(step)
-    return [TrainItem(tokens=rng.integers(10, vocab, 32).astype(np.int32), mask=np.r_[np.zeros(8), np.ones(24)]
-                      .astype(np.uint8), behaviour_logprobs=np.full(32, -3.0, np.float32),
-                      advantage=float(rng.normal()), trajectory_id=f"{step}-{i}", group_id="g") for i in range(2)]
+    return [
+        TrainItem(
+            tokens=rng.integers(10, vocab, 32).astype(np.int32),
+            mask=np.r_[np.zeros(8), np.ones(24)].astype(np.uint8),
+            behaviour_logprobs=np.full(32, -3.0, np.float32),
+            advantage=float(rng.normal()),
+            trajectory_id=f"{step}-{i}",
+            group_id="g",
+        )
+        for i in range(2)
+    ]
 
 
 def old_full_checkpoint(policy, folder: Path) -> None:
     """The learner's checkpoint before sharded snapshots: everything through rank 0, synchronously."""
     import torch
+
     folder.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": policy.model.state_dict(), "optimizer": policy.trainer.optimizer.state_dict()},
-               folder / "checkpoint.pt")
+    torch.save({"model": policy.model.state_dict(), "optimizer": policy.trainer.optimizer.state_dict()}, folder / "checkpoint.pt")
 
 
 def child(model: str, kind: str, mode: str, steps: int, save_freq: int, work: Path) -> dict:
@@ -93,10 +101,16 @@ def child(model: str, kind: str, mode: str, steps: int, save_freq: int, work: Pa
         policy.written_versions(wait=True)
     policy.close()
     written = (folder_bytes(work) if work.exists() else 0) + deleted
-    return {"model": Path(model).name, "kind": kind, "mode": mode,
-            "parameters": sum(p.numel() for p in policy.model.parameters()),
-            "step_s": float(np.median(step_seconds)), "wait_s": float(np.mean(waits)),
-            "bytes_per_step": written / steps, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    return {
+        "model": Path(model).name,
+        "kind": kind,
+        "mode": mode,
+        "parameters": sum(p.numel() for p in policy.model.parameters()),
+        "step_s": float(np.median(step_seconds)),
+        "wait_s": float(np.mean(waits)),
+        "bytes_per_step": written / steps,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
 
 
 def prune(work: Path, keep: int) -> int:
@@ -111,6 +125,7 @@ def prune(work: Path, keep: int) -> int:
 
 def ensure_model(name: str) -> Path:
     from streamrl.runtime.model_init import init_model
+
     folder = OUT / "models" / name
     if not (folder / "config.json").exists():
         print(f"building {name} (model init) in {folder}", flush=True)
@@ -120,8 +135,11 @@ def ensure_model(name: str) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="qwen2-0.5b:full,qwen2-1.5b:lora",
-                        help="ARCHITECTURE:full|lora|adapter, comma-separated (adapter: LoRA with adapter versions)")
+    parser.add_argument(
+        "--models",
+        default="qwen2-0.5b:full,qwen2-1.5b:lora",
+        help="ARCHITECTURE:full|lora|adapter, comma-separated (adapter: LoRA with adapter versions)",
+    )
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--save-freq", type=int, default=3)
     parser.add_argument("--modes", default=",".join(MODES) + ",sync3", help="which of off, before, after, sync3 to run")
@@ -138,17 +156,33 @@ def main() -> None:
         for mode in args.modes.split(","):
             work = OUT / "checkpoint_cost" / f"{name}-{kind}-{mode}"
             shutil.rmtree(work, ignore_errors=True)
-            done = subprocess.run([sys.executable, __file__, "--steps", str(args.steps), "--save-freq",
-                                   str(args.save_freq), "--child", str(model), kind, mode, str(work)],
-                                  capture_output=True, text=True)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--steps",
+                    str(args.steps),
+                    "--save-freq",
+                    str(args.save_freq),
+                    "--child",
+                    str(model),
+                    kind,
+                    mode,
+                    str(work),
+                ],
+                capture_output=True,
+                text=True,
+            )
             if done.returncode != 0:
                 raise SystemExit(f"{name} {kind} {mode} failed:\n{done.stderr[-3000:]}")
             results.append(json.loads(done.stdout.strip().splitlines()[-1]))
             shutil.rmtree(work, ignore_errors=True)
             row = results[-1]
-            print(f"{name:12} {kind:5} {mode:7} step {row['step_s']:6.2f} s  waits {row['wait_s']:6.2f} s  "
-                  f"writes {row['bytes_per_step'] / 1e9:6.2f} GB/step  peak RSS {row['peak_rss_gb']:5.1f} GB",
-                  flush=True)
+            print(
+                f"{name:12} {kind:5} {mode:7} step {row['step_s']:6.2f} s  waits {row['wait_s']:6.2f} s  "
+                f"writes {row['bytes_per_step'] / 1e9:6.2f} GB/step  peak RSS {row['peak_rss_gb']:5.1f} GB",
+                flush=True,
+            )
     (OUT / "checkpoint_cost.json").write_text(json.dumps(results, indent=1))
     print(f"\nsteps: {args.steps}, snapshot every {args.save_freq} (after); a weight version every step in both")
     for name_kind in dict.fromkeys((r["model"], r["kind"]) for r in results):
@@ -156,14 +190,18 @@ def main() -> None:
         if not set(MODES) <= set(rows):
             continue
         before, after = rows["before"], rows["after"]
-        print(f"{name_kind[0]} ({name_kind[1]}, {before['parameters'] / 1e9:.2f}B parameters): the step waits "
-              f"{before['wait_s']:.2f} s before, {after['wait_s']:.2f} s after "
-              f"({before['wait_s'] / max(after['wait_s'], 1e-9):.1f}x less); writes "
-              f"{before['bytes_per_step'] / 1e9:.2f} -> {after['bytes_per_step'] / 1e9:.2f} GB a step; peak RSS "
-              f"{rows['off']['peak_rss_gb']:.1f} (off) / {before['peak_rss_gb']:.1f} / {after['peak_rss_gb']:.1f} GB")
+        print(
+            f"{name_kind[0]} ({name_kind[1]}, {before['parameters'] / 1e9:.2f}B parameters): the step waits "
+            f"{before['wait_s']:.2f} s before, {after['wait_s']:.2f} s after "
+            f"({before['wait_s'] / max(after['wait_s'], 1e-9):.1f}x less); writes "
+            f"{before['bytes_per_step'] / 1e9:.2f} -> {after['bytes_per_step'] / 1e9:.2f} GB a step; peak RSS "
+            f"{rows['off']['peak_rss_gb']:.1f} (off) / {before['peak_rss_gb']:.1f} / {after['peak_rss_gb']:.1f} GB"
+        )
         if "sync3" in rows:
-            print(f"  with a version every {args.save_freq} steps: waits {rows['sync3']['wait_s']:.2f} s, writes "
-                  f"{rows['sync3']['bytes_per_step'] / 1e9:.2f} GB a step, peak RSS {rows['sync3']['peak_rss_gb']:.1f} GB")
+            print(
+                f"  with a version every {args.save_freq} steps: waits {rows['sync3']['wait_s']:.2f} s, writes "
+                f"{rows['sync3']['bytes_per_step'] / 1e9:.2f} GB a step, peak RSS {rows['sync3']['peak_rss_gb']:.1f} GB"
+            )
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from streamrl.runtime import db, services  # noqa: E402
-from streamrl.runtime.settings import Settings  # noqa: E402
+from streamrl.runtime import db, services
+from streamrl.runtime.settings import Settings
 
 OUT = Path(__file__).resolve().parent / "out"
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from streamrl.runtime.quiet import quiet_library_progress  # noqa: E402
+from streamrl.runtime.quiet import quiet_library_progress
 
 quiet_library_progress()
 
@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from streamrl.producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams  # noqa: E402
-from streamrl.producers.sglang_engine import SGLangEngine, Server  # noqa: E402
+from streamrl.producers.sglang_engine import Server, SGLangEngine  # noqa: E402
 from streamrl.producers.sglang_server import ManagedServer  # noqa: E402
 from streamrl.runtime.recipe import prepare_recipe  # noqa: E402
 from streamrl.runtime.settings import Settings  # noqa: E402
@@ -40,8 +40,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def prompts_of(tokenizer, count: int) -> list[list[int]]:
-    return [tokenizer(f"{a}+{b}=")["input_ids"] for a, b in ((i * 7 % 100, i * 13 % 100) for i in range(count // 8))
-            for _ in range(8)]
+    return [
+        tokenizer(f"{a}+{b}=")["input_ids"] for a, b in ((i * 7 % 100, i * 13 % 100) for i in range(count // 8)) for _ in range(8)
+    ]
 
 
 def throughput(engine, prompts: list[list[int]], params: SamplingParams, threads: int) -> float:
@@ -94,18 +95,18 @@ def main() -> None:
         folders = version_folders(model, Path(tmp), 5)
         torch.set_num_threads(1)
         embedded = BatchingEngine(EmbeddedEngine(model, device=args.device), max_batch_size=128)
-        results["embedded"] = (throughput(embedded, prompts, params, args.threads),
-                               sync_latency(embedded.engine.load_weights, folders))
+        results["embedded"] = (
+            throughput(embedded, prompts, params, args.threads),
+            sync_latency(embedded.engine.load_weights, folders),
+        )
         embedded.close()
-        managed = ManagedServer(Settings.from_env().sglang_python, str(model), args.device, {},
-                                Path(tmp) / "sglang.log")
+        managed = ManagedServer(Settings.from_env().sglang_python, str(model), args.device, {}, Path(tmp) / "sglang.log")
         started = time.perf_counter()
         managed.start()
         startup = time.perf_counter() - started
         sglang = SGLangEngine([Server(managed.url, managed=managed)], tokenizer)
         try:
-            results["sglang"] = (throughput(sglang, prompts, params, args.threads),
-                                 sync_latency(sglang.update_weights, folders))
+            results["sglang"] = (throughput(sglang, prompts, params, args.threads), sync_latency(sglang.update_weights, folders))
         finally:
             sglang.close()
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"CPU ({args.device})"

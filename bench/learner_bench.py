@@ -12,10 +12,10 @@ hits both alike. One torch thread (as the learner runs on 2 cores).
 import tempfile
 import time
 
+import common  # noqa: F401  (puts the repo on sys.path)
 import numpy as np
 import torch
 
-import common  # noqa: F401  (puts the repo on sys.path)
 from streamrl.learner.batching import TrainItem, collate
 from streamrl.learner.trainers import GRPOTrainer
 from streamrl.runtime.config import Algorithm as AlgorithmConfig
@@ -32,10 +32,14 @@ def make_items(vocab: int, count: int, length: int, seed: int = 0) -> list[Train
     for _ in range(count):
         n = int(rng.integers(length // 2, length + 1))
         prompt = n // 4
-        items.append(TrainItem(tokens=rng.integers(4, vocab, n).astype(np.int32),
-                               mask=np.r_[np.zeros(prompt), np.ones(n - prompt)].astype(np.uint8),
-                               behaviour_logprobs=(-rng.random(n) * 3).astype(np.float32),
-                               advantage=float(rng.normal())))
+        items.append(
+            TrainItem(
+                tokens=rng.integers(4, vocab, n).astype(np.int32),
+                mask=np.r_[np.zeros(prompt), np.ones(n - prompt)].astype(np.uint8),
+                behaviour_logprobs=(-rng.random(n) * 3).astype(np.float32),
+                advantage=float(rng.normal()),
+            )
+        )
     return items
 
 
@@ -57,8 +61,12 @@ def measure(hidden: int, count: int, length: int) -> tuple[float, float]:
     items = make_items(len(tokenizer), count, length)
     tokens = sum(int(i.mask.sum()) for i in items)
     bare_optimizer = torch.optim.AdamW(bare_model.parameters(), lr=1e-4)
-    trainer = GRPOTrainer(ours_model, tokenizer.pad_token_id, TrainerConfig(lr=1e-4, micro_batch_tokens=10 ** 9, grad_clip=1.0),
-                          AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-mean"))
+    trainer = GRPOTrainer(
+        ours_model,
+        tokenizer.pad_token_id,
+        TrainerConfig(lr=1e-4, micro_batch_tokens=10**9, grad_clip=1.0),
+        AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-mean"),
+    )
     bare, ours = [], []
     for _ in range(ROUNDS):
         start = time.perf_counter()

@@ -29,13 +29,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from streamrl.learner.batching import TrainItem  # noqa: E402
-from streamrl.learner.packing import collate_packed, pack_by_tokens  # noqa: E402
-from streamrl.learner.parallel import Placement  # noqa: E402
-from streamrl.learner.trainers import GRPOTrainer, totals_of  # noqa: E402
-from streamrl.runtime.config import Algorithm as AlgorithmConfig  # noqa: E402
-from streamrl.runtime.config import Trainer as TrainerConfig  # noqa: E402
-from streamrl.runtime.model_init import init_model  # noqa: E402
+from streamrl.learner.batching import TrainItem
+from streamrl.learner.packing import collate_packed, pack_by_tokens
+from streamrl.learner.parallel import Placement
+from streamrl.learner.trainers import GRPOTrainer, totals_of
+from streamrl.runtime.config import Algorithm as AlgorithmConfig
+from streamrl.runtime.config import Trainer as TrainerConfig
+from streamrl.runtime.model_init import init_model
 
 
 def make_items(vocab: int, count: int, seed: int = 0) -> list[TrainItem]:
@@ -45,10 +45,14 @@ def make_items(vocab: int, count: int, seed: int = 0) -> list[TrainItem]:
     for _ in range(count):
         prompt, response = 128, int(rng.integers(256, 1793))
         n = prompt + response
-        items.append(TrainItem(tokens=rng.integers(4, vocab, n).astype(np.int32),
-                               mask=np.r_[np.zeros(prompt), np.ones(response)].astype(np.uint8),
-                               behaviour_logprobs=(-rng.random(n) * 3).astype(np.float32),
-                               advantage=float(rng.normal())))
+        items.append(
+            TrainItem(
+                tokens=rng.integers(4, vocab, n).astype(np.int32),
+                mask=np.r_[np.zeros(prompt), np.ones(response)].astype(np.uint8),
+                behaviour_logprobs=(-rng.random(n) * 3).astype(np.float32),
+                advantage=float(rng.normal()),
+            )
+        )
     return items
 
 
@@ -85,7 +89,7 @@ def timed(fn, steps: int) -> tuple[float, float]:
     for _ in range(steps):
         fn()
     torch.cuda.synchronize()
-    return (time.perf_counter() - start) / steps, torch.cuda.max_memory_allocated() / 2 ** 30
+    return (time.perf_counter() - start) / steps, torch.cuda.max_memory_allocated() / 2**30
 
 
 def main() -> None:
@@ -101,11 +105,14 @@ def main() -> None:
     folder = init_model("qwen2-0.5b", Path(tempfile.mkdtemp()) / "qwen2-0.5b")
     params = sum(p.numel() for p in load_model(folder).parameters())
     from transformers import AutoTokenizer
+
     pad_id = AutoTokenizer.from_pretrained(folder).pad_token_id
     items = make_items(len(AutoTokenizer.from_pretrained(folder)), args.samples)
     step_tokens = sum(len(i.tokens) for i in items)
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; qwen2-0.5b, {params / 1e6:.0f}M "
-          f"parameters; a step of {len(items)} samples, {step_tokens:,} tokens; bf16 compute, fp32 master weights")
+    print(
+        f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; qwen2-0.5b, {params / 1e6:.0f}M "
+        f"parameters; a step of {len(items)} samples, {step_tokens:,} tokens; bf16 compute, fp32 master weights"
+    )
     print(f"{'micro-batch':>12} {'path':>9} {'tok/s':>9} {'MFU':>6} {'peak GiB':>9} {'vs bare':>8}")
     for budget, checkpointing in () if args.only_fsdp else ((4096, False), (16384, False), (16384, True)):
         results = {}
@@ -116,13 +123,17 @@ def main() -> None:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if name == "bare":
                 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-                step = lambda: bare_step(model, optimizer, items, budget, pad_id)  # noqa: E731
+                step = lambda model=model, optimizer=optimizer, budget=budget: bare_step(model, optimizer, items, budget, pad_id)  # noqa: E731
             else:
-                trainer = GRPOTrainer(model, pad_id, TrainerConfig(lr=1e-6, micro_batch_tokens=budget, dtype="bfloat16",
-                                                                      packing="packed"),
-                                      AlgorithmConfig(), placement=Placement(torch.device("cuda"), autocast_dtype=torch.bfloat16))
+                trainer = GRPOTrainer(
+                    model,
+                    pad_id,
+                    TrainerConfig(lr=1e-6, micro_batch_tokens=budget, dtype="bfloat16", packing="packed"),
+                    AlgorithmConfig(),
+                    placement=Placement(torch.device("cuda"), autocast_dtype=torch.bfloat16),
+                )
                 totals = totals_of(items)
-                step = lambda: trainer.train(items, totals)  # noqa: E731
+                step = lambda trainer=trainer, totals=totals: trainer.train(items, totals)  # noqa: E731
             try:
                 results[name] = timed(step, args.steps)
             except (torch.OutOfMemoryError, RuntimeError) as exc:
@@ -168,13 +179,15 @@ def fsdp_rows(folder: Path, items, step_tokens: int, params: int, pad_id: int, a
                     fully_shard(layer, mp_policy=policy)
                 fully_shard(model, mp_policy=policy)
                 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-                step = lambda: bare_step(model, optimizer, items, budget, pad_id, autocast=False)  # noqa: E731
+                step = lambda model=model, optimizer=optimizer, budget=budget: bare_step(  # noqa: E731
+                    model, optimizer, items, budget, pad_id, autocast=False
+                )
             else:
                 placement = Placement(torch.device("cuda"), rank=0, world_size=1, sharded=True)
                 model = prepare_model(model, cfg, placement)
                 trainer = GRPOTrainer(model, pad_id, cfg, AlgorithmConfig(), placement=placement)
                 totals = totals_of(items)
-                step = lambda: trainer.train(items, totals)  # noqa: E731
+                step = lambda trainer=trainer, totals=totals: trainer.train(items, totals)  # noqa: E731
             try:
                 results[name] = timed(step, args.steps)
             except torch.OutOfMemoryError as exc:

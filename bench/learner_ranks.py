@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from streamrl.runtime.quiet import quiet_library_progress  # noqa: E402
+from streamrl.runtime.quiet import quiet_library_progress
 
 quiet_library_progress()
 
@@ -43,10 +43,14 @@ def make_items(vocab: int) -> list[TrainItem]:
     items = []
     for _ in range(SAMPLES):
         n = int(rng.integers(LENGTH // 2, LENGTH + 1))
-        items.append(TrainItem(tokens=rng.integers(4, vocab, n).astype(np.int32),
-                               mask=np.r_[np.zeros(n // 4), np.ones(n - n // 4)].astype(np.uint8),
-                               behaviour_logprobs=(-rng.random(n) * 3).astype(np.float32),
-                               advantage=float(rng.normal())))
+        items.append(
+            TrainItem(
+                tokens=rng.integers(4, vocab, n).astype(np.int32),
+                mask=np.r_[np.zeros(n // 4), np.ones(n - n // 4)].astype(np.uint8),
+                behaviour_logprobs=(-rng.random(n) * 3).astype(np.float32),
+                advantage=float(rng.normal()),
+            )
+        )
     return items
 
 
@@ -62,9 +66,12 @@ def rank_main(model_dir: str, steps: int, out: str) -> None:
     from streamrl.runtime.config import Recipe
 
     torch.set_num_threads(1)
-    recipe = Recipe.from_dict({"rollout_worker": {"model_path": model_dir},
-                               "trainer": {"lr": 1e-5, "micro_batch_tokens": 1024, "device": "cpu",
-                                           "packing": "packed"}})
+    recipe = Recipe.from_dict(
+        {
+            "rollout_worker": {"model_path": model_dir},
+            "trainer": {"lr": 1e-5, "micro_batch_tokens": 1024, "device": "cpu", "packing": "packed"},
+        }
+    )
     policy = Policy(recipe, GRPOTrainer, Path(tempfile.mkdtemp()) / "checkpoints")
     items = make_items(len(policy.tokenizer))
     tokens = sum(len(i.tokens) for i in items)
@@ -87,6 +94,7 @@ def rank_main(model_dir: str, steps: int, out: str) -> None:
         else:  # one operation, as `follow` would run it
             name, args = broadcast_object(None, policy.placement)
             getattr(policy, name)(*args)
+
     ours_rate = time_steps(ours)
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -112,6 +120,7 @@ def rank_main(model_dir: str, steps: int, out: str) -> None:
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+
     bare_rate = time_steps(bare)
     if policy.is_main:  # the followers ran each operation by hand above: no stop to send
         Path(out).write_text(json.dumps({"streamrl": ours_rate, "bare": bare_rate}))
@@ -129,18 +138,35 @@ def main() -> None:
     from streamrl.runtime.tiny_lm import build_tiny_model
 
     model_dir = build_tiny_model(tempfile.mkdtemp(), seed=0, hidden_size=HIDDEN, layers=LAYERS, max_positions=LENGTH * 8)
-    print(f"learner tokens/s on the CPU, one thread per process: a Qwen2 of hidden {HIDDEN}, {LAYERS} layers; "
-          f"{SAMPLES} samples of <= {LENGTH} tokens a step, packed micro-batches of 1,024 tokens")
+    print(
+        f"learner tokens/s on the CPU, one thread per process: a Qwen2 of hidden {HIDDEN}, {LAYERS} layers; "
+        f"{SAMPLES} samples of <= {LENGTH} tokens a step, packed micro-batches of 1,024 tokens"
+    )
     print(f"{'processes':>10} {'bare FSDP2 tok/s':>17} {'streamrl tok/s':>15} {'ratio':>6}")
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
     for n in (1, 2):
         out = Path(tempfile.mkdtemp()) / "rates.json"
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-                        __file__, "--rank", str(model_dir), str(args.steps), str(out)], check=True, env=env,
-                       capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={n}",
+                __file__,
+                "--rank",
+                str(model_dir),
+                str(args.steps),
+                str(out),
+            ],
+            check=True,
+            env=env,
+            capture_output=True,
+        )
         rates = json.loads(out.read_text())
-        print(f"{n:>10} {rates['bare']:>17,.0f} {rates['streamrl']:>15,.0f} {rates['streamrl'] / rates['bare']:>6.2f}",
-              flush=True)
+        print(
+            f"{n:>10} {rates['bare']:>17,.0f} {rates['streamrl']:>15,.0f} {rates['streamrl'] / rates['bare']:>6.2f}", flush=True
+        )
     print("target: ratio >= 0.9")
 
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from common import bench_settings, fresh_run_id
+
 from streamrl.producers.publisher import create_run
 from streamrl.runtime.bus import EventPublisher, RunReader
 from streamrl.runtime.config import Recipe
@@ -54,8 +55,13 @@ def measure(settings, assignment: str, groups: int) -> float:
     with EventPublisher(settings) as publisher:
         create_run(settings, run_id, Recipe(), publisher)
     env = {**os.environ, "STREAMRL_PARTITION_ASSIGNMENT": assignment, "STREAMRL_HOME": str(settings.home)}
-    process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "processor", run_id], cwd=REPO, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", "processor", run_id],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     reader = RunReader(settings, run_id, ["samples"], group_id=None)
     seen: set = set()
     try:

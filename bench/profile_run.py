@@ -31,22 +31,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import OUT, bench_settings, fresh_run_id  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from common import OUT, bench_settings, fresh_run_id
+from rich.console import Console
+from rich.table import Table
+from time_to_accuracy import TASKS, bench_recipe, warmed_model
 
-from streamrl.runtime.db import connect  # noqa: E402
-from streamrl.runtime.recipe import prepare_recipe  # noqa: E402
-from time_to_accuracy import TASKS, bench_recipe, warmed_model  # noqa: E402
+from streamrl.runtime.db import connect
+from streamrl.runtime.recipe import prepare_recipe
 
-KINDS = (("start-up", ("_find_and_load",)), ("model", ("torch/", "transformers/")),
-         ("kafka", ("kafka/", "aiokafka/", "faust/", "mode/")), ("events", ("schema/",)), ("ledger", ("psycopg/",)))
+KINDS = (
+    ("start-up", ("_find_and_load",)),
+    ("model", ("torch/", "transformers/")),
+    ("kafka", ("kafka/", "aiokafka/", "faust/", "mode/")),
+    ("events", ("schema/",)),
+    ("ledger", ("psycopg/",)),
+)
 
 
 # A thread parked in one of these is waiting, not computing: py-spy does not always see
 # such a thread as idle (kafka-python's network thread in epoll, a queue's get).
-WAITING = ("select (selectors.py", "wait (threading.py", "sleep", "_wait_for_tstate_lock", "get (queue.py",
-           "poll (", "acquire")
+WAITING = ("select (selectors.py", "wait (threading.py", "sleep", "_wait_for_tstate_lock", "get (queue.py", "poll (", "acquire")
 
 
 def kind_of(frames: list[str]) -> str:
@@ -92,28 +96,60 @@ def main() -> None:
     folder = OUT / "profile_run"
     path = bench_recipe(recipe, model_dir, "fully-async", args.steps, folder / f"{run_id}.yaml")
     raw = folder / f"{run_id}.txt"
-    subprocess.run([spy, "record", "--subprocesses", "--rate", str(args.rate), "--format", "raw", "--output", str(raw),
-                    "--", sys.executable, "-m", "streamrl.cli", "run", str(path), "--run", run_id,
-                    "--out", str(folder / run_id)], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            spy,
+            "record",
+            "--subprocesses",
+            "--rate",
+            str(args.rate),
+            "--format",
+            "raw",
+            "--output",
+            str(raw),
+            "--",
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "run",
+            str(path),
+            "--run",
+            run_id,
+            "--out",
+            str(folder / run_id),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     with connect(settings.database_url, autocommit=True) as conn:
         first, last, steps = conn.execute(
             "select extract(epoch from min(created_at)), extract(epoch from max(created_at)), count(*) "
-            "from train_steps where run_id = %s", (run_id,)).fetchone()
+            "from train_steps where run_id = %s",
+            (run_id,),
+        ).fetchone()
     by_role = busy_samples(raw)
     kinds = [kind for kind, _ in KINDS] + ["other"]
-    table = Table(title=f"active ms a trained step by process and kind, and share ({args.task}, fully-async, {steps} steps; "
-                        f"py-spy at {args.rate} Hz)")
+    table = Table(
+        title=f"active ms a trained step by process and kind, and share ({args.task}, fully-async, {steps} steps; "
+        f"py-spy at {args.rate} Hz)"
+    )
     stepped = [k for k in kinds if k != "start-up"]
     for column in ("process", *stepped, "all but start-up", "start-up (s, once)"):
         table.add_column(column, justify="left" if column == "process" else "right")
     per_step = 1000.0 / args.rate / steps
     for role, counts in sorted(by_role.items(), key=lambda kv: -sum(kv[1].values())):
         busy = sum(counts[k] for k in stepped) or 1
-        table.add_row(role, *(f"{counts[k] * per_step:.0f} ({counts[k] / busy:.0%})" for k in stepped),
-                      f"{busy * per_step:.0f}", f"{counts['start-up'] / args.rate:.1f}")
+        table.add_row(
+            role,
+            *(f"{counts[k] * per_step:.0f} ({counts[k] / busy:.0%})" for k in stepped),
+            f"{busy * per_step:.0f}",
+            f"{counts['start-up'] / args.rate:.1f}",
+        )
     Console(width=160).print(table)
-    print(f"wall-clock a step (first to last step): {(float(last) - float(first)) / max(steps - 1, 1) * 1000:.0f} ms. "
-          f"Raw samples: {raw}")
+    print(
+        f"wall-clock a step (first to last step): {(float(last) - float(first)) / max(steps - 1, 1) * 1000:.0f} ms. "
+        f"Raw samples: {raw}"
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 import torch
-
 from common import OUT, bench_settings
 
 from streamrl.learner.batching import TrainItem
@@ -44,8 +43,15 @@ def batch(size: int, tokens: int, vocab: int, seed: int = 0) -> list[TrainItem]:
     for i in range(size):
         ids = rng.integers(4, vocab, tokens).astype(np.int32)
         mask = np.r_[np.zeros(tokens // 2), np.ones(tokens - tokens // 2)].astype(np.uint8)
-        items.append(TrainItem(tokens=ids, mask=mask, behaviour_logprobs=np.full(tokens, -2.0, np.float32) * mask,
-                               advantage=float(rng.normal()), group_id=f"g{i // 8}"))
+        items.append(
+            TrainItem(
+                tokens=ids,
+                mask=mask,
+                behaviour_logprobs=np.full(tokens, -2.0, np.float32) * mask,
+                advantage=float(rng.normal()),
+                group_id=f"g{i // 8}",
+            )
+        )
     return items
 
 
@@ -67,11 +73,25 @@ def service_steps(model_dir: Path, items: list[TrainItem], rounds: int, device: 
     import tinker
     from tinker import types
 
-    key = subprocess.run([sys.executable, "-m", "streamrl.cli", "training-key", "create", "bench"], check=True,
-                         capture_output=True, text=True).stdout.split()[1]
-    server = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "serve-training", "--model", f"bench={model_dir}",
-                               "--port", str(PORT), "--device", device], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.STDOUT)
+    key = subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", "training-key", "create", "bench"], check=True, capture_output=True, text=True
+    ).stdout.split()[1]
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "serve-training",
+            "--model",
+            f"bench={model_dir}",
+            "--port",
+            str(PORT),
+            "--device",
+            device,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
     try:
         url = f"http://127.0.0.1:{PORT}"
         for _ in range(600):

@@ -16,11 +16,11 @@ from common import bench_settings, drop_database, fresh_database, fresh_run_id
 from psycopg.types.json import Jsonb, set_json_dumps
 
 from streamrl.consumers.ledger_sink import WRITERS, LedgerSink, json_dumps
+from streamrl.runtime.bus import EventPublisher
+from streamrl.runtime.db import connect
+from streamrl.runtime.topic_admin import create_run_topics
 from streamrl.schema.events import Trajectory
 from streamrl.schema.ledger import event_row
-from streamrl.runtime.bus import EventPublisher
-from streamrl.runtime.topic_admin import create_run_topics
-from streamrl.runtime.db import connect
 
 BATCH = 2000
 ROUNDS = 3
@@ -53,8 +53,7 @@ def wrapped(rows: list[tuple]) -> list[tuple]:
     INSERT's parameters, a text COPY without column types) need it."""
     writer = WRITERS[Trajectory]
     is_json = [c in writer.json_columns for c in writer.columns]
-    return [tuple(Jsonb(v, dumps=json_dumps) if j and v is not None else v for v, j in zip(row, is_json))
-            for row in rows]
+    return [tuple(Jsonb(v, dumps=json_dumps) if j and v is not None else v for v, j in zip(row, is_json)) for row in rows]
 
 
 def raw_copy_round(settings, table: str, binary: bool) -> tuple[float, int]:
@@ -71,7 +70,7 @@ def raw_copy_round(settings, table: str, binary: bool) -> tuple[float, int]:
             with conn.transaction(), conn.cursor().copy(sql) as copy:
                 if binary:
                     copy.set_types(writer.types)
-                for row in rows[i:i + BATCH]:
+                for row in rows[i : i + BATCH]:
                     copy.write_row(row)
         return time.perf_counter() - start, len(rows)
 
@@ -80,13 +79,15 @@ def raw_executemany_round(settings, table: str) -> tuple[float, int]:
     """The same rows, one prepared INSERT each, pipelined with executemany."""
     rows = wrapped(raw_rows(fresh_run_id("rawmany")))
     columns = WRITERS[Trajectory].columns
-    sql = (f"insert into {table} ({', '.join(columns)}) values ({', '.join(['%s'] * len(columns))}) "
-           "on conflict (event_id) do nothing")
+    sql = (
+        f"insert into {table} ({', '.join(columns)}) values ({', '.join(['%s'] * len(columns))}) "
+        "on conflict (event_id) do nothing"
+    )
     with connect(settings.database_url, autocommit=True) as conn:
         start = time.perf_counter()
         for i in range(0, len(rows), BATCH):
             with conn.transaction():
-                conn.cursor().executemany(sql, rows[i:i + BATCH])
+                conn.cursor().executemany(sql, rows[i : i + BATCH])
         return time.perf_counter() - start, len(rows)
 
 
@@ -98,32 +99,37 @@ def main() -> None:
             conn.execute("create table raw_copy (like trajectories including all)")
             conn.execute("create table raw_text_copy (like trajectories including all)")
             conn.execute("create table raw_many (like trajectories including all)")
-        rates: dict[str, list[float]] = {"sink": [], "sink_bundled": [], "copy": [], "text_copy": [],
-                                         "executemany": []}
+        rates: dict[str, list[float]] = {"sink": [], "sink_bundled": [], "copy": [], "text_copy": [], "executemany": []}
         for _ in range(ROUNDS):
-            for name, measure in (("sink", lambda: sink_round(settings)),
-                                  ("sink_bundled", lambda: sink_round(settings, bundle=True)),
-                                  ("copy", lambda: raw_copy_round(settings, "raw_copy", binary=True)),
-                                  ("text_copy", lambda: raw_copy_round(settings, "raw_text_copy", binary=False)),
-                                  ("executemany", lambda: raw_executemany_round(settings, "raw_many"))):
+            for name, measure in (
+                ("sink", lambda: sink_round(settings)),
+                ("sink_bundled", lambda: sink_round(settings, bundle=True)),
+                ("copy", lambda: raw_copy_round(settings, "raw_copy", binary=True)),
+                ("text_copy", lambda: raw_copy_round(settings, "raw_text_copy", binary=False)),
+                ("executemany", lambda: raw_executemany_round(settings, "raw_many")),
+            ):
                 seconds, n = measure()
                 rates[name].append(n / seconds)
     finally:
         drop_database(base, settings)
     best = {name: max(values) for name, values in rates.items()}
     print(f"sink: {n:,} Trajectory rows (~3.8 KB frames) per round, batches of {BATCH}, best of {ROUNDS}")
-    labels = {"sink": "ledger sink (consume, decode, COPY, offsets)",
-              "sink_bundled": "ledger sink, a group's 8 trajectories a record",
-              "copy": "raw binary COPY of the same rows",
-              "text_copy": "raw text COPY of the same rows",
-              "executemany": "raw pipelined executemany, same rows"}
+    labels = {
+        "sink": "ledger sink (consume, decode, COPY, offsets)",
+        "sink_bundled": "ledger sink, a group's 8 trajectories a record",
+        "copy": "raw binary COPY of the same rows",
+        "text_copy": "raw text COPY of the same rows",
+        "executemany": "raw pipelined executemany, same rows",
+    }
     for name, label in labels.items():
         print(f"  {label:<46} {best[name]:9,.0f} rows/s   rounds: {', '.join(f'{r:,.0f}' for r in rates[name])}")
     for name in ("sink", "sink_bundled"):
         ratio = best[name] / best["copy"]
         print(f"  ratio {name}/raw binary COPY: {ratio:.2f}  target >= 0.8: {'PASS' if ratio >= 0.8 else 'FAIL'}")
-    print(f"  (sink/raw text COPY: {best['sink'] / best['text_copy']:.2f})"
-          f"   (sink/raw executemany: {best['sink'] / best['executemany']:.2f})")
+    print(
+        f"  (sink/raw text COPY: {best['sink'] / best['text_copy']:.2f})"
+        f"   (sink/raw executemany: {best['sink'] / best['executemany']:.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -20,15 +20,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import OUT, bench_settings, fresh_run_id  # noqa: E402
-from process_cpu import cpu_by_role, per_step  # noqa: E402
-import psutil  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+import psutil
+from common import OUT, bench_settings, fresh_run_id
+from process_cpu import cpu_by_role, per_step
+from rich.console import Console
+from rich.table import Table
+from time_to_accuracy import TASKS, bench_recipe, warmed_model
 
-from streamrl.runtime.db import connect  # noqa: E402
-from streamrl.runtime.recipe import prepare_recipe  # noqa: E402
-from time_to_accuracy import TASKS, bench_recipe, warmed_model  # noqa: E402
+from streamrl.runtime.db import connect
+from streamrl.runtime.recipe import prepare_recipe
 
 # The processes that move events (not the ones that generate or train)
 EVENT_PATH = ("publish", "broker", "processor", "sink", "postgresql")
@@ -40,13 +40,22 @@ def steps_done(conn, run_id: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", default="arith", choices=sorted(TASKS),
-                        help="arith: 2-3-token answers (the event path's worst case); shift: 48-letter answers")
+    parser.add_argument(
+        "--task",
+        default="arith",
+        choices=sorted(TASKS),
+        help="arith: 2-3-token answers (the event path's worst case); shift: 48-letter answers",
+    )
     parser.add_argument("--sync-mode", default="fully-async")
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--window", default="20:70", help="ledger steps A:B to measure between")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="a recipe override, e.g. service.broker.window_steps=10 (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe override, e.g. service.broker.window_steps=10 (repeatable)",
+    )
     args = parser.parse_args()
     first, last = (int(x) for x in args.window.split(":"))
     settings = bench_settings()
@@ -55,8 +64,21 @@ def main() -> None:
     model_dir = warmed_model(recipe, OUT / "time_to_accuracy" / warm)
     run_id = fresh_run_id(f"cpu-{args.sync_mode}")
     path = bench_recipe(recipe, model_dir, args.sync_mode, args.steps, OUT / "step_cpu" / f"{run_id}.yaml")
-    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(path), *args.set, "--run", run_id,
-                            "--out", str(OUT / "step_cpu" / run_id)], stdout=subprocess.DEVNULL)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "run",
+            str(path),
+            *args.set,
+            "--run",
+            run_id,
+            "--out",
+            str(OUT / "step_cpu" / run_id),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     marks = {}
     with connect(settings.database_url, autocommit=True) as conn:
         while run.poll() is None and len(marks) < 2:
@@ -71,8 +93,7 @@ def main() -> None:
     (t0, before), (t1, after) = marks[first], marks[last]
     steps = last - first
     wall = (t1 - t0) / steps
-    table = Table(title=f"CPU per step, {args.task}, {args.sync_mode}, steps {first}..{last} "
-                        f"({psutil.cpu_count()} cores)")
+    table = Table(title=f"CPU per step, {args.task}, {args.sync_mode}, steps {first}..{last} ({psutil.cpu_count()} cores)")
     for column in ("process", "CPU ms/step", "share"):
         table.add_column(column, justify="right" if column != "process" else "left")
     deltas = per_step(before, after, steps)
@@ -84,8 +105,10 @@ def main() -> None:
     Console().print(table)
     rollouts = recipe.trajectory_pool.batch_size * recipe.rollout_worker.rollout_repeat_n
     event_path = sum(deltas.get(role, 0.0) for role in EVENT_PATH)
-    print(f"event path ({' + '.join(EVENT_PATH)}): {event_path * 1000:.0f} ms a step of {rollouts} rollouts, "
-          f"{event_path / rollouts * 1e6:.0f} us of CPU per rollout (target <= 300)")
+    print(
+        f"event path ({' + '.join(EVENT_PATH)}): {event_path * 1000:.0f} ms a step of {rollouts} rollouts, "
+        f"{event_path / rollouts * 1e6:.0f} us of CPU per rollout (target <= 300)"
+    )
 
 
 if __name__ == "__main__":

@@ -54,11 +54,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
+from process_cpu import cpu_by_role, per_step  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from streamrl.learner.warmup import cross_entropy_warmup, greedy_exact_match, supervised_items  # noqa: E402
-from process_cpu import cpu_by_role, per_step  # noqa: E402
 from streamrl.runtime.chat_template import recipe_renderer  # noqa: E402
 from streamrl.runtime.config import Recipe  # noqa: E402
 from streamrl.runtime.dataset import read_rows  # noqa: E402
@@ -71,10 +71,10 @@ from streamrl.runtime.tiny_lm import load  # noqa: E402
 @dataclasses.dataclass(frozen=True)
 class Task:
     recipe: Path
-    target: float          # held-out accuracy to reach
-    steps: int             # GRPO steps at most
+    target: float  # held-out accuracy to reach
+    steps: int  # GRPO steps at most
     validate_every: int
-    ratio_targets: dict    # system -> wall-clock ratio to TRL to meet
+    ratio_targets: dict  # system -> wall-clock ratio to TRL to meet
     # The warm-up stops at this greedy held-out accuracy (None: the recipe's step count).
     # The arithmetic rule is learned abruptly by cross-entropy: on this machine the
     # recipe's own target (0.25) stopped at 0.32, from where no contender passed 0.59 in
@@ -83,10 +83,15 @@ class Task:
 
 
 TASKS = {
-    "shift": Task(ROOT / "recipes" / "shift" / "recipe.yaml", 0.85, 80, 10,
-                  {"streamrl-fully-async": 0.8, "streamrl-sync": 1.2}),
-    "arith": Task(ROOT / "recipes" / "arith" / "recipe.yaml", 0.9, 400, 25,
-                  {"streamrl-fully-async": 1.5, "streamrl-sync": 2.0}, warm_until=0.6),
+    "shift": Task(ROOT / "recipes" / "shift" / "recipe.yaml", 0.85, 80, 10, {"streamrl-fully-async": 0.8, "streamrl-sync": 1.2}),
+    "arith": Task(
+        ROOT / "recipes" / "arith" / "recipe.yaml",
+        0.9,
+        400,
+        25,
+        {"streamrl-fully-async": 1.5, "streamrl-sync": 2.0},
+        warm_until=0.6,
+    ),
 }
 RECIPE = TASKS["arith"].recipe  # the short-answer recipe other benchmarks measure
 OUT = ROOT / "bench" / "out" / "time_to_accuracy"
@@ -104,25 +109,35 @@ def warmed_model(recipe: Recipe, directory: Path, until: float | None = None) ->
     renderer = recipe_renderer(recipe, tokenizer)
     rows = read_rows(data.data_files, data.type, [data.prompt_key, data.answer_key])
     items = supervised_items(rows, renderer, data.prompt_key, data.answer_key)
-    val_rows = read_rows(val.data_files, data.type)[:val.max_rows or None]
+    val_rows = read_rows(val.data_files, data.type)[: val.max_rows or None]
 
     def reached() -> bool:
-        accuracy = greedy_exact_match(model, renderer, val_rows, data.prompt_key, data.answer_key,
-                                      recipe.rollout_worker.max_response_length)
+        accuracy = greedy_exact_match(
+            model, renderer, val_rows, data.prompt_key, data.answer_key, recipe.rollout_worker.max_response_length
+        )
         model.train()
         return accuracy >= until
 
-    details = cross_entropy_warmup(model, tokenizer, items, cfg.warmup_cross_entropy_steps, cfg.warmup_batch_size,
-                                   dataclasses.replace(cfg, lr=cfg.warmup_lr or cfg.lr), cfg.seed,
-                                   done=reached if until is not None else None, check_every=10)
+    details = cross_entropy_warmup(
+        model,
+        tokenizer,
+        items,
+        cfg.warmup_cross_entropy_steps,
+        cfg.warmup_batch_size,
+        dataclasses.replace(cfg, lr=cfg.warmup_lr or cfg.lr),
+        cfg.seed,
+        done=reached if until is not None else None,
+        check_every=10,
+    )
     print(f"warm-up: {details['warmup_steps']} steps in {details['warmup_seconds']:.0f} s")
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
 
 
-def bench_recipe(recipe: Recipe, model_dir: Path, sync_mode: str, steps: int, path: Path,
-                 validate_every: int = 25, seed: int | None = None) -> Path:
+def bench_recipe(
+    recipe: Recipe, model_dir: Path, sync_mode: str, steps: int, path: Path, validate_every: int = 25, seed: int | None = None
+) -> Path:
     values = recipe.to_dict()
     values["environment"]["setup_script"] = None
     values["rollout_worker"]["model_path"] = str(model_dir)
@@ -141,8 +156,11 @@ def run_streamrl(recipe: Recipe, task: Task, model_dir: Path, sync_mode: str, se
     name = f"tta-{task.recipe.parent.name}-{sync_mode}-s{seed}-{time.strftime('%H%M%S')}"
     path = bench_recipe(recipe, model_dir, sync_mode, task.steps, OUT / f"{name}.yaml", task.validate_every, seed)
     started_wall = time.time()
-    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", str(path), "--run", name,
-                            "--out", str(OUT / name)], cwd=ROOT, stdout=subprocess.DEVNULL)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", "run", str(path), "--run", name, "--out", str(OUT / name)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
     marks: list[tuple[int, dict]] = []  # (steps done, CPU by role): from step 2 to the last seen
     settings = Settings.from_env()
     with connect(settings.database_url, autocommit=True) as conn:
@@ -155,35 +173,72 @@ def run_streamrl(recipe: Recipe, task: Task, model_dir: Path, sync_mode: str, se
             raise RuntimeError(f"streamrl run {name} failed ({run.returncode}): see {OUT / name}")
         rows = conn.execute(
             "select step, avg(reward), count(*), extract(epoch from max(created_at)) from evaluations "
-            "where run_id = %s and is_val group by step order by step", (name,)).fetchall()
+            "where run_id = %s and is_val group by step order by step",
+            (name,),
+        ).fetchall()
     total = time.time() - started_wall
     val_rows = recipe.validate.data.max_rows
     curve = [(float(ts) - started_wall, int(step), float(acc)) for step, acc, count, ts in rows if count >= val_rows]
     cpu = per_step(marks[0][1], marks[-1][1], marks[-1][0] - marks[0][0]) if len(marks) == 2 else {}
-    return {"system": f"streamrl-{sync_mode}", "seed": seed, "run": name, "curve": curve, "wall_s": total,
-            "cpu_per_step_s": cpu, "time_to_target_s": next((t for t, _, acc in curve if acc >= task.target), None)}
+    return {
+        "system": f"streamrl-{sync_mode}",
+        "seed": seed,
+        "run": name,
+        "curve": curve,
+        "wall_s": total,
+        "cpu_per_step_s": cpu,
+        "time_to_target_s": next((t for t, _, acc in curve if acc >= task.target), None),
+    }
 
 
 def run_trl_process(task: Task, model_dir: Path, seed: int) -> dict:
     """TRL in a process of its own, its clock started at launch (bench/tta_trl.py)."""
     result = OUT / f"trl-{task.recipe.parent.name}-s{seed}.json"
     launched = time.time()
-    subprocess.run([sys.executable, str(ROOT / "bench" / "tta_trl.py"), "--recipe", str(task.recipe),
-                    "--model-dir", str(model_dir), "--steps", str(task.steps), "--target", str(task.target),
-                    "--validate-every", str(task.validate_every), "--seed", str(seed), "--out", str(OUT),
-                    "--launched", repr(launched), "--result", str(result)], check=True, cwd=ROOT)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "tta_trl.py"),
+            "--recipe",
+            str(task.recipe),
+            "--model-dir",
+            str(model_dir),
+            "--steps",
+            str(task.steps),
+            "--target",
+            str(task.target),
+            "--validate-every",
+            str(task.validate_every),
+            "--seed",
+            str(seed),
+            "--out",
+            str(OUT),
+            "--launched",
+            repr(launched),
+            "--result",
+            str(result),
+        ],
+        check=True,
+        cwd=ROOT,
+    )
     return json.loads(result.read_text())
 
 
 def plot(results: dict[str, list[dict]], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, len(results), figsize=(7 * len(results), 4), squeeze=False)
     for ax, (task_name, runs) in zip(axes[0], results.items()):
         for result in runs:
-            ax.plot([t for t, _, _ in result["curve"]], [a for _, _, a in result["curve"]], marker=".",
-                    label=f"{result['system']} s{result['seed']}")
+            ax.plot(
+                [t for t, _, _ in result["curve"]],
+                [a for _, _, a in result["curve"]],
+                marker=".",
+                label=f"{result['system']} s{result['seed']}",
+            )
         ax.axhline(TASKS[task_name].target, color="grey", linestyle="--", linewidth=1)
         ax.set_xlabel("wall-clock seconds")
         ax.set_ylabel("held-out accuracy")
@@ -208,12 +263,20 @@ def report(task_name: str, runs: list[dict]) -> None:
         ratio = seconds / trl if trl and seconds else None
         goal = task.ratio_targets.get(system)
         split = next(r.get("step_split_s") or r.get("cpu_per_step_s") for r in runs if r["system"] == system)
-        per_seed = ", ".join("not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f}"
-                             for r in runs if r["system"] == system)
-        table.add_row(system, per_seed, "not reached" if seconds is None else f"{seconds:.0f}",
-                      "" if ratio is None else f"{ratio:.2f}x", "" if goal is None else f"<= {goal}x",
-                      "" if goal is None else ("yes" if ratio is not None and ratio <= goal else "no"),
-                      " ".join(f"{k} {v:.3f}" for k, v in sorted(split.items(), key=lambda kv: -kv[1])))
+        per_seed = ", ".join(
+            "not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f}"
+            for r in runs
+            if r["system"] == system
+        )
+        table.add_row(
+            system,
+            per_seed,
+            "not reached" if seconds is None else f"{seconds:.0f}",
+            "" if ratio is None else f"{ratio:.2f}x",
+            "" if goal is None else f"<= {goal}x",
+            "" if goal is None else ("yes" if ratio is not None and ratio <= goal else "no"),
+            " ".join(f"{k} {v:.3f}" for k, v in sorted(split.items(), key=lambda kv: -kv[1])),
+        )
         for r in runs:
             if r["system"] == system:
                 r["ratio_vs_trl_median"] = ratio
@@ -240,8 +303,9 @@ def main() -> None:
     for task_name in args.tasks.split(","):
         task = TASKS[task_name]
         recipe = prepare_recipe(task.recipe)
-        model_dir = warmed_model(recipe, OUT / ("warm_model" if task_name == "arith" else f"warm_model_{task_name}"),
-                                 task.warm_until)
+        model_dir = warmed_model(
+            recipe, OUT / ("warm_model" if task_name == "arith" else f"warm_model_{task_name}"), task.warm_until
+        )
         # systems left out this time keep their latest results
         runs = results[task_name] = [r for r in results.get(task_name, []) if r["system"] not in systems(wanted)]
         for seed in range(1, (args.seeds if task_name == "shift" else 1) + 1):

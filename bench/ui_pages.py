@@ -18,12 +18,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
+from common import bench_settings, drop_database, fresh_database
 from psycopg.types.json import Jsonb
 
-from common import bench_settings, drop_database, fresh_database
 from streamrl.runtime.db import connect
 
 PER_STEP = 256
@@ -35,7 +35,7 @@ PORT = 18799
 def fill(url: str, run_id: str, count: int) -> None:
     """`count` trajectories of TOKENS tokens (16 prompt, 48 trained), with evaluations and
     samples, and their train steps."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     tokens = np.arange(TOKENS, dtype="<i4").tobytes()
     mask = np.r_[np.zeros(16), np.ones(TOKENS - 16)].astype(np.uint8).tobytes()
     logprobs = np.full(TOKENS, -0.5, dtype="<f4").tobytes()
@@ -43,38 +43,113 @@ def fill(url: str, run_id: str, count: int) -> None:
     rewards = rng.random(count)
     common = "event_id, run_id, schema_version, created_at"
     with connect(url, autocommit=True) as conn:
-        conn.execute("insert into runs (run_id, name, status, config) values (%s, %s, 'finished', %s)",
-                     (run_id, run_id, Jsonb({"experiment_name": run_id, "rollout_worker": {"model_path": "/nonexistent"}})))
+        conn.execute(
+            "insert into runs (run_id, name, status, config) values (%s, %s, 'finished', %s)",
+            (run_id, run_id, Jsonb({"experiment_name": run_id, "rollout_worker": {"model_path": "/nonexistent"}})),
+        )
         with conn.cursor() as cur:
-            with cur.copy(f"copy trajectories ({common}, trajectory_id, task_id, group_id, sample_index, group_size, "
-                          "weight_version, tokens, loss_mask, logprobs, num_tokens, num_trained_tokens, prompt_length, "
-                          "prompt_text, response_text, is_val, step) from stdin") as copy:
+            with cur.copy(
+                f"copy trajectories ({common}, trajectory_id, task_id, group_id, sample_index, group_size, "
+                "weight_version, tokens, loss_mask, logprobs, num_tokens, num_trained_tokens, prompt_length, "
+                "prompt_text, response_text, is_val, step) from stdin"
+            ) as copy:
                 for i in range(count):
                     step, group = i // PER_STEP + 1, i // GROUP
                     tid = f"s{step:06d}-g{group:07d}-{i % GROUP}"
-                    copy.write_row((f"t-{run_id}-{i}", run_id, 1, now, tid, tid, f"s{step:06d}-g{group:07d}", i % GROUP,
-                                    GROUP, step - 1, tokens, mask, logprobs, TOKENS, TOKENS - 16, 16, "12+44=",
-                                    "56", False, step))
+                    copy.write_row(
+                        (
+                            f"t-{run_id}-{i}",
+                            run_id,
+                            1,
+                            now,
+                            tid,
+                            tid,
+                            f"s{step:06d}-g{group:07d}",
+                            i % GROUP,
+                            GROUP,
+                            step - 1,
+                            tokens,
+                            mask,
+                            logprobs,
+                            TOKENS,
+                            TOKENS - 16,
+                            16,
+                            "12+44=",
+                            "56",
+                            False,
+                            step,
+                        )
+                    )
             with cur.copy(f"copy evaluations ({common}, trajectory_id, group_id, reward, is_val, step) from stdin") as copy:
                 for i in range(count):
                     step, group = i // PER_STEP + 1, i // GROUP
-                    copy.write_row((f"e-{run_id}-{i}", run_id, 1, now, f"s{step:06d}-g{group:07d}-{i % GROUP}",
-                                    f"s{step:06d}-g{group:07d}", float(rewards[i]), False, step))
-            with cur.copy(f"copy samples ({common}, trajectory_id, group_id, advantage, reward, group_reward_mean, "
-                          "group_reward_std, group_size, estimator, weight_version, step, tokens, loss_mask, logprobs, "
-                          "num_tokens) from stdin") as copy:
+                    copy.write_row(
+                        (
+                            f"e-{run_id}-{i}",
+                            run_id,
+                            1,
+                            now,
+                            f"s{step:06d}-g{group:07d}-{i % GROUP}",
+                            f"s{step:06d}-g{group:07d}",
+                            float(rewards[i]),
+                            False,
+                            step,
+                        )
+                    )
+            with cur.copy(
+                f"copy samples ({common}, trajectory_id, group_id, advantage, reward, group_reward_mean, "
+                "group_reward_std, group_size, estimator, weight_version, step, tokens, loss_mask, logprobs, "
+                "num_tokens) from stdin"
+            ) as copy:
                 for i in range(count):
                     step, group = i // PER_STEP + 1, i // GROUP
-                    copy.write_row((f"p-{run_id}-{i}", run_id, 1, now, f"s{step:06d}-g{group:07d}-{i % GROUP}",
-                                    f"s{step:06d}-g{group:07d}", float(rewards[i] - 0.5), float(rewards[i]), 0.5, 0.29,
-                                    GROUP, "grpo", step - 1, step, tokens, mask, logprobs, TOKENS))
+                    copy.write_row(
+                        (
+                            f"p-{run_id}-{i}",
+                            run_id,
+                            1,
+                            now,
+                            f"s{step:06d}-g{group:07d}-{i % GROUP}",
+                            f"s{step:06d}-g{group:07d}",
+                            float(rewards[i] - 0.5),
+                            float(rewards[i]),
+                            0.5,
+                            0.29,
+                            GROUP,
+                            "grpo",
+                            step - 1,
+                            step,
+                            tokens,
+                            mask,
+                            logprobs,
+                            TOKENS,
+                        )
+                    )
             steps = (count + PER_STEP - 1) // PER_STEP
-            with cur.copy(f"copy train_steps ({common}, step, weight_version, loss, clip_fraction, grad_norm, lr, tokens, "
-                          "samples, seconds, metrics, staleness) from stdin") as copy:
+            with cur.copy(
+                f"copy train_steps ({common}, step, weight_version, loss, clip_fraction, grad_norm, lr, tokens, "
+                "samples, seconds, metrics, staleness) from stdin"
+            ) as copy:
                 for step in range(1, steps + 1):
-                    copy.write_row((f"ts-{run_id}-{step}", run_id, 1, now, step, step, 1.0 / step, 0.0, 1.0, 1e-4,
-                                    PER_STEP * 48, PER_STEP, 0.5, Jsonb({"reward_mean": 0.5, "logprob_gap_mean": 0.01}),
-                                    Jsonb({"mean": 0.5})))
+                    copy.write_row(
+                        (
+                            f"ts-{run_id}-{step}",
+                            run_id,
+                            1,
+                            now,
+                            step,
+                            step,
+                            1.0 / step,
+                            0.0,
+                            1.0,
+                            1e-4,
+                            PER_STEP * 48,
+                            PER_STEP,
+                            0.5,
+                            Jsonb({"reward_mean": 0.5, "logprob_gap_mean": 0.01}),
+                            Jsonb({"mean": 0.5}),
+                        )
+                    )
         conn.execute("analyze")
 
 
@@ -114,11 +189,18 @@ def main() -> None:
         started = time.perf_counter()
         fill(fresh.database_url, "small", 1000)
         fill(fresh.database_url, "large", args.trajectories)
-        print(f"wrote 1,000 + {args.trajectories:,} trajectories (with evaluations and samples) in "
-              f"{time.perf_counter() - started:.0f} s", flush=True)
+        print(
+            f"wrote 1,000 + {args.trajectories:,} trajectories (with evaluations and samples) in "
+            f"{time.perf_counter() - started:.0f} s",
+            flush=True,
+        )
         env = {**os.environ, "STREAMRL_DATABASE_URL": fresh.database_url}
-        server = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "ui", "--port", str(PORT)], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "streamrl.cli", "ui", "--port", str(PORT)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
         try:
             for _ in range(120):
                 try:

@@ -29,6 +29,7 @@ from common import OUT
 
 def perturb(model, seed: int) -> None:
     import torch
+
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for parameter in model.parameters():
@@ -47,7 +48,7 @@ def main() -> None:
     from streamrl.learner.checkpoint import write_weight_version
     from streamrl.learner.version_writes import cpu_copy
     from streamrl.learner.weight_broadcast import WeightBroadcaster
-    from streamrl.producers.sglang_engine import SGLangEngine, Server
+    from streamrl.producers.sglang_engine import Server, SGLangEngine
     from streamrl.producers.sglang_server import ManagedServer
     from streamrl.runtime.settings import Settings
 
@@ -55,10 +56,11 @@ def main() -> None:
     work = OUT / "weight_sync"
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    print(f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters; starting SGLang "
-          f"(CPU engine)", flush=True)
-    server = ManagedServer(Settings.from_env().sglang_python, str(folder), "cpu", {}, work / "server.log",
-                           startup_timeout_s=900)
+    print(
+        f"{args.model}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters; starting SGLang (CPU engine)",
+        flush=True,
+    )
+    server = ManagedServer(Settings.from_env().sglang_python, str(folder), "cpu", {}, work / "server.log", startup_timeout_s=900)
     server.start()
     engine = SGLangEngine([Server(server.url, managed=server)], tokenizer, sync_timeout_s=900)
     disk, broadcast, background = [], [], []
@@ -83,8 +85,10 @@ def main() -> None:
                 write_weight_version(work / "weights", version, model, tokenizer, state)
                 background.append(time.perf_counter() - after)
             assert engine.broadcast_fallbacks == 0, "a broadcast fell back to the folder"
-            print(f"version {version}: {'disk' if version % 2 else 'distributed'} "
-                  f"{(disk if version % 2 else broadcast)[-1]:.2f} s", flush=True)
+            print(
+                f"version {version}: {'disk' if version % 2 else 'distributed'} {(disk if version % 2 else broadcast)[-1]:.2f} s",
+                flush=True,
+            )
     finally:
         engine.close()
     d, b = statistics.median(disk), statistics.median(broadcast)

@@ -25,16 +25,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import OUT, bench_settings, fresh_run_id  # noqa: E402
-from processor_cpu import cpu_seconds  # noqa: E402
-from time_to_accuracy import RECIPE, bench_recipe, warmed_model  # noqa: E402
+from common import OUT, bench_settings, fresh_run_id
+from processor_cpu import cpu_seconds
+from time_to_accuracy import RECIPE, bench_recipe, warmed_model
 
-from streamrl.producers.inference import EmbeddedEngine, SamplingParams  # noqa: E402
-from streamrl.producers.publisher import create_run, step_tasks  # noqa: E402
-from streamrl.runtime.bus import EventPublisher, RunReader  # noqa: E402
-from streamrl.runtime.dataset import read_rows  # noqa: E402
-from streamrl.runtime.recipe import prepare_recipe  # noqa: E402
-from streamrl.schema.events import Evaluation, Trajectory, WeightVersion  # noqa: E402
+from streamrl.producers.inference import EmbeddedEngine, SamplingParams
+from streamrl.producers.publisher import create_run, step_tasks
+from streamrl.runtime.bus import EventPublisher, RunReader
+from streamrl.runtime.dataset import read_rows
+from streamrl.runtime.recipe import prepare_recipe
+from streamrl.schema.events import Evaluation, Trajectory, WeightVersion
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -57,8 +57,13 @@ def worker_cpu(settings, recipe, rows: list[dict], groups: int) -> tuple[float, 
         # the version the learner announces before its first step: the model the tasks start from
         publisher.publish(WeightVersion(run_id=run_id, version=0, uri=str(recipe.rollout_worker.model_path)))
     env = {**os.environ, "STREAMRL_HOME": str(settings.home)}
-    process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "worker", run_id], cwd=REPO, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", "worker", run_id],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     reader = RunReader(settings, run_id, ["trajectories", "evaluations"], group_id=None)
     seen: dict = {}
     try:
@@ -69,12 +74,11 @@ def worker_cpu(settings, recipe, rows: list[dict], groups: int) -> tuple[float, 
         wait_for(reader, Evaluation, size, seen)
         before = cpu_seconds(process.pid)
         with EventPublisher(settings, bundle=True) as publisher:
-            for task in step_tasks(run_id, 1, rows[1:groups + 1], size, key, 0):
+            for task in step_tasks(run_id, 1, rows[1 : groups + 1], size, key, 0):
                 publisher.publish(task)
         wait_for(reader, Evaluation, size * (groups + 1), seen)
         cpu = cpu_seconds(process.pid) - before
-        tokens = sum(len(e.tokens) // 4 - e.prompt_length for e in seen.values()
-                     if isinstance(e, Trajectory) and e.step == 1)
+        tokens = sum(len(e.tokens) // 4 - e.prompt_length for e in seen.values() if isinstance(e, Trajectory) and e.step == 1)
         return cpu, tokens
     finally:
         process.send_signal(signal.SIGTERM)
@@ -90,12 +94,15 @@ def batched_generate_cpu(recipe, rows: list[dict], groups: int) -> tuple[float, 
     cfg = recipe.rollout_worker
     engine = EmbeddedEngine(cfg.model_path, seed=recipe.trainer.seed)
     params = SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature, top_p=cfg.top_p)
-    prompts = [engine.tokenizer(str(row[recipe.data.prompt_key]))["input_ids"]
-               for row in rows[1:groups + 1] for _ in range(cfg.rollout_repeat_n)]
+    prompts = [
+        engine.tokenizer(str(row[recipe.data.prompt_key]))["input_ids"]
+        for row in rows[1 : groups + 1]
+        for _ in range(cfg.rollout_repeat_n)
+    ]
     batch = recipe.service.inference_service.max_batch_size
-    engine.generate(prompts[:cfg.rollout_repeat_n], params)  # warm-up
+    engine.generate(prompts[: cfg.rollout_repeat_n], params)  # warm-up
     before = time.process_time()
-    completions = [c for i in range(0, len(prompts), batch) for c in engine.generate(prompts[i:i + batch], params)]
+    completions = [c for i in range(0, len(prompts), batch) for c in engine.generate(prompts[i : i + batch], params)]
     return time.process_time() - before, sum(len(c.response_token_ids) for c in completions)
 
 
@@ -111,13 +118,19 @@ def main() -> None:
     worker, worker_tokens = worker_cpu(settings, recipe, rows, args.groups)
     bare, bare_tokens = batched_generate_cpu(recipe, rows, args.groups)
     rollouts = args.groups * recipe.rollout_worker.rollout_repeat_n
-    print(f"worker CPU per rollout, {args.groups} groups of {recipe.rollout_worker.rollout_repeat_n} "
-          f"(built-in recipe, warmed model, 1 torch thread)")
-    print(f"  one batched generate, same prompts (baseline)  {bare / rollouts * 1000:7.3f} ms   "
-          f"({bare_tokens / rollouts:.1f} tokens a rollout)")
-    print(f"  streamrl worker (tasks topic -> events)        {worker / rollouts * 1000:7.3f} ms   "
-          f"({worker_tokens / rollouts:.1f} tokens a rollout)   ratio {worker / bare:.2f}  target <= 1.3: "
-          f"{'PASS' if worker / bare <= 1.3 else 'FAIL'}")
+    print(
+        f"worker CPU per rollout, {args.groups} groups of {recipe.rollout_worker.rollout_repeat_n} "
+        f"(built-in recipe, warmed model, 1 torch thread)"
+    )
+    print(
+        f"  one batched generate, same prompts (baseline)  {bare / rollouts * 1000:7.3f} ms   "
+        f"({bare_tokens / rollouts:.1f} tokens a rollout)"
+    )
+    print(
+        f"  streamrl worker (tasks topic -> events)        {worker / rollouts * 1000:7.3f} ms   "
+        f"({worker_tokens / rollouts:.1f} tokens a rollout)   ratio {worker / bare:.2f}  target <= 1.3: "
+        f"{'PASS' if worker / bare <= 1.3 else 'FAIL'}"
+    )
 
 
 if __name__ == "__main__":

@@ -10,8 +10,19 @@ import typing
 from dataclasses import MISSING, field
 
 
-def knob(default=MISSING, help: str = "", *, factory=None, ge=None, gt=None, le=None, lt=None,
-         path: bool = False, internal: bool = False, **extra):
+def knob(
+    default=MISSING,
+    help: str = "",
+    *,
+    factory=None,
+    ge=None,
+    gt=None,
+    le=None,
+    lt=None,
+    path: bool = False,
+    internal: bool = False,
+    **extra,
+):
     """A recipe field: its default (or `factory` for a list, mapping or section), what it
     means (`help`), and for a number the bounds it must keep (`ge`/`gt`/`le`/`lt`)."""
     metadata = {"help": help, **extra}
@@ -51,8 +62,12 @@ def describe_range(bounds: dict) -> str:
 
 
 def out_of_range(value, bounds: dict) -> bool:
-    return (("ge" in bounds and value < bounds["ge"]) or ("gt" in bounds and value <= bounds["gt"])
-            or ("le" in bounds and value > bounds["le"]) or ("lt" in bounds and value >= bounds["lt"]))
+    return (
+        ("ge" in bounds and value < bounds["ge"])
+        or ("gt" in bounds and value <= bounds["gt"])
+        or ("le" in bounds and value > bounds["le"])
+        or ("lt" in bounds and value >= bounds["lt"])
+    )
 
 
 def _scalar_type(tp):
@@ -78,6 +93,5 @@ def missing_files(values: dict, schema: type, bases: list, prefix: str = "") -> 
                 where = f"{prefix}{f.name}" + (f"[{i}]" if isinstance(value, list) else "")
                 file = re.sub(r"\.py:[A-Za-z_]\w*$", ".py", str(item))  # file.py:Class names a file
                 if not any((base / file).exists() for base in bases):
-                    problems.append(f"{where}: file not found: {item} (relative to "
-                                    f"{' or '.join(str(base) for base in bases)})")
+                    problems.append(f"{where}: file not found: {item} (relative to {' or '.join(str(base) for base in bases)})")
     return problems

@@ -51,18 +51,33 @@ def override_strings(overrides: Mapping[str, Any] | Sequence[str] | None) -> lis
     return [str(item) for item in overrides]
 
 
-def train(recipe: str | Path, overrides: Mapping[str, Any] | Sequence[str] | None = None, *,
-          run_id: str | None = None, workers: int | None = None, out: str | Path | None = None,
-          tag: str | None = None, max_restarts: int = 5, restart_window_s: float = 600.0) -> TrainResult:
+def train(
+    recipe: str | Path,
+    overrides: Mapping[str, Any] | Sequence[str] | None = None,
+    *,
+    run_id: str | None = None,
+    workers: int | None = None,
+    out: str | Path | None = None,
+    tag: str | None = None,
+    max_restarts: int = 5,
+    restart_window_s: float = 600.0,
+) -> TrainResult:
     """Train `recipe` (a recipe YAML, or `builtin:NAME`) end to end on this machine, as
     `streamrl run RECIPE OVERRIDES...` does, and return its run id and summary. A recipe
     that is refused raises the error `streamrl run` would print; a run that fails raises
     it with the run's failure."""
     from streamrl.cli.train_cmd import run_recipe
 
-    finished = run_recipe(Path(recipe), override_strings(overrides), run=run_id, workers=workers,
-                          out=Path(out) if out is not None else None, max_restarts=max_restarts,
-                          restart_window=restart_window_s, tag=tag)
+    finished = run_recipe(
+        Path(recipe),
+        override_strings(overrides),
+        run=run_id,
+        workers=workers,
+        out=Path(out) if out is not None else None,
+        max_restarts=max_restarts,
+        restart_window=restart_window_s,
+        tag=tag,
+    )
     if finished is None:  # only the guide's `-c FILE` without `-r` returns nothing; not asked for here
         raise RuntimeError(f"{recipe}: the run did not start")
     return TrainResult(*finished)

@@ -180,10 +180,10 @@ def reverse(text: str) -> str:
     return reverse_text(text)
 '''
 
-TEXT_UTILS = '''\
+TEXT_UTILS = """\
 def reverse_text(text: str) -> str:
     return text[::-1]
-'''
+"""
 
 EVALUATOR = '''\
 """The reward: 1 for the right answer. See producers/evaluator_builtins.py for built-ins
@@ -314,16 +314,28 @@ def scaffold_recipe(name: str, parent: Path, template: str = "agent") -> Path:
     folder = parent / name
     if folder.exists():
         raise FileExistsError(f"{folder} already exists")
-    fields = {"name": name, "class_prefix": "".join(part.title() for part in name.split("_")),
-              "env_prefix": name.upper()}
+    fields = {"name": name, "class_prefix": "".join(part.title() for part in name.split("_")), "env_prefix": name.upper()}
     if template == "single-turn":
-        files = {"common.yaml": SINGLE_TURN_COMMON, f"{name}.yaml": RECIPE, f"{name}.env.sh": ENV,
-                 "setup.py": SINGLE_TURN_SETUP, "evaluator.py": EVALUATOR}
+        files = {
+            "common.yaml": SINGLE_TURN_COMMON,
+            f"{name}.yaml": RECIPE,
+            f"{name}.env.sh": ENV,
+            "setup.py": SINGLE_TURN_SETUP,
+            "evaluator.py": EVALUATOR,
+        }
     else:
-        files = {"common.yaml": COMMON, f"{name}.yaml": RECIPE, f"{name}.env.sh": ENV, "setup.py": SETUP,
-                 "agent_workspace/agent_config.yaml": AGENT_CONFIG, "agent_workspace/tools.yaml": TOOLS_YAML,
-                 "agent_workspace/tools.py": TOOLS_PY, "agent_workspace/text_utils.py": TEXT_UTILS,
-                 "agent_workspace/evaluator.py": EVALUATOR, "agent_workspace/my_worker.py": WORKER}
+        files = {
+            "common.yaml": COMMON,
+            f"{name}.yaml": RECIPE,
+            f"{name}.env.sh": ENV,
+            "setup.py": SETUP,
+            "agent_workspace/agent_config.yaml": AGENT_CONFIG,
+            "agent_workspace/tools.yaml": TOOLS_YAML,
+            "agent_workspace/tools.py": TOOLS_PY,
+            "agent_workspace/text_utils.py": TEXT_UTILS,
+            "agent_workspace/evaluator.py": EVALUATOR,
+            "agent_workspace/my_worker.py": WORKER,
+        }
     for relative, template in files.items():
         path = folder / relative
         path.parent.mkdir(parents=True, exist_ok=True)

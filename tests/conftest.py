@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tempfile
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -100,16 +100,27 @@ def broker_topics(settings, run_id: str) -> set[str]:
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120, check: bool = False):
     """Run the real `streamrl` CLI in a subprocess."""
-    result = subprocess.run([sys.executable, "-m", "streamrl.cli", *args], capture_output=True, text=True,
-                            env={**os.environ, **(env or {})}, timeout=timeout, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+        cwd=REPO,
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"streamrl {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
     return result
 
 
 def start_sink_process(run_id: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "streamrl.cli", "sink", "--run", run_id, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", "sink", "--run", run_id, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
 
 
 def fresh_database(settings, prefix: str) -> str:
@@ -131,9 +142,13 @@ def start_serve_training(*args: str, port: int, timeout: float = 300, env: dict 
     (a service restores the open sessions of its ledger first, hence the wait)."""
     import httpx
 
-    process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "serve-training", *args, "--port", str(port),
-                                "--device", "cpu"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env={**os.environ, **(env or {})})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", "serve-training", *args, "--port", str(port), "--device", "cpu"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -179,31 +194,62 @@ def command_lines() -> dict[int, list[str]]:
     which hides the arguments of long command lines)."""
     import psutil
 
-    return {process.info["pid"]: process.info["cmdline"]
-            for process in psutil.process_iter(["pid", "cmdline"]) if process.info["cmdline"]}
+    return {
+        process.info["pid"]: process.info["cmdline"]
+        for process in psutil.process_iter(["pid", "cmdline"])
+        if process.info["cmdline"]
+    }
 
 
 # Tests that need a service (the embedded broker, PostgreSQL, an SGLang server, a
 # browser): those using the session's services, and the modules that start their own.
 SERVICE_FIXTURES = {"stack", "ledger", "external_database"}
-SERVICE_MODULES = {"test_services", "test_sglang", "test_inference_servers", "test_supervision",
-                   "test_training_service", "test_observability", "test_demo", "test_sql_cli", "test_scaffold",
-                   "test_fault_matrix", "test_group_wedge", "test_learner_parallel", "test_quiet_logs", "test_weight_broadcast", "test_sglang_adapters"}
+SERVICE_MODULES = {
+    "test_services",
+    "test_sglang",
+    "test_inference_servers",
+    "test_supervision",
+    "test_training_service",
+    "test_observability",
+    "test_demo",
+    "test_sql_cli",
+    "test_scaffold",
+    "test_fault_matrix",
+    "test_group_wedge",
+    "test_learner_parallel",
+    "test_quiet_logs",
+    "test_weight_broadcast",
+    "test_sglang_adapters",
+}
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "services: needs the embedded broker, PostgreSQL, an SGLang server or a "
-                                       "browser (`make test-fast` runs the rest)")
+    config.addinivalue_line(
+        "markers",
+        "services: needs the embedded broker, PostgreSQL, an SGLang server or a browser (`make test-fast` runs the rest)",
+    )
 
 
 # The longest modules (minutes each, measured in CI) run first, in this order: with `make
 # test`'s two pytest-xdist workers taking whole modules (--no-loadscope-reorder keeps this
 # order), a long one started last would run alone.
-LONGEST_MODULES = ("test_sglang", "test_replay", "test_rl_loop", "test_training_service", "test_agent_recipe",
-                   "test_byo", "test_learner_parallel", "test_observability", "test_fault_matrix",
-                   "test_service_limits", "test_ledger_sink", "test_resume_after_broker_restart", "test_worker_group",
-                   "test_shift_recipe",
-                   "test_services")
+LONGEST_MODULES = (
+    "test_sglang",
+    "test_replay",
+    "test_rl_loop",
+    "test_training_service",
+    "test_agent_recipe",
+    "test_byo",
+    "test_learner_parallel",
+    "test_observability",
+    "test_fault_matrix",
+    "test_service_limits",
+    "test_ledger_sink",
+    "test_resume_after_broker_restart",
+    "test_worker_group",
+    "test_shift_recipe",
+    "test_services",
+)
 
 
 def module_name(item) -> str:
@@ -223,8 +269,9 @@ def sglang_python() -> Path:
     """The SGLang environment's python (`make sglang-env`); without one the test is
     skipped with that sentence, except under CI, where it fails."""
     python = Settings.from_env().sglang_python
-    return required_environment(python, f"no SGLang environment at {python}: `make sglang-env` builds it (or set "
-                                         "STREAMRL_SGLANG_PYTHON)")
+    return required_environment(
+        python, f"no SGLang environment at {python}: `make sglang-env` builds it (or set STREAMRL_SGLANG_PYTHON)"
+    )
 
 
 def required_environment(python: Path, missing: str) -> Path:
@@ -270,5 +317,5 @@ def tinker_clients():
     for client in made:
         try:
             client.close("success").result(timeout=60)
-        except Exception as exc:  # noqa: BLE001 - a session the service forgot (restarted) still stops its heartbeat
+        except Exception as exc:
             warnings.warn(f"closing a Tinker session: {exc!r}", stacklevel=1)

@@ -4,7 +4,11 @@ import numpy as np
 import pytest
 
 from streamrl.algos.advantages import (
-    ADVANTAGE_ESTIMATORS, get_advantage_estimator, grpo_advantages, is_zero_variance, register_advantage,
+    ADVANTAGE_ESTIMATORS,
+    get_advantage_estimator,
+    grpo_advantages,
+    is_zero_variance,
+    register_advantage,
 )
 
 
@@ -15,16 +19,19 @@ def test_grpo_uses_the_sample_std():
     np.testing.assert_allclose(grpo_advantages([1, 0, 0, 1]), [0.866025, -0.866025, -0.866025, 0.866025], atol=1e-5)
 
 
-@pytest.mark.parametrize("name, rewards, expected", [
-    ("dr_grpo", [1, 0, 0, 0], [0.75, -0.25, -0.25, -0.25]),
-    ("dr_grpo", [2.0, 4.0], [-1.0, 1.0]),
-    ("rloo", [1, 0, 0, 0], [1.0, -1 / 3, -1 / 3, -1 / 3]),
-    ("rloo", [1, 0, 0, 1], [2 / 3, -2 / 3, -2 / 3, 2 / 3]),
-    ("rloo", [3.0], [0.0]),
-    ("grpo", [3.0], [0.0]),
-    ("grpo", [0.5, 0.5, 0.5], [0.0, 0.0, 0.0]),
-    ("reinforce", [1, 0, 2], [1.0, 0.0, 2.0]),
-])
+@pytest.mark.parametrize(
+    "name, rewards, expected",
+    [
+        ("dr_grpo", [1, 0, 0, 0], [0.75, -0.25, -0.25, -0.25]),
+        ("dr_grpo", [2.0, 4.0], [-1.0, 1.0]),
+        ("rloo", [1, 0, 0, 0], [1.0, -1 / 3, -1 / 3, -1 / 3]),
+        ("rloo", [1, 0, 0, 1], [2 / 3, -2 / 3, -2 / 3, 2 / 3]),
+        ("rloo", [3.0], [0.0]),
+        ("grpo", [3.0], [0.0]),
+        ("grpo", [0.5, 0.5, 0.5], [0.0, 0.0, 0.0]),
+        ("reinforce", [1, 0, 2], [1.0, 0.0, 2.0]),
+    ],
+)
 def test_estimators(name, rewards, expected):
     np.testing.assert_allclose(get_advantage_estimator(name)(np.array(rewards, dtype=float)), expected, atol=1e-6)
 

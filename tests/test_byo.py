@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 from streamrl.recipes.byo_math.setup import verl_row
 from tests.conftest import REPO, run_cli
 
@@ -25,19 +26,21 @@ def write_dataset(folder) -> list[str]:
 def train_and_check(ledger, run_id, tmp_path, recipe: str, timeout: float) -> None:
     overrides = write_dataset(tmp_path)
     env = {"BYO_STEPS": "4", "BYO_VALIDATE_EVERY": "4"}
-    result = run_cli("run", str(RECIPE / recipe), *overrides, "--run", run_id, "--out", str(tmp_path / "out"),
-                     env=env, timeout=timeout)
+    result = run_cli(
+        "run", str(RECIPE / recipe), *overrides, "--run", run_id, "--out", str(tmp_path / "out"), env=env, timeout=timeout
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     prompt = ledger.execute("select prompt from tasks where run_id = %s and not is_val limit 1", (run_id,)).fetchone()[0]
     assert prompt[0] == {"role": "system", "content": "Answer with the number only."}  # the messages, not a repr
     # the rollouts were rendered with the model's ChatML template
     text = ledger.execute("select prompt_text from trajectories where run_id = %s limit 1", (run_id,)).fetchone()[0]
     assert "What is" in text
-    rewards, errors = ledger.execute("select sum(reward), count(*) filter (where error is not null) from evaluations "
-                                     "where run_id = %s and not is_val", (run_id,)).fetchone()
+    rewards, errors = ledger.execute(
+        "select sum(reward), count(*) filter (where error is not null) from evaluations where run_id = %s and not is_val",
+        (run_id,),
+    ).fetchone()
     assert errors == 0 and rewards > 0, "builtin:math gave no reward at all"
-    template = ledger.execute("select config->'data'->>'chat_template' from runs where run_id = %s",
-                              (run_id,)).fetchone()[0]
+    template = ledger.execute("select config->'data'->>'chat_template' from runs where run_id = %s", (run_id,)).fetchone()[0]
     assert template and "<|im_start|>" in template  # the template the run rendered with is recorded
 
 
@@ -51,15 +54,14 @@ def test_a_verl_parquet_trains_on_sglang(stack, ledger, run_id, tmp_path, sglang
 
 def test_validation_refuses_an_answer_key_the_rows_lack(tmp_path):
     overrides = write_dataset(tmp_path)
-    result = run_cli("recipe", "validate", str(RECIPE / "recipe.yaml"), *overrides, "data.answer_key=ground_truth",
-                     timeout=300)
+    result = run_cli("recipe", "validate", str(RECIPE / "recipe.yaml"), *overrides, "data.answer_key=ground_truth", timeout=300)
     assert result.returncode == 2
     assert f"{tmp_path / 'train.parquet'}: row 1: row has no 'ground_truth'" in result.stdout + result.stderr
 
 
 def test_validation_refuses_chat_messages_as_raw_text(tmp_path):
     overrides = write_dataset(tmp_path)
-    result = run_cli("recipe", "validate", str(RECIPE / "recipe.yaml"), *overrides, "data.apply_chat_template=false",
-                     timeout=300)
-    assert result.returncode == 2 and "holds chat messages, and data.apply_chat_template is false" in result.stdout \
-        + result.stderr
+    result = run_cli("recipe", "validate", str(RECIPE / "recipe.yaml"), *overrides, "data.apply_chat_template=false", timeout=300)
+    assert (
+        result.returncode == 2 and "holds chat messages, and data.apply_chat_template is false" in result.stdout + result.stderr
+    )

@@ -24,15 +24,18 @@ from tests.test_agent_loop import ScriptedClient
 FAMILIES = {"tiny-qwen2": "chatml", "tiny-llama3": "llama3", "tiny-mistral": "mistral"}
 MESSAGES = [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "What is 6 * 7?"}]
 # how each family's model writes one call of lookup(key="ab")
-CALLS = {"chatml": '<tool_call>\n{"name": "lookup", "arguments": {"key": "ab"}}\n</tool_call>',
-         "llama3": '{"name": "lookup", "parameters": {"key": "ab"}}',
-         "mistral": '[TOOL_CALLS] [{"name": "lookup", "arguments": {"key": "ab"}}]'}
+CALLS = {
+    "chatml": '<tool_call>\n{"name": "lookup", "arguments": {"key": "ab"}}\n</tool_call>',
+    "llama3": '{"name": "lookup", "parameters": {"key": "ab"}}',
+    "mistral": '[TOOL_CALLS] [{"name": "lookup", "arguments": {"key": "ab"}}]',
+}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def model(request, tmp_path_factory):
-    folder = init_model(request.param, tmp_path_factory.mktemp(request.param) / "model", match_tokenizer_vocab=True,
-                        dtype="float32")
+    folder = init_model(
+        request.param, tmp_path_factory.mktemp(request.param) / "model", match_tokenizer_vocab=True, dtype="float32"
+    )
     return FAMILIES[request.param], folder, AutoTokenizer.from_pretrained(folder)
 
 
@@ -53,36 +56,52 @@ def test_the_prompt_a_worker_sends_is_the_templates_rendering_id_for_id(model):
             sent = client.recorded()[0].prompt_token_ids
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
             assert sent == template_ids(tokenizer, messages, add_generation_prompt=True), (family, prompt)
-            assert unpack_int32(trajectory.tokens).tolist()[:len(sent)] == sent
-            assert not unpack_mask(trajectory.loss_mask)[:len(sent)].any()
+            assert unpack_int32(trajectory.tokens).tolist()[: len(sent)] == sent
+            assert not unpack_mask(trajectory.loss_mask)[: len(sent)].any()
     finally:
         engine.close()
 
 
 def lookup_registry() -> ToolRegistry:
     schema = {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}
-    return ToolRegistry.from_config([
-        {"callable": "tests.test_agent_loop:lookup",
-         "tool_schema": {"type": "function", "function": {"name": "lookup", "parameters": schema}}}], base_dir=".")
+    return ToolRegistry.from_config(
+        [
+            {
+                "callable": "tests.test_agent_loop:lookup",
+                "tool_schema": {"type": "function", "function": {"name": "lookup", "parameters": schema}},
+            }
+        ],
+        base_dir=".",
+    )
 
 
 def test_a_three_turn_tool_episode_is_the_templates_rendering_around_the_sampled_turns(model):
     family, _, tokenizer = model
     stop = tokenizer.eos_token_id  # the family's turn end: <|im_end|>, <|eot_id|>, </s>
     # the model's turns, sampled byte by byte (a re-tokenising loop would change them)
-    turns = [list(CALLS[family].encode()) + [stop], list(CALLS[family].encode()) + [stop], list(b"42") + [stop]]
+    turns = [[*list(CALLS[family].encode()), stop], [*list(CALLS[family].encode()), stop], [*list(b"42"), stop]]
     client = ScriptedClient([list(t) for t in turns])
     client.tokenizer = tokenizer
     tools = lookup_registry()
-    episode = run_agent_loop(client, MESSAGES, tools, task={"database": {"ab": "42"}},
-                             limits=AgentLimits(max_total_tokens=8000, max_tokens_per_turn=200))
+    episode = run_agent_loop(
+        client,
+        MESSAGES,
+        tools,
+        task={"database": {"ab": "42"}},
+        limits=AgentLimits(max_total_tokens=8000, max_tokens_per_turn=200),
+    )
     assert episode.termination == "final_answer" and episode.tool_calls == 2 and episode.final_answer == "42"
     assert [s.role for s in episode.segments] == ["prompt", "assistant", "tool", "assistant", "tool", "assistant"]
     # the final conversation, each assistant turn a marker, rendered by the template
     markers = [f"\x00turn{i}\x00" for i in range(3)]
-    final = [*MESSAGES, {"role": "assistant", "content": markers[0]}, {"role": "tool", "content": "42"},
-             {"role": "assistant", "content": markers[1]}, {"role": "tool", "content": "42"},
-             {"role": "assistant", "content": markers[2]}]
+    final = [
+        *MESSAGES,
+        {"role": "assistant", "content": markers[0]},
+        {"role": "tool", "content": "42"},
+        {"role": "assistant", "content": markers[1]},
+        {"role": "tool", "content": "42"},
+        {"role": "assistant", "content": markers[2]},
+    ]
     rendered = tokenizer.apply_chat_template(final, tools=tools.schemas, tokenize=False)
     pieces, rest = [], rendered
     for marker in markers:
@@ -95,8 +114,9 @@ def test_a_three_turn_tool_episode_is_the_templates_rendering_around_the_sampled
     assert [segments[i].tokens for i in (0, 2, 4)] == [encode(tokenizer, text) for text in between]
     assert [segments[i].tokens for i in (1, 3, 5)] == turns
     mask = [int(s.sampled) for s in segments for _ in s.tokens]
-    assert mask == [0] * len(segments[0].tokens) + [1] * len(turns[0]) + [0] * len(segments[2].tokens) \
-        + [1] * len(turns[1]) + [0] * len(segments[4].tokens) + [1] * len(turns[2])
+    assert mask == [0] * len(segments[0].tokens) + [1] * len(turns[0]) + [0] * len(segments[2].tokens) + [1] * len(turns[1]) + [
+        0
+    ] * len(segments[4].tokens) + [1] * len(turns[2])
 
 
 def test_each_family_parses_its_own_calls_and_reports_malformed_ones():
@@ -127,6 +147,6 @@ def test_raw_text_mode_refuses_chat_messages_and_true_mode_needs_a_template(mode
 
 def test_every_byte_survives_encode_and_decode(model):
     _, _, tokenizer = model
-    text = "  tabs\tand\r\nnewlines\n\n, ünïcödé 漢字 🙂 \x00\x7f <tool_call>{\"k\": [1, 2]}</tool_call>  "
+    text = '  tabs\tand\r\nnewlines\n\n, ünïcödé 漢字 🙂 \x00\x7f <tool_call>{"k": [1, 2]}</tool_call>  '
     assert tokenizer.decode(encode(tokenizer, text)) == text
     assert json.loads(json.dumps(text)) == text

@@ -16,8 +16,8 @@ import pytest
 import typer.main
 import yaml
 
-from streamrl.runtime.settings import DEFAULT_POSTGRES_PORT, ENV_VARS, SGLANG_VERSION, Settings
 from streamrl.cli import app
+from streamrl.runtime.settings import DEFAULT_POSTGRES_PORT, ENV_VARS, SGLANG_VERSION, Settings
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "docker-compose.yml"
@@ -38,7 +38,7 @@ def streamrl_commands(argv: list[str]) -> list[str]:
     words = shlex.split(argv[-1]) if argv[:2] == ["sh", "-c"] else argv
     words = [w for w in words if w != "exec"]
     if words and words[0] == "torchrun":
-        words = ["streamrl"] + words[words.index("streamrl.cli") + 1:]
+        words = ["streamrl", *words[words.index("streamrl.cli") + 1 :]]
     return words[1:] if words and words[0] == "streamrl" else []
 
 
@@ -62,15 +62,25 @@ def commands_streamrl_run_starts() -> set[str]:
 
 def test_compose_validates_and_runs_every_role():
     spec = compose()
-    assert {"kafka", "postgres", "migrate", "publisher", "sglang", "worker", "processor-a", "processor-b",
-            "ledger-sink", "learner"} <= set(spec["services"])
+    assert {
+        "kafka",
+        "postgres",
+        "migrate",
+        "publisher",
+        "sglang",
+        "worker",
+        "processor-a",
+        "processor-b",
+        "ledger-sink",
+        "learner",
+    } <= set(spec["services"])
     if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
-        result = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "config", "--quiet"],
-                                capture_output=True, text=True)
+        result = subprocess.run(["docker", "compose", "-f", str(COMPOSE), "config", "--quiet"], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
     services = spec["services"]
-    started = {check_cli_accepts(streamrl_commands(s["command"])) for s in services.values()
-               if streamrl_commands(s.get("command", []))}
+    started = {
+        check_cli_accepts(streamrl_commands(s["command"])) for s in services.values() if streamrl_commands(s.get("command", []))
+    }
     assert commands_streamrl_run_starts() == {"publish", "sink", "processor", "learner", "worker", "tracker"}
     assert commands_streamrl_run_starts() | {"db"} == started
     # GPUs where the model runs, restart policies and health checks where a service waits on one
@@ -95,8 +105,9 @@ def test_compose_settings_are_the_ones_streamrl_reads(monkeypatch):
     host, port = env["STREAMRL_KAFKA_BOOTSTRAP"].split(":")
     assert host == "kafka" and port in services["kafka"]["environment"]["KAFKA_LISTENERS"]
     pg = services["postgres"]["environment"]
-    assert env["STREAMRL_DATABASE_URL"] == (f"postgresql://{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}"
-                                            f"@postgres:{DEFAULT_POSTGRES_PORT}/{pg['POSTGRES_DB']}")
+    assert env["STREAMRL_DATABASE_URL"] == (
+        f"postgresql://{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}@postgres:{DEFAULT_POSTGRES_PORT}/{pg['POSTGRES_DB']}"
+    )
     assert int(env["STREAMRL_KAFKA_MAX_MESSAGE_BYTES"]) <= services["kafka"]["environment"]["KAFKA_MESSAGE_MAX_BYTES"]
     assert int(env["STREAMRL_TOPIC_PARTITIONS"]) == services["kafka"]["environment"]["KAFKA_NUM_PARTITIONS"]
     assert all(s["environment"] == env for s in services.values() if s.get("image") == "streamrl:latest")
@@ -117,10 +128,11 @@ def test_manifests_agree_with_the_settings_and_the_cli(monkeypatch):
     for key, value in settings_map.items():
         monkeypatch.setenv(key, value)
     Settings.from_env()
-    assert settings_map == {k: str(v) for k, v in compose()["services"]["ledger-sink"]["environment"].items()
-                            if k != "STREAMRL_KAFKA_BOOTSTRAP"} | {"STREAMRL_KAFKA_BOOTSTRAP": "kafka:9092"}
+    assert settings_map == {
+        k: str(v) for k, v in compose()["services"]["ledger-sink"]["environment"].items() if k != "STREAMRL_KAFKA_BOOTSTRAP"
+    } | {"STREAMRL_KAFKA_BOOTSTRAP": "kafka:9092"}
     started = set()
-    for (kind, name), doc in docs.items():
+    for (kind, _name), doc in docs.items():
         if kind not in ("Deployment", "Job", "StatefulSet"):
             continue
         for container in doc["spec"]["template"]["spec"]["containers"]:

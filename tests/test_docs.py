@@ -12,8 +12,9 @@ LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 def test_the_cli_reference_is_generated_from_the_cli():
     from streamrl.cli.reference import render
 
-    assert (REPO / "docs" / "cli.md").read_text() == render(), \
+    assert (REPO / "docs" / "cli.md").read_text() == render(), (
         "docs/cli.md is stale: python -m streamrl.cli.reference > docs/cli.md"
+    )
 
 
 def test_every_relative_link_resolves():
@@ -44,10 +45,12 @@ def test_the_recipe_reference_is_generated_from_the_typed_recipe():
     import subprocess
     import sys
 
-    generated = subprocess.run([sys.executable, "-m", "streamrl.recipe_reference"], cwd=REPO, capture_output=True,
-                               text=True, check=True).stdout
-    assert (REPO / "docs" / "recipe.md").read_text() == generated, \
+    generated = subprocess.run(
+        [sys.executable, "-m", "streamrl.recipe_reference"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    assert (REPO / "docs" / "recipe.md").read_text() == generated, (
         "docs/recipe.md is stale: python -m streamrl.recipe_reference > docs/recipe.md"
+    )
     assert "| `algorithm.grpo_std_epsilon` | float | `1e-06` | in (0.0, 1.0] |" in generated
 
 

@@ -3,7 +3,13 @@ import math
 import pytest
 
 from streamrl.producers.evaluator import (
-    BaseEvaluationTarget, EvaluationRunResult, Evaluator, ExactMatchEvaluator, LoadError, load_class, run_evaluator,
+    BaseEvaluationTarget,
+    EvaluationRunResult,
+    Evaluator,
+    ExactMatchEvaluator,
+    LoadError,
+    load_class,
+    run_evaluator,
 )
 
 
@@ -30,11 +36,14 @@ class WrongReturn(Evaluator):
         return 1.0
 
 
-@pytest.mark.parametrize("evaluator, message", [
-    (Exploding(), "RuntimeError: judge unreachable"),
-    (NotANumber(), "reward nan is not a finite number"),
-    (WrongReturn(), "returned float, expected EvaluationRunResult"),
-])
+@pytest.mark.parametrize(
+    "evaluator, message",
+    [
+        (Exploding(), "RuntimeError: judge unreachable"),
+        (NotANumber(), "reward nan is not a finite number"),
+        (WrongReturn(), "returned float, expected EvaluationRunResult"),
+    ],
+)
 def test_a_failing_evaluator_gives_reward_zero_and_an_error(evaluator, message):
     outcome = run_evaluator(evaluator, {}, BaseEvaluationTarget("x"))
     assert outcome.result.reward == 0.0
@@ -48,18 +57,22 @@ def test_load_class_from_a_file_that_imports_its_neighbour(tmp_path):
         "from streamrl.api import EvaluationRunResult, Evaluator\n"
         "class Lower(Evaluator):\n"
         "    def evaluate(self, data, target):\n"
-        "        return EvaluationRunResult(reward=float(normalise(target.final_answer) == data['answer']))\n")
+        "        return EvaluationRunResult(reward=float(normalise(target.final_answer) == data['answer']))\n"
+    )
     cls = load_class("my_eval.py:Lower", tmp_path, expected=Evaluator)
     assert run_evaluator(cls(), {"answer": "yes"}, BaseEvaluationTarget(" YES ")).result.reward == 1.0
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("no_colon.py", "expected 'path/to/file.py:ClassName'"),
-    ("missing.py:X", "file not found"),
-    ("broken.py:X", "importing"),
-    ("my_eval.py:Nope", "defines no class 'Nope'"),
-    ("my_eval.py:NotEvaluator", "is not a subclass of Evaluator"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("no_colon.py", "expected 'path/to/file.py:ClassName'"),
+        ("missing.py:X", "file not found"),
+        ("broken.py:X", "importing"),
+        ("my_eval.py:Nope", "defines no class 'Nope'"),
+        ("my_eval.py:NotEvaluator", "is not a subclass of Evaluator"),
+    ],
+)
 def test_load_errors_name_the_problem(tmp_path, spec, message):
     (tmp_path / "broken.py").write_text("this is not python\n")
     (tmp_path / "my_eval.py").write_text("class NotEvaluator:\n    pass\n")

@@ -28,7 +28,8 @@ from kafka import KafkaProducer
 from streamrl.runtime import db, services
 from streamrl.runtime.settings import Settings
 from streamrl.schema.topics import run_topics, topic_window
-from tests.conftest import REPO, broker_topics as broker_topic_names, command_lines, free_port, run_cli, wait_for
+from tests.conftest import REPO, command_lines, free_port, run_cli, wait_for
+from tests.conftest import broker_topics as broker_topic_names
 from tests.test_rl_loop import assert_ledger_consistent, small_run_env
 
 RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
@@ -59,7 +60,7 @@ def query(settings: Settings, sql: str, *params):
 def steps_done(settings: Settings, run_id: str) -> int | None:
     try:
         return query(settings, "select count(*) from train_steps where run_id = %s", run_id)[0][0]
-    except Exception:  # noqa: BLE001 - PostgreSQL is being restarted
+    except Exception:
         return None
 
 
@@ -78,8 +79,13 @@ def bad_records(settings: Settings, run_id: str) -> int:
     """Undecodable, truncated and oversized values on every topic of the run."""
     producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, max_request_size=settings.max_message_bytes)
     rng = random.Random(7)
-    values = [b"", b"\x00not an event", b"\x93\xa4junk", bytes(rng.getrandbits(8) for _ in range(256)),
-              b"\xc1" * (settings.max_message_bytes - 8192)]  # 1 MB of a byte msgpack never uses
+    values = [
+        b"",
+        b"\x00not an event",
+        b"\x93\xa4junk",
+        bytes(rng.getrandbits(8) for _ in range(256)),
+        b"\xc1" * (settings.max_message_bytes - 8192),
+    ]  # 1 MB of a byte msgpack never uses
     sent = 0
     for kind, topic in run_topics(run_id).items():
         if kind == "dead_letters":
@@ -116,21 +122,23 @@ def kill_run(run_id: str) -> None:
 
 
 def ledger_facts(settings: Settings, run_id: str) -> dict:
-    facts = {table: query(settings, f"select count(*) from {table} where run_id = %s", run_id)[0][0]
-             for table in TABLES}
+    facts = {table: query(settings, f"select count(*) from {table} where run_id = %s", run_id)[0][0] for table in TABLES}
     facts["task ids"] = {r[0] for r in query(settings, "select task_id from tasks where run_id = %s", run_id)}
-    facts["trajectory ids"] = {r[0] for r in query(settings, "select trajectory_id from trajectories "
-                                                             "where run_id = %s", run_id)}
-    facts["steps"] = [r[0] for r in query(settings, "select step from train_steps where run_id = %s order by step",
-                                          run_id)]
+    facts["trajectory ids"] = {r[0] for r in query(settings, "select trajectory_id from trajectories where run_id = %s", run_id)}
+    facts["steps"] = [r[0] for r in query(settings, "select step from train_steps where run_id = %s order by step", run_id)]
     # every training trajectory is a sample or in a filtered group's count
-    facts["accounted"] = query(settings, """
+    facts["accounted"] = query(
+        settings,
+        """
         select (select count(*) from samples where run_id = %s)
-             + (select coalesce(sum(received), 0) from filtered_groups where run_id = %s)""", run_id, run_id)[0][0]
-    facts["sample ids"] = {r[0] for r in query(settings, "select trajectory_id from samples where run_id = %s",
-                                               run_id)}
-    trained = [r[0] for r in query(settings, "select unnest(sample_ids || dropped_ids) from train_steps "
-                                             "where run_id = %s", run_id)]
+             + (select coalesce(sum(received), 0) from filtered_groups where run_id = %s)""",
+        run_id,
+        run_id,
+    )[0][0]
+    facts["sample ids"] = {r[0] for r in query(settings, "select trajectory_id from samples where run_id = %s", run_id)}
+    trained = [
+        r[0] for r in query(settings, "select unnest(sample_ids || dropped_ids) from train_steps where run_id = %s", run_id)
+    ]
     facts["trained twice"] = len(trained) - len(set(trained))
     facts["trained ids"] = set(trained)
     return facts
@@ -139,10 +147,8 @@ def ledger_facts(settings: Settings, run_id: str) -> dict:
 def test_fault_matrix_ends_with_the_ledger_of_a_fault_free_run(private_stack, tmp_path):
     settings = private_stack
     # sync mode: every step waits for its own rollouts, so the faults fall on several steps
-    env = small_run_env(ARITH_STEPS=str(STEPS), ARITH_WARMUP_STEPS="30", ARITH_VALIDATE_EVERY="4",
-                        ARITH_SYNC_MODE="sync")
-    reference = run_cli("run", RECIPE, "--run", "faults-reference", "--out", str(tmp_path / "reference"),
-                        env=env, timeout=600)
+    env = small_run_env(ARITH_STEPS=str(STEPS), ARITH_WARMUP_STEPS="30", ARITH_VALIDATE_EVERY="4", ARITH_SYNC_MODE="sync")
+    reference = run_cli("run", RECIPE, "--run", "faults-reference", "--out", str(tmp_path / "reference"), env=env, timeout=600)
     assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
 
     run_id = f"faults-{uuid.uuid4().hex[:8]}"
@@ -153,14 +159,18 @@ def test_fault_matrix_ends_with_the_ledger_of_a_fault_free_run(private_stack, tm
     # The faulty run rotates its topics in windows of 4 steps, retired as it trains (a
     # snapshot every 4 steps): its ledger must still equal the plain reference run's.
     rotation = ["service.broker.window_steps=4", "trainer.save_freq=4"]
-    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", RECIPE, *rotation, "--run", run_id,
-                            "--out", str(out)],
-                           cwd=REPO, env={**os.environ, **env}, stdout=open(tmp_path / "run.log", "wb"),
-                           stderr=subprocess.STDOUT)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", "run", RECIPE, *rotation, "--run", run_id, "--out", str(out)],
+        cwd=REPO,
+        env={**os.environ, **env},
+        stdout=open(tmp_path / "run.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
     injected, bad = [], 0
     try:
-        wait_for(lambda: run.poll() is not None or (steps_done(settings, run_id) or 0) >= 1, timeout=300,
-                 what="the first trained step")
+        wait_for(
+            lambda: run.poll() is not None or (steps_done(settings, run_id) or 0) >= 1, timeout=300, what="the first trained step"
+        )
         for fault in faults:
             time.sleep(rng.uniform(1.0, 3.0))
             assert run.poll() is None, (tmp_path / "run.log").read_text()[-4000:]
@@ -179,8 +189,11 @@ def test_fault_matrix_ends_with_the_ledger_of_a_fault_free_run(private_stack, tm
         supervisor_log = out / "logs" / "supervisor.log"
         for fault, _ in injected:
             if fault in KILLED:
-                wait_for(lambda: f"{fault} exited with signal 9; restarting it" in supervisor_log.read_text(),
-                         timeout=30, what=f"the restart of {fault}")
+                wait_for(
+                    lambda fault=fault: f"{fault} exited with signal 9; restarting it" in supervisor_log.read_text(),
+                    timeout=30,
+                    what=f"the restart of {fault}",
+                )
         broker_restart_at = steps_done(settings, run_id)
         assert broker_restart_at < STEPS, f"the run finished before the broker restart: {injected}"
         windows_held = sorted({topic_window(t) for t in broker_topic_names(settings, run_id)} - {None})
@@ -201,14 +214,19 @@ def test_fault_matrix_ends_with_the_ledger_of_a_fault_free_run(private_stack, tm
     assert got["accounted"] == expected["accounted"]
     assert got["trained twice"] == expected["trained twice"] == 0
     assert got["trained ids"] == got["sample ids"] and expected["trained ids"] == expected["sample ids"]
-    dead = query(settings, "select count(*), count(distinct (source_topic, source_partition, source_offset)) "
-                           "from dead_letters where run_id = %s", run_id)[0]
+    dead = query(
+        settings,
+        "select count(*), count(distinct (source_topic, source_partition, source_offset)) from dead_letters where run_id = %s",
+        run_id,
+    )[0]
     assert dead[0] == dead[1] == bad
     assert query(settings, "select count(*) from dead_letters where run_id = %s", "faults-reference")[0][0] == 0
     with db.connect(settings.database_url, autocommit=True) as conn:
         assert_ledger_consistent(conn, run_id, steps=STEPS, staleness_threshold=0)
-    print(f"\nfault matrix: {len(injected) + 1} faults ({', '.join(f'{f} at step {s}' for f, s in injected)}, "
-          f"broker restart at step {broker_restart_at}, topic windows then on the broker {windows_held}); "
-          f"{got['trajectories']} trajectories, "
-          f"{len(got['sample ids'])} samples, {bad} bad records -> {dead[0]} dead letters; "
-          f"lost 0, trained twice {got['trained twice']}")
+    print(
+        f"\nfault matrix: {len(injected) + 1} faults ({', '.join(f'{f} at step {s}' for f, s in injected)}, "
+        f"broker restart at step {broker_restart_at}, topic windows then on the broker {windows_held}); "
+        f"{got['trajectories']} trajectories, "
+        f"{len(got['sample ids'])} samples, {bad} bad records -> {dead[0]} dead letters; "
+        f"lost 0, trained twice {got['trained twice']}"
+    )

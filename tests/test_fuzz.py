@@ -6,13 +6,14 @@ RecipeError naming the file), never another exception, and never hang."""
 from __future__ import annotations
 
 import os
-
 from types import SimpleNamespace
 
 import msgspec
 import yaml
 import zstandard
-from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from streamrl.runtime.bus import unframe, unframe_record
 from streamrl.runtime.recipe import RecipeError, load_recipe
@@ -20,22 +21,63 @@ from streamrl.schema import codec
 from streamrl.schema.codec import CodecError
 from streamrl.schema.events import Event
 
-FAST = hsettings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 400)), deadline=None,
-                derandomize=os.environ.get("CI") == "true", suppress_health_check=[HealthCheck.too_slow])
+FAST = hsettings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", 400)),
+    deadline=None,
+    derandomize=os.environ.get("CI") == "true",
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 # msgpack-able values: what a foreign producer could put on a topic
 values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=True) | st.text(max_size=20)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=True)
+    | st.text(max_size=20)
     | st.binary(max_size=20),
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=12), inner, max_size=6),
     max_leaves=20,
 )
-event_tags = st.sampled_from(["task", "trajectory", "evaluation", "sample", "group_filtered", "train_step",
-                              "weight_version", "run", "dead_letter", "nonsense"])
-event_like = st.builds(lambda tag, fields: {"type": tag, **fields}, event_tags,
-                       st.dictionaries(st.sampled_from(["run_id", "event_id", "schema_version", "created_at", "task_id",
-                                                        "group_id", "tokens", "step", "reward", "trajectory_id",
-                                                        "prompt", "logprobs", "version", "kind"]), values))
+event_tags = st.sampled_from(
+    [
+        "task",
+        "trajectory",
+        "evaluation",
+        "sample",
+        "group_filtered",
+        "train_step",
+        "weight_version",
+        "run",
+        "dead_letter",
+        "nonsense",
+    ]
+)
+event_like = st.builds(
+    lambda tag, fields: {"type": tag, **fields},
+    event_tags,
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "run_id",
+                "event_id",
+                "schema_version",
+                "created_at",
+                "task_id",
+                "group_id",
+                "tokens",
+                "step",
+                "reward",
+                "trajectory_id",
+                "prompt",
+                "logprobs",
+                "version",
+                "kind",
+            ]
+        ),
+        values,
+    ),
+)
 
 
 def decodes_or_refuses(data: bytes) -> None:
@@ -99,11 +141,30 @@ def test_a_zstd_frame_that_claims_a_huge_size_is_refused_without_allocating_it()
 
 # --- the recipe loader ---------------------------------------------------------------------
 
-recipe_keys = st.sampled_from(["experiment_name", "data", "rollout_worker", "trainer", "algorithm", "weight",
-                               "validate", "service", "trajectory_pool", "environment", "defaults", "logger",
-                               "replay", "model_path", "batch_size", "total_train_steps", "type", "max_retries"])
+recipe_keys = st.sampled_from(
+    [
+        "experiment_name",
+        "data",
+        "rollout_worker",
+        "trainer",
+        "algorithm",
+        "weight",
+        "validate",
+        "service",
+        "trajectory_pool",
+        "environment",
+        "defaults",
+        "logger",
+        "replay",
+        "model_path",
+        "batch_size",
+        "total_train_steps",
+        "type",
+        "max_retries",
+    ]
+)
 yaml_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**12, 10**12) | st.floats(allow_nan=False) | st.text(max_size=30),
+    st.none() | st.booleans() | st.integers(-(10**12), 10**12) | st.floats(allow_nan=False) | st.text(max_size=30),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(recipe_keys | st.text(max_size=8), inner, max_size=5),
     max_leaves=25,
 )
@@ -118,9 +179,12 @@ def loads_or_refuses(path) -> None:
 
 
 @given(st.text(max_size=400))
-@hsettings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 200)), deadline=None,
-           derandomize=os.environ.get("CI") == "true", suppress_health_check=[HealthCheck.too_slow,
-                                                                   HealthCheck.function_scoped_fixture])
+@hsettings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", 200)),
+    deadline=None,
+    derandomize=os.environ.get("CI") == "true",
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 def test_arbitrary_text_as_a_recipe_gives_a_recipe_error(tmp_path, text):
     path = tmp_path / "fuzzed.yaml"
     path.write_text(text)
@@ -128,9 +192,12 @@ def test_arbitrary_text_as_a_recipe_gives_a_recipe_error(tmp_path, text):
 
 
 @given(st.dictionaries(recipe_keys, yaml_values, max_size=8))
-@hsettings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 200)), deadline=None,
-           derandomize=os.environ.get("CI") == "true", suppress_health_check=[HealthCheck.too_slow,
-                                                                   HealthCheck.function_scoped_fixture])
+@hsettings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", 200)),
+    deadline=None,
+    derandomize=os.environ.get("CI") == "true",
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 def test_recipe_shaped_yaml_loads_or_gives_a_recipe_error(tmp_path, mapping):
     path = tmp_path / "fuzzed.yaml"
     path.write_text(yaml.safe_dump(mapping))

@@ -14,7 +14,6 @@ TRIALS = 20
 
 @pytest.mark.parametrize("client", ["kafka-python", "faust"])
 def test_a_member_killed_mid_rebalance_never_wedges_the_group(stack, tmp_path, client):
-    trials = run_trials(stack, tmp_path, client, stack.group_membership == "static", TRIALS, records=2000,
-                        concurrent=10)
+    trials = run_trials(stack, tmp_path, client, stack.group_membership == "static", TRIALS, records=2000, concurrent=10)
     stuck = [t for t in trials if not t.finished]
     assert not stuck, f"{len(stuck)} of {TRIALS} trials did not read every record: {stuck}"

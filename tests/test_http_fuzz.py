@@ -5,13 +5,12 @@ never a 5xx."""
 
 from __future__ import annotations
 
-
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
 from streamrl.runtime.tiny_lm import build_tiny_model
-from tests.conftest import fresh_database, free_port, run_cli, start_serve_training
+from tests.conftest import free_port, fresh_database, run_cli, start_serve_training
 
 EXAMPLES = 25
 LOOPBACK = {"host": "127.0.0.1"}  # the browser answers only its own names
@@ -28,8 +27,9 @@ def fuzz(schema, call) -> list[str]:
         def check(case):
             response = call(case)
             if response.status_code >= 500:
-                failures.append(f"{case.method} {case.formatted_path} {case.query or ''}: {response.status_code} "
-                                f"{response.text[:200]}")
+                failures.append(
+                    f"{case.method} {case.formatted_path} {case.query or ''}: {response.status_code} {response.text[:200]}"
+                )
 
         check()
     return failures

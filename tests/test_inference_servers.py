@@ -48,14 +48,16 @@ def test_keys_a_backend_does_not_read_are_refused():
     assert consistency_problems(service(backend="sglang", server_args={"mem-fraction-static": 0.8})) == []
     problems = consistency_problems(service(url="http://h:1", partial_rollout="redo"))
     assert "service.inference_service.url: not used by backend embedded (only by sglang and openai)" in problems
-    assert any(p.startswith("service.inference_service.partial_rollout: only weight.sync_mode fully-async")
-               for p in problems)
-    assert consistency_problems(service(backend="openai")) == ["service.inference_service.url: backend openai "
-                                                               "needs the server's url"]
+    assert any(p.startswith("service.inference_service.partial_rollout: only weight.sync_mode fully-async") for p in problems)
+    assert consistency_problems(service(backend="openai")) == [
+        "service.inference_service.url: backend openai needs the server's url"
+    ]
     assert consistency_problems(service(backend="sglang", url="h:1", server_args={"x": 1})) == [
-        "service.inference_service.server_args: for managed servers only; with url the servers are the ones listed"]
+        "service.inference_service.server_args: for managed servers only; with url the servers are the ones listed"
+    ]
     assert consistency_problems(service(backend="sglang", allow_text_round_trip=True)) == [
-        "service.inference_service.allow_text_round_trip: not used by backend sglang (only by openai)"]
+        "service.inference_service.allow_text_round_trip: not used by backend sglang (only by openai)"
+    ]
 
 
 def test_inference_url_replaces_the_managed_servers():
@@ -81,15 +83,27 @@ def test_launch_flags_on_the_cpu_and_a_recipes_server_args_win():
 
 
 def test_parse_generate_reads_ids_logprobs_reason_and_version():
-    body = {"output_ids": [5, 6], "meta_info": {"output_token_logprobs": [[-0.5, 5, None], [-1.5, 6, None]],
-                                                "finish_reason": {"type": "abort"}, "weight_version": "7"}}
+    body = {
+        "output_ids": [5, 6],
+        "meta_info": {
+            "output_token_logprobs": [[-0.5, 5, None], [-1.5, 6, None]],
+            "finish_reason": {"type": "abort"},
+            "weight_version": "7",
+        },
+    }
     out = parse_generate(body)
     assert (out.token_ids, out.logprobs, out.finish_reason, out.weight_version) == ([5, 6], [-0.5, -1.5], "abort", "7")
 
 
 def test_a_resumed_completion_gives_each_token_its_version():
-    completion = Completion(prompt_token_ids=[1, 2], response_token_ids=[7, 8, 9], response_text="",
-                            logprobs=[-0.1, -0.2, -0.3], finish_reason="stop", weight_version=4,
-                            token_versions=[4, 5, 5])
+    completion = Completion(
+        prompt_token_ids=[1, 2],
+        response_token_ids=[7, 8, 9],
+        response_text="",
+        logprobs=[-0.1, -0.2, -0.3],
+        finish_reason="stop",
+        weight_version=4,
+        token_versions=[4, 5, 5],
+    )
     logprobs, versions = behaviour_logprobs([1, 2, 7, 8, 9], [0, 0, 1, 1, 1], [completion])
     assert logprobs == [0.0, 0.0, -0.1, -0.2, -0.3] and versions == [0, 0, 4, 5, 5]

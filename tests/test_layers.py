@@ -12,14 +12,26 @@ installed as subpackages of `streamrl`):
 Every import of every module (function-level ones included) is read from the source."""
 
 import ast
+import io
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PROJECT = ("schema", "runtime", "algos", "producers", "consumers", "learner", "training_service", "streamrl",
-           "migrations", "recipes")
+PROJECT = (
+    "schema",
+    "runtime",
+    "algos",
+    "producers",
+    "consumers",
+    "learner",
+    "training_service",
+    "streamrl",
+    "migrations",
+    "recipes",
+)
 MAY_IMPORT = {
     "schema": {"schema"},
     "runtime": {"runtime", "schema"},
@@ -32,8 +44,7 @@ MAY_IMPORT = {
 }
 
 
-LAYERS = ("schema", "runtime", "algos", "producers", "consumers", "learner", "training_service", "migrations",
-          "recipes")
+LAYERS = ("schema", "runtime", "algos", "producers", "consumers", "learner", "training_service", "migrations", "recipes")
 
 
 def layer_of(module: str) -> str | None:
@@ -51,8 +62,9 @@ def imported_modules(path: Path) -> set[tuple[str, int]]:
         if isinstance(node, ast.Import):
             found |= {(alias.name, node.lineno) for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found |= {(node.module if node.module != "streamrl" else f"streamrl.{alias.name}", node.lineno)
-                      for alias in node.names}
+            found |= {
+                (node.module if node.module != "streamrl" else f"streamrl.{alias.name}", node.lineno) for alias in node.names
+            }
     return found
 
 
@@ -62,9 +74,12 @@ def imported_packages(path: Path) -> set[tuple[str, int]]:
 
 def layer_violations(layer: str) -> list[str]:
     allowed = MAY_IMPORT[layer]
-    return [f"{path.relative_to(REPO)}:{line} imports {name}"
-            for path in sorted((REPO / layer).rglob("*.py"))
-            for name, line in sorted(imported_packages(path)) if name not in allowed]
+    return [
+        f"{path.relative_to(REPO)}:{line} imports {name}"
+        for path in sorted((REPO / layer).rglob("*.py"))
+        for name, line in sorted(imported_packages(path))
+        if name not in allowed
+    ]
 
 
 @pytest.mark.parametrize("layer", sorted(MAY_IMPORT))
@@ -85,9 +100,13 @@ PYTHON_TREES = (*PROJECT, "tests", "bench", "contrib")
 def bare_layer_imports(repo: Path) -> list[str]:
     """Imports of a layer by its folder's name (`from producers.rollout import ...`): in an
     installed StreamRL that name is another project's, or nothing."""
-    return [f"{path.relative_to(repo)}:{line} imports {module}"
-            for tree in PYTHON_TREES for path in sorted((repo / tree).rglob("*.py"))
-            for module, line in sorted(imported_modules(path)) if (layer_of(module) or "").startswith("bare ")]
+    return [
+        f"{path.relative_to(repo)}:{line} imports {module}"
+        for tree in PYTHON_TREES
+        for path in sorted((repo / tree).rglob("*.py"))
+        for module, line in sorted(imported_modules(path))
+        if (layer_of(module) or "").startswith("bare ")
+    ]
 
 
 def test_every_module_imports_the_layers_under_streamrl():
@@ -100,10 +119,42 @@ def test_the_namespace_check_sees_a_bare_layer_import(tmp_path):
     assert bare_layer_imports(tmp_path) == ["bench/b.py:2 imports schema.events"]
 
 
+def statement_lines(text: str) -> int:
+    """Non-blank lines, less those that continue a bracketed expression: a module's size
+    as the formatter cannot change it (`ruff format` lays one call out on one line or on
+    ten; a docstring or comment line counts either way)."""
+    continued, depth = set(), 0
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.OP and token.string in "([{":
+            depth += 1
+        elif token.type == tokenize.OP and token.string in ")]}":
+            depth -= 1
+        elif token.type == tokenize.NL and depth > 0:
+            continued.add(token.start[0] + 1)
+    return sum(1 for number, line in enumerate(text.splitlines(), 1) if line.strip() and number not in continued)
+
+
+# The limit was 420 physical lines before the code was formatted with `ruff format`. In
+# these units the densest module then (learner/trainers.py, 405 lines) measured 334, so
+# 420 of its lines were about 346: the same bound, counted as the formatter leaves it.
+MODULE_LIMIT = 345
+
+
 def test_no_module_is_much_over_400_lines():
-    long = [f"{p.relative_to(REPO)}: {n} lines" for layer in PROJECT for p in (REPO / layer).rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > 420]
+    long = [
+        f"{p.relative_to(REPO)}: {n} statement lines"
+        for layer in PROJECT
+        for p in (REPO / layer).rglob("*.py")
+        if (n := statement_lines(p.read_text())) > MODULE_LIMIT
+    ]
     assert long == []
+
+
+def test_the_size_measure_ignores_how_a_call_is_laid_out():
+    one_line = "x = f(1, 2, 3)\n"
+    exploded = "x = f(\n    1,\n    2,\n    3,\n)\n"
+    assert statement_lines(one_line) == statement_lines(exploded) == 1
+    assert statement_lines('"""a\ndocstring"""\n# a comment\n\ny = 2\n') == 4
 
 
 def module_imports(repo: Path) -> dict[str, set[str]]:

@@ -24,8 +24,17 @@ HARNESS = REPO / "tests" / "helpers" / "dist_learner.py"
 
 def run_ranks(n: int, model: Path, work: Path, mode: str, **extra_env: str) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_DISABLE_PROGRESS_BARS="1", **extra_env)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-               str(HARNESS), str(model), str(work), mode]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={n}",
+        str(HARNESS),
+        str(model),
+        str(work),
+        mode,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
 
@@ -71,20 +80,30 @@ def items(seed: int = 0, count: int = 6) -> list[TrainItem]:
     for i in range(count):
         n = int(rng.integers(5, 12))
         mask = np.array([0] * 2 + [1] * (n - 2), dtype=np.uint8)
-        out.append(TrainItem(tokens=rng.integers(4, 60, n).astype(np.int32), mask=mask,
-                             behaviour_logprobs=(np.log(rng.uniform(0.2, 0.9, n)) * mask).astype(np.float32),
-                             advantage=float(rng.normal()), trajectory_id=str(i), group_id="g"))
+        out.append(
+            TrainItem(
+                tokens=rng.integers(4, 60, n).astype(np.int32),
+                mask=mask,
+                behaviour_logprobs=(np.log(rng.uniform(0.2, 0.9, n)) * mask).astype(np.float32),
+                advantage=float(rng.normal()),
+                trajectory_id=str(i),
+                group_id="g",
+            )
+        )
     return out
 
 
 def one_step_grads(model_dir, packing: bool, loss_agg_mode: str = "seq-mean-token-mean", dtype="float32"):
     tokenizer, model = load(model_dir)
-    trainer = GRPOTrainer(model, tokenizer.pad_token_id,
-                          TrainerConfig(lr=0.0, micro_batch_tokens=20, packing="packed" if packing else "padded",
-                                        dtype=dtype),
-                          AlgorithmConfig(loss_agg_mode=loss_agg_mode))
+    trainer = GRPOTrainer(
+        model,
+        tokenizer.pad_token_id,
+        TrainerConfig(lr=0.0, micro_batch_tokens=20, packing="packed" if packing else "padded", dtype=dtype),
+        AlgorithmConfig(loss_agg_mode=loss_agg_mode),
+    )
     if dtype == "bfloat16":
         from streamrl.learner.parallel import Placement
+
         trainer.placement = Placement(torch.device("cpu"), autocast_dtype=torch.bfloat16)
     trainer.optimizer.step = lambda: None  # keep the weights: compare gradients
     result = trainer.step(items())
@@ -111,8 +130,7 @@ def test_bf16_compute_stays_close_to_float32(tiny):
 
 def test_a_non_finite_loss_skips_the_step_and_says_why(tiny):
     tokenizer, model = load(tiny)
-    trainer = GRPOTrainer(model, tokenizer.pad_token_id, TrainerConfig(lr=1e-2, micro_batch_tokens=64),
-                          AlgorithmConfig())
+    trainer = GRPOTrainer(model, tokenizer.pad_token_id, TrainerConfig(lr=1e-2, micro_batch_tokens=64), AlgorithmConfig())
     before = {k: v.clone() for k, v in model.state_dict().items()}
     poisoned = items()
     poisoned[2].advantage = float("nan")
@@ -126,8 +144,7 @@ def test_a_non_finite_loss_skips_the_step_and_says_why(tiny):
 
 def test_an_out_of_memory_step_names_the_budget_to_lower(tiny, monkeypatch):
     tokenizer, model = load(tiny)
-    trainer = GRPOTrainer(model, tokenizer.pad_token_id, TrainerConfig(lr=1e-2, micro_batch_tokens=64),
-                          AlgorithmConfig())
+    trainer = GRPOTrainer(model, tokenizer.pad_token_id, TrainerConfig(lr=1e-2, micro_batch_tokens=64), AlgorithmConfig())
 
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.17 GiB")
@@ -151,8 +168,9 @@ def test_a_model_from_model_init_loads_like_the_built_in_one_and_trains(tmp_path
     assert "qwen2-0.5b: 358M parameters" in result.stdout  # 494M less the 151,936-row embedding
     refused = run_cli("model", "init", "--config", "qwen9-1t", "--out", str(tmp_path / "x"))
     assert refused.returncode == 2 and "known architectures: qwen2-0.5b" in refused.stderr
-    recipe = Recipe.from_dict({"rollout_worker": {"model_path": str(folder)},
-                               "trainer": {"lr": 1e-4, "micro_batch_tokens": 64, "device": "cpu"}})
+    recipe = Recipe.from_dict(
+        {"rollout_worker": {"model_path": str(folder)}, "trainer": {"lr": 1e-4, "micro_batch_tokens": 64, "device": "cpu"}}
+    )
     policy = Policy(recipe, GRPOTrainer, tmp_path / "checkpoints")
     assert policy.model.config.num_hidden_layers == 24 and policy.model.config.hidden_size == 896
     before = policy.model.model.layers[0].mlp.up_proj.weight.detach().clone()

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
+from streamrl.algos.kl import AdaptiveKLController, kl_reward_to_go
 from streamrl.learner.batching import TrainItem, collate, micro_batches_by_tokens
 from streamrl.learner.checkpoint import latest_checkpoint, load_state
 from streamrl.learner.parallel import Placement
 from streamrl.learner.snapshots import SnapshotStore, load_snapshot
-from streamrl.algos.kl import AdaptiveKLController, kl_reward_to_go
 from streamrl.learner.step_inputs import staleness_split
 from streamrl.learner.trainers import CrossEntropyTrainer, GRPOTrainer
 from streamrl.runtime.config import Algorithm as AlgorithmConfig
@@ -19,9 +19,14 @@ from streamrl.runtime.tiny_lm import build_tiny_model, load
 
 def item(tokens, mask, advantage=0.0, version=0, logprobs=None):
     tokens = np.array(tokens, dtype=np.int32)
-    return TrainItem(tokens=tokens, mask=np.array(mask, dtype=np.uint8),
-                     behaviour_logprobs=np.array(logprobs or [0.0] * len(tokens), dtype=np.float32),
-                     advantage=advantage, weight_version=version, trajectory_id=f"t{version}-{len(tokens)}")
+    return TrainItem(
+        tokens=tokens,
+        mask=np.array(mask, dtype=np.uint8),
+        behaviour_logprobs=np.array(logprobs or [0.0] * len(tokens), dtype=np.float32),
+        advantage=advantage,
+        weight_version=version,
+        trajectory_id=f"t{version}-{len(tokens)}",
+    )
 
 
 def test_micro_batches_respect_the_token_budget():
@@ -79,8 +84,12 @@ def test_grpo_step_raises_the_logprob_of_a_positive_advantage(tiny):
     tokenizer, model = load(tiny)
     prompt = tokenizer("12+34=")["input_ids"]
     good, bad = tokenizer("6")["input_ids"][0], tokenizer("9")["input_ids"][0]
-    trainer = GRPOTrainer(model, tokenizer.pad_token_id, TrainerConfig(lr=1e-2, micro_batch_tokens=64, grad_clip=1.0),
-                          AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-mean"))
+    trainer = GRPOTrainer(
+        model,
+        tokenizer.pad_token_id,
+        TrainerConfig(lr=1e-2, micro_batch_tokens=64, grad_clip=1.0),
+        AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-mean"),
+    )
 
     def logprob(token):
         with torch.no_grad():
@@ -88,8 +97,10 @@ def test_grpo_step_raises_the_logprob_of_a_positive_advantage(tiny):
         return float(torch.log_softmax(logits, -1)[token])
 
     before_good, before_bad = logprob(good), logprob(bad)
-    items = [item(prompt + [good], [0] * len(prompt) + [1], advantage=1.0, logprobs=[0.0] * len(prompt) + [before_good]),
-             item(prompt + [bad], [0] * len(prompt) + [1], advantage=-1.0, logprobs=[0.0] * len(prompt) + [before_bad])]
+    items = [
+        item([*prompt, good], [0] * len(prompt) + [1], advantage=1.0, logprobs=[0.0] * len(prompt) + [before_good]),
+        item([*prompt, bad], [0] * len(prompt) + [1], advantage=-1.0, logprobs=[0.0] * len(prompt) + [before_bad]),
+    ]
     result = trainer.step(items)
     assert result.metrics["ratio"] == pytest.approx(1.0, abs=1e-5)  # behaviour == current policy
     assert result.tokens == 2 and result.samples == 2
@@ -164,11 +175,11 @@ def test_custom_trainer_prepare_trajectories_with_the_grpo_helper():
     re-derive advantages with compute_grpo_advantage_for_trajectories, log a metric."""
     import numpy as np
     import torch
+    from transformers import AutoModelForCausalLM
 
     from streamrl.learner.batching import TrainItem
     from streamrl.learner.trainers import GRPOTrainer, compute_grpo_advantage_for_trajectories
     from streamrl.runtime.tiny_lm import build_tokenizer, tiny_config
-    from transformers import AutoModelForCausalLM
 
     class LengthPenalty(GRPOTrainer):
         def _prepare_trajectories(self, trajectories, metrics):
@@ -182,13 +193,22 @@ def test_custom_trainer_prepare_trajectories_with_the_grpo_helper():
     tokenizer = build_tokenizer()
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config(tokenizer, hidden_size=32, layers=1, heads=2))
-    trainer = LengthPenalty(model, tokenizer.pad_token_id, TrainerConfig(lr=1e-3, micro_batch_tokens=64),
-                            AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.2))
+    trainer = LengthPenalty(
+        model,
+        tokenizer.pad_token_id,
+        TrainerConfig(lr=1e-3, micro_batch_tokens=64),
+        AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.2),
+    )
 
     def item(group, reward, trained):
         tokens = np.arange(5, 5 + 2 + trained, dtype=np.int32)
-        return TrainItem(tokens=tokens, mask=np.array([0, 0] + [1] * trained, np.uint8),
-                         behaviour_logprobs=np.zeros(len(tokens), np.float32), reward=reward, group_id=group)
+        return TrainItem(
+            tokens=tokens,
+            mask=np.array([0, 0] + [1] * trained, np.uint8),
+            behaviour_logprobs=np.zeros(len(tokens), np.float32),
+            reward=reward,
+            group_id=group,
+        )
 
     # group a: rewards 1, 1, 0 become 1, 0.5, 0 after the penalty (the second is long)
     items = [item("a", 1.0, 1), item("a", 1.0, 3), item("a", 0.0, 1), item("b", 1.0, 1), item("b", 0.0, 1)]
@@ -206,9 +226,8 @@ def test_weight_versions_are_written_from_a_copy_and_announced_in_order(tiny, tm
 
     from streamrl.learner.checkpoint import write_weight_version
     from streamrl.learner.version_writes import VersionWrites, cpu_copy
-    from streamrl.runtime.tiny_lm import load
-
     from streamrl.runtime.folders import directory_sha256
+    from streamrl.runtime.tiny_lm import load
 
     tokenizer, model = load(tiny)
     writes = VersionWrites()
@@ -216,12 +235,14 @@ def test_weight_versions_are_written_from_a_copy_and_announced_in_order(tiny, tm
     copy = cpu_copy(model.state_dict())
     # the copy keeps the tied embeddings tied: its folder is the model's own, byte for byte
     # (a resumed learner compares the re-trained weights with a version by their hash)
-    assert directory_sha256(write_weight_version(tmp_path / "direct", 1, model, tokenizer)) == \
-        directory_sha256(write_weight_version(tmp_path / "copied", 1, model, tokenizer, copy))
+    assert directory_sha256(write_weight_version(tmp_path / "direct", 1, model, tokenizer)) == directory_sha256(
+        write_weight_version(tmp_path / "copied", 1, model, tokenizer, copy)
+    )
 
     def slow_write():
         gate.wait(10)
         return write_weight_version(tmp_path, 1, model, tokenizer, copy)
+
     writes.submit(1, slow_write)
     with torch.no_grad():  # the next step changes the weights while version 1 is being written
         model.model.embed_tokens.weight.add_(1.0)
@@ -235,6 +256,7 @@ def test_weight_versions_are_written_from_a_copy_and_announced_in_order(tiny, tm
 
     def fails():
         raise OSError("disk full")
+
     writes.submit(3, fails)
     writes.wait_idle()
     with pytest.raises(OSError, match="disk full"):

@@ -13,21 +13,29 @@ from kafka import TopicPartition
 
 from streamrl.consumers.ledger_sink import SINK_GROUP
 from streamrl.producers.synthetic import SYNTHETIC, synthetic_events
-from streamrl.schema import codec
-from streamrl.schema.events import Trajectory, pack_float32, pack_int32, pack_mask
-from streamrl.schema.topics import run_topics, topic_name
 from streamrl.runtime.blobs import PostgresBlobStore
 from streamrl.runtime.bus import EventPublisher, MessageTooLarge, make_consumer
 from streamrl.runtime.topic_admin import create_run_topics
+from streamrl.schema import codec
+from streamrl.schema.events import Trajectory, pack_float32, pack_int32, pack_mask
+from streamrl.schema.topics import run_topics, topic_name
 from tests.conftest import SinkThread, count_rows, start_sink_process, wait_for
 
-TABLES = {"Task": "tasks", "Trajectory": "trajectories", "Evaluation": "evaluations", "Sample": "samples",
-          "TrainStep": "train_steps", "WeightVersion": "weight_versions", "RunEvent": "run_events",
-          "DeadLetter": "dead_letters"}
+TABLES = {
+    "Task": "tasks",
+    "Trajectory": "trajectories",
+    "Evaluation": "evaluations",
+    "Sample": "samples",
+    "TrainStep": "train_steps",
+    "WeightVersion": "weight_versions",
+    "RunEvent": "run_events",
+    "DeadLetter": "dead_letters",
+}
 
 
 # The embedded broker's ListOffsets(latest) answers the last batch's base offset rather
 # than the log end, so "caught up" is judged against the offsets the producer was given.
+
 
 def publish(settings, events) -> list:
     """Publish and return the (topic, partition, offset) of every message."""
@@ -44,8 +52,12 @@ def log_ends(coordinates) -> dict[tuple[str, int], int]:
 
 
 def sink_reached(conn, ends: dict[tuple[str, int], int]) -> bool:
-    stored = {(t, p): o for t, p, o in conn.execute(
-        "select topic, partition, next_offset from consumer_offsets where consumer = %s", (SINK_GROUP,)).fetchall()}
+    stored = {
+        (t, p): o
+        for t, p, o in conn.execute(
+            "select topic, partition, next_offset from consumer_offsets where consumer = %s", (SINK_GROUP,)
+        ).fetchall()
+    }
     return all(stored.get(tp, 0) >= end for tp, end in ends.items())
 
 
@@ -64,8 +76,8 @@ def test_10k_events_of_each_type_and_republishing_changes_nothing(stack, ledger,
         assert counts == {name: 10_000 for name in TABLES}
     # The ledger can read its own packed arrays back.
     tokens, num_tokens = ledger.execute(
-        "select streamrl_int32s(tokens), num_tokens from trajectories where run_id = %s and trajectory_id = 'traj5'",
-        (run_id,)).fetchone()
+        "select streamrl_int32s(tokens), num_tokens from trajectories where run_id = %s and trajectory_id = 'traj5'", (run_id,)
+    ).fetchone()
     assert tokens == list(np.frombuffer(SYNTHETIC["Trajectory"](run_id, 5).tokens, dtype="<i4"))
     assert num_tokens == 64
     status = ledger.execute("select status from runs where run_id = %s", (run_id,)).fetchone()[0]
@@ -97,7 +109,7 @@ def test_sink_killed_three_times_loses_and_duplicates_nothing(stack, ledger, run
         sink = start_sink_process(run_id)
         # Kill it at a random moment after it has started writing.
         before = count_rows(ledger, "tasks", run_id)
-        wait_for(lambda: count_rows(ledger, "tasks", run_id) > before, 60, what="sink to write")
+        wait_for(lambda before=before: count_rows(ledger, "tasks", run_id) > before, 60, what="sink to write")
         time.sleep(rng.uniform(0.05, 1.0))
         sink.send_signal(signal.SIGKILL)
         sink.wait(10)
@@ -113,14 +125,14 @@ def test_sink_killed_three_times_loses_and_duplicates_nothing(stack, ledger, run
         sink.send_signal(signal.SIGTERM)
         assert sink.wait(30) == 0
 
-    for name, table in TABLES.items():
+    for _name, table in TABLES.items():
         assert count_rows(ledger, table, run_id) == total_indices, table
     # The ledger holds exactly the messages produced: the same Kafka coordinates, each once.
     in_ledger = []
     for table in TABLES.values():
         in_ledger += ledger.execute(
-            f"select kafka_topic, kafka_partition, kafka_offset from {table} where run_id = %s",
-            (run_id,)).fetchall()
+            f"select kafka_topic, kafka_partition, kafka_offset from {table} where run_id = %s", (run_id,)
+        ).fetchall()
     assert len(in_ledger) == len(set(in_ledger)) == 50_000
     assert sorted(in_ledger) == sorted(produced)
 
@@ -133,8 +145,9 @@ def test_garbage_on_every_topic_becomes_a_dead_letter_and_the_sink_goes_on(stack
             meta = publisher.producer.send(topic, key=b"g0", value=b"\x00not an event " + kind.encode()).get(10)
             garbage_at[topic] = (meta.partition, meta.offset)
         # A well-formed event on the wrong topic is refused too.
-        meta = publisher.producer.send(topic_name(run_id, "tasks"), key=b"g0",
-                                       value=codec.encode(SYNTHETIC["Evaluation"](run_id, 0))).get(10)
+        meta = publisher.producer.send(
+            topic_name(run_id, "tasks"), key=b"g0", value=codec.encode(SYNTHETIC["Evaluation"](run_id, 0))
+        ).get(10)
         wrong_topic_at = (meta.partition, meta.offset)
         # Valid events after the garbage, on the same partitions (same key).
         for index in range(8):
@@ -144,7 +157,9 @@ def test_garbage_on_every_topic_becomes_a_dead_letter_and_the_sink_goes_on(stack
         wait_for(lambda: count_rows(ledger, "dead_letters", run_id) == 9, 60, what="the dead letters")
     rows = ledger.execute(
         "select source_topic, source_partition, source_offset, error, raw from dead_letters "
-        "where run_id = %s and stage = 'ledger-sink' order by source_topic", (run_id,)).fetchall()
+        "where run_id = %s and stage = 'ledger-sink' order by source_topic",
+        (run_id,),
+    ).fetchall()
     by_topic = {}
     for topic, partition, offset, error, raw in rows:
         by_topic.setdefault(topic, []).append((partition, offset, error, bytes(raw)))
@@ -158,8 +173,10 @@ def test_garbage_on_every_topic_becomes_a_dead_letter_and_the_sink_goes_on(stack
     assert len(rows) == 9
     # The dead letters are also events on the run's dead-letter topic.
     consumer = make_consumer(stack, None)
-    dlq = [TopicPartition(topic_name(run_id, "dead_letters"), p)
-           for p in consumer.partitions_for_topic(topic_name(run_id, "dead_letters"))]
+    dlq = [
+        TopicPartition(topic_name(run_id, "dead_letters"), p)
+        for p in consumer.partitions_for_topic(topic_name(run_id, "dead_letters"))
+    ]
     consumer.assign(dlq)
     consumer.seek_to_beginning(*dlq)
     seen = []
@@ -168,9 +185,9 @@ def test_garbage_on_every_topic_becomes_a_dead_letter_and_the_sink_goes_on(stack
         for records in consumer.poll(timeout_ms=500).values():
             seen += [codec.decode(r.value) for r in records if r.value.startswith(b"\x01")]
     consumer.close()
-    assert {(d.source_topic, d.source_partition, d.source_offset) for d in seen} >= \
-        {(t, p, o) for t, (p, o) in garbage_at.items() if not t.endswith(".dead_letters")} | \
-        {(topic_name(run_id, "tasks"), *wrong_topic_at)}
+    assert {(d.source_topic, d.source_partition, d.source_offset) for d in seen} >= {
+        (t, p, o) for t, (p, o) in garbage_at.items() if not t.endswith(".dead_letters")
+    } | {(topic_name(run_id, "tasks"), *wrong_topic_at)}
 
 
 def test_a_bundle_is_one_row_per_event_and_a_bad_frame_in_it_one_dead_letter(stack, ledger, run_id):
@@ -188,11 +205,13 @@ def test_a_bundle_is_one_row_per_event_and_a_bad_frame_in_it_one_dead_letter(sta
         wait_for(lambda: count_rows(ledger, "dead_letters", run_id) == 1, 60, what="the dead letter")
     ids = ledger.execute("select task_id from tasks where run_id = %s order by task_id", (run_id,)).fetchall()
     assert [i for (i,) in ids] == sorted(t.task_id for t in tasks)
-    offsets = ledger.execute("select kafka_offset from tasks where run_id = %s and task_id = any(%s)",
-                             (run_id, [t.task_id for t in tasks[4:]])).fetchall()
+    offsets = ledger.execute(
+        "select kafka_offset from tasks where run_id = %s and task_id = any(%s)", (run_id, [t.task_id for t in tasks[4:]])
+    ).fetchall()
     assert {o for (o,) in offsets} == {meta.offset}  # a bundle's events share its record's offset
-    (error, raw, offset), = ledger.execute("select error, raw, source_offset from dead_letters where run_id = %s",
-                                           (run_id,)).fetchall()
+    ((error, raw, offset),) = ledger.execute(
+        "select error, raw, source_offset from dead_letters where run_id = %s", (run_id,)
+    ).fetchall()
     assert "bundle frame 1" in error and "first byte 0x00" in error
     assert bytes(raw) == mixed and offset == meta.offset  # the whole record is kept
 
@@ -214,16 +233,28 @@ def test_a_nul_a_model_sampled_is_stored_as_a_replacement_character_not_dead_let
     create_run_topics(stack, run_id)
     task = SYNTHETIC["Task"](run_id, 0)
     task.prompt = [{"role": "user", "content": "a\x00b"}]
-    trajectory = Trajectory(run_id=run_id, trajectory_id="t-nul", task_id="t-nul", group_id="g", tokens=pack_int32([97, 0]),
-                            loss_mask=pack_mask([0, 1]), logprobs=pack_float32([0, -0.5]), response_text="x\x00y",
-                            extra_fields={"trace": [{"response": "\x00"}], "k\x00": 1})
+    trajectory = Trajectory(
+        run_id=run_id,
+        trajectory_id="t-nul",
+        task_id="t-nul",
+        group_id="g",
+        tokens=pack_int32([97, 0]),
+        loss_mask=pack_mask([0, 1]),
+        logprobs=pack_float32([0, -0.5]),
+        response_text="x\x00y",
+        extra_fields={"trace": [{"response": "\x00"}], "k\x00": 1},
+    )
     publish(stack, [task, trajectory])
     with SinkThread(stack, run_id):
-        wait_for(lambda: count_rows(ledger, "trajectories", run_id) == 1 and count_rows(ledger, "tasks", run_id) == 1,
-                 60, what="the rows with a NUL")
+        wait_for(
+            lambda: count_rows(ledger, "trajectories", run_id) == 1 and count_rows(ledger, "tasks", run_id) == 1,
+            60,
+            what="the rows with a NUL",
+        )
     assert count_rows(ledger, "dead_letters", run_id) == 0
-    text, extra, tokens = ledger.execute("select response_text, extra_fields, streamrl_int32s(tokens) from trajectories "
-                                         "where run_id = %s", (run_id,)).fetchone()
+    text, extra, tokens = ledger.execute(
+        "select response_text, extra_fields, streamrl_int32s(tokens) from trajectories where run_id = %s", (run_id,)
+    ).fetchone()
     assert text == "x\ufffdy" and extra == {"trace": [{"response": "\ufffd"}], "k\ufffd": 1} and tokens == [97, 0]
     prompt = ledger.execute("select prompt from tasks where run_id = %s", (run_id,)).fetchone()[0]
     assert prompt == [{"role": "user", "content": "a\ufffdb"}]
@@ -232,18 +263,24 @@ def test_a_nul_a_model_sampled_is_stored_as_a_replacement_character_not_dead_let
 def random_trajectory(run_id, n, seed=0, compressible=False):
     rng = np.random.default_rng(seed)
     tokens = np.zeros(n, dtype=np.int32) if compressible else rng.integers(0, 2**31 - 1, n)
-    return Trajectory(run_id=run_id, trajectory_id=f"big{n}-{seed}-{'zeros' if compressible else 'random'}", task_id="t", group_id="g",
-                      tokens=pack_int32(tokens), loss_mask=pack_mask(np.ones(n)),
-                      logprobs=pack_float32(np.zeros(n) if compressible else -rng.random(n)))
+    return Trajectory(
+        run_id=run_id,
+        trajectory_id=f"big{n}-{seed}-{'zeros' if compressible else 'random'}",
+        task_id="t",
+        group_id="g",
+        tokens=pack_int32(tokens),
+        loss_mask=pack_mask(np.ones(n)),
+        logprobs=pack_float32(np.zeros(n) if compressible else -rng.random(n)),
+    )
 
 
 def test_events_over_the_broker_limit_are_compressed_or_sent_by_reference(stack, ledger, run_id):
     create_run_topics(stack, run_id)
-    huge = random_trajectory(run_id, 400_000)            # ~3.6 MB of incompressible arrays
+    huge = random_trajectory(run_id, 400_000)  # ~3.6 MB of incompressible arrays
     compressible = random_trajectory(run_id, 400_000, compressible=True)
     assert len(codec.encode(huge)) > stack.max_message_bytes
     with pytest.raises(MessageTooLarge, match="over the broker limit"):
-        EventPublisher(stack).publish(huge)             # without a blob store: a clear error, not a loss
+        EventPublisher(stack).publish(huge)  # without a blob store: a clear error, not a loss
     blobs = PostgresBlobStore.open(stack.database_url)
     with EventPublisher(stack, blobs=blobs) as publisher:
         publisher.publish(huge)
@@ -252,8 +289,9 @@ def test_events_over_the_broker_limit_are_compressed_or_sent_by_reference(stack,
     with SinkThread(stack, run_id):
         wait_for(lambda: count_rows(ledger, "trajectories", run_id) == 2, 60, what="both large trajectories")
     for event in (huge, compressible):
-        tokens, num = ledger.execute("select tokens, num_tokens from trajectories where event_id = %s",
-                                     (event.event_id,)).fetchone()
+        tokens, num = ledger.execute(
+            "select tokens, num_tokens from trajectories where event_id = %s", (event.event_id,)
+        ).fetchone()
         assert bytes(tokens) == event.tokens and num == 400_000
     assert ledger.execute("select count(*) from blobs where size > %s", (stack.max_message_bytes,)).fetchone()[0] >= 1
 
@@ -263,14 +301,24 @@ def test_a_rollout_spanning_two_weight_versions_keeps_each_tokens_version(stack,
     version is its weight_version (what the staleness bound counts), its newest and each
     token's version are kept beside it."""
     create_run_topics(stack, run_id)
-    spanning = Trajectory(run_id=run_id, trajectory_id="t-span", task_id="t-span", group_id="g-span", weight_version=4,
-                          tokens=pack_int32([1, 2, 7, 8, 9]), loss_mask=pack_mask([0, 0, 1, 1, 1]),
-                          logprobs=pack_float32([0, 0, -0.1, -0.2, -0.3]), token_versions=pack_int32([0, 0, 4, 5, 5]))
+    spanning = Trajectory(
+        run_id=run_id,
+        trajectory_id="t-span",
+        task_id="t-span",
+        group_id="g-span",
+        weight_version=4,
+        tokens=pack_int32([1, 2, 7, 8, 9]),
+        loss_mask=pack_mask([0, 0, 1, 1, 1]),
+        logprobs=pack_float32([0, 0, -0.1, -0.2, -0.3]),
+        token_versions=pack_int32([0, 0, 4, 5, 5]),
+    )
     publish(stack, [spanning])
     with SinkThread(stack, run_id):
         wait_for(lambda: count_rows(ledger, "trajectories", run_id) == 1, 60, what="the spanning trajectory")
-    row = ledger.execute("select weight_version, newest_weight_version, streamrl_int32s(token_versions) "
-                         "from trajectories where run_id = %s", (run_id,)).fetchone()
+    row = ledger.execute(
+        "select weight_version, newest_weight_version, streamrl_int32s(token_versions) from trajectories where run_id = %s",
+        (run_id,),
+    ).fetchone()
     assert row == (4, 5, [0, 0, 4, 5, 5])
 
 
@@ -290,8 +338,11 @@ def test_two_sharded_sinks_split_the_partitions_and_write_everything_once(stack,
     create_run_topics(stack, run_id)
     produced = publish(stack, synthetic_events(run_id, 400, types=["Task", "Trajectory"]))
     with SinkThread(stack, run_id, shard=(0, 2)) as first, SinkThread(stack, run_id, shard=(1, 2)) as second:
-        wait_for(lambda: count_rows(ledger, "tasks", run_id) == 400 and
-                 count_rows(ledger, "trajectories", run_id) == 400, 60, what="both shards")
+        wait_for(
+            lambda: count_rows(ledger, "tasks", run_id) == 400 and count_rows(ledger, "trajectories", run_id) == 400,
+            60,
+            what="both shards",
+        )
         assert first.positions and second.positions
         assert not first.positions.keys() & second.positions.keys()
     assert sink_reached(ledger, log_ends(produced))

@@ -5,6 +5,7 @@ processes (FSDP2 on gloo) train to what one does."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import shutil
 
@@ -34,9 +35,16 @@ def batch(count: int = 6) -> list[TrainItem]:
     for i in range(count):
         n = int(rng.integers(6, 12))
         mask = np.array([0] * 2 + [1] * (n - 2), dtype=np.uint8)
-        out.append(TrainItem(tokens=rng.integers(4, 60, n).astype(np.int32), mask=mask,
-                             behaviour_logprobs=(np.log(rng.uniform(0.2, 0.9, n)) * mask).astype(np.float32),
-                             advantage=1.0 if i % 2 else -1.0, trajectory_id=str(i), group_id="g"))
+        out.append(
+            TrainItem(
+                tokens=rng.integers(4, 60, n).astype(np.int32),
+                mask=mask,
+                behaviour_logprobs=(np.log(rng.uniform(0.2, 0.9, n)) * mask).astype(np.float32),
+                advantage=1.0 if i % 2 else -1.0,
+                trajectory_id=str(i),
+                group_id="g",
+            )
+        )
     return out
 
 
@@ -63,17 +71,20 @@ def test_merging_equals_peft_merge_and_unload(tiny):
 
 
 def test_the_learner_trains_only_the_adapter_and_writes_merged_versions(tiny, tmp_path):
-    recipe = Recipe.from_dict({"rollout_worker": {"model_path": str(tiny)},
-                               "algorithm": {"use_kl_loss": True, "kl_loss_coef": 0.1},
-                               "trainer": {"lr": 1e-2, "micro_batch_tokens": 64, "device": "cpu",
-                                           "lora": {"rank": 4, "alpha": 8.0}}})
+    recipe = Recipe.from_dict(
+        {
+            "rollout_worker": {"model_path": str(tiny)},
+            "algorithm": {"use_kl_loss": True, "kl_loss_coef": 0.1},
+            "trainer": {"lr": 1e-2, "micro_batch_tokens": 64, "device": "cpu", "lora": {"rank": 4, "alpha": 8.0}},
+        }
+    )
     policy = Policy(recipe, GRPOTrainer, tmp_path / "checkpoints")
     trainable = {name for name, p in policy.model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_A." in name or ".lora_B." in name for name in trainable)
     frozen_before = {name: p.detach().clone() for name, p in policy.model.named_parameters() if not p.requires_grad}
     losses = [policy.train(1e-2, batch()).loss for _ in range(4)]
     # the same batch four times: its surrogate loss falls at every step (observed 0.468 -> 0.460)
-    assert all(math.isfinite(loss) for loss in losses) and all(a > b for a, b in zip(losses, losses[1:])), losses
+    assert all(math.isfinite(loss) for loss in losses) and all(a > b for a, b in itertools.pairwise(losses)), losses
     for name, p in policy.model.named_parameters():
         if not p.requires_grad:
             assert torch.equal(p, frozen_before[name]), name  # the base stays as loaded
@@ -110,8 +121,9 @@ def test_two_processes_train_a_lora_to_what_one_does(tiny, tmp_path):
     assert one.keys() == two.keys() == start.keys()
     for name in one:
         assert torch.allclose(one[name], two[name], atol=1e-5, rtol=0), name
-        adapted = name.endswith(".weight") and any(f".{target}." in name for target in (
-            "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+        adapted = name.endswith(".weight") and any(
+            f".{target}." in name for target in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+        )
         assert torch.equal(one[name], start[name]) != adapted, name  # only the adapted weights moved
 
 
@@ -122,22 +134,30 @@ def test_lora_with_gradient_checkpointing_and_bf16_writes_adapter_versions(tiny,
     policy does."""
     from peft import PeftModel
 
-    recipe = Recipe.from_dict({"rollout_worker": {"model_path": str(tiny)},
-                               "trainer": {"lr": 1e-2, "micro_batch_tokens": 64, "device": "cpu",
-                                           "gradient_checkpointing": True, "dtype": "bfloat16",
-                                           "lora": {"rank": 4, "alpha": 8.0, "versions": "adapter"}}})
+    recipe = Recipe.from_dict(
+        {
+            "rollout_worker": {"model_path": str(tiny)},
+            "trainer": {
+                "lr": 1e-2,
+                "micro_batch_tokens": 64,
+                "device": "cpu",
+                "gradient_checkpointing": True,
+                "dtype": "bfloat16",
+                "lora": {"rank": 4, "alpha": 8.0, "versions": "adapter"},
+            },
+        }
+    )
     policy = Policy(recipe, GRPOTrainer, tmp_path / "checkpoints")
     losses = [policy.train(1e-2, batch()).loss for _ in range(4)]
-    assert all(math.isfinite(loss) for loss in losses) and all(a > b for a, b in zip(losses, losses[1:])), losses
+    assert all(math.isfinite(loss) for loss in losses) and all(a > b for a, b in itertools.pairwise(losses)), losses
     folder = policy.write_version(tmp_path / "weights", 4)
     assert sorted(p.name for p in folder.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     served = PeftModel.from_pretrained(load(tiny)[1], folder).eval()
     tokens = [5, 9, 13, 21, 8, 40, 3]
     policy.model.eval()
     assert torch.allclose(sequence_logprobs(served, tokens), sequence_logprobs(policy.model, tokens), atol=1e-5)
-    assert not torch.allclose(sequence_logprobs(served, tokens), sequence_logprobs(load(tiny)[1].eval(), tokens),
-                              atol=1e-3)
+    assert not torch.allclose(sequence_logprobs(served, tokens), sequence_logprobs(load(tiny)[1].eval(), tokens), atol=1e-3)
     # written in the background (start_version), the same bytes
     policy.start_version(tmp_path / "background", 4)
-    (_, background), = policy.written_versions(wait=True)
+    ((_, background),) = policy.written_versions(wait=True)
     assert (background / "adapter_model.safetensors").read_bytes() == (folder / "adapter_model.safetensors").read_bytes()

@@ -7,7 +7,10 @@ import torch
 
 from streamrl.algos.kl import kl_penalty
 from streamrl.algos.losses import (
-    aggregate_loss, entropy_from_logits, ppo_clip_token_loss, token_logprobs,
+    aggregate_loss,
+    entropy_from_logits,
+    ppo_clip_token_loss,
+    token_logprobs,
     truncated_importance_weights,
 )
 
@@ -16,17 +19,21 @@ def lp(x):
     return torch.tensor(x, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("ratio, advantage, expected_loss, clipped", [
-    (1.5, 1.0, -1.28, 1.0),   # high side: r clipped to 1 + 0.28
-    (0.9, 1.0, -0.9, 0.0),    # inside the range
-    (0.5, -1.0, 0.8, 1.0),    # low side: r clipped to 1 - 0.2; -A * 0.8 = 0.8 > 0.5
-    (1.5, -1.0, 1.5, 0.0),    # negative advantage above the range: unclipped is the max
-    (5.0, -1.0, 3.0, 1.0),    # ... far above it: dual-clip caps -A * r = 5 at -A * 3
-    (0.5, 1.0, -0.5, 0.0),    # positive advantage below the range: unclipped is the max
-])
+@pytest.mark.parametrize(
+    "ratio, advantage, expected_loss, clipped",
+    [
+        (1.5, 1.0, -1.28, 1.0),  # high side: r clipped to 1 + 0.28
+        (0.9, 1.0, -0.9, 0.0),  # inside the range
+        (0.5, -1.0, 0.8, 1.0),  # low side: r clipped to 1 - 0.2; -A * 0.8 = 0.8 > 0.5
+        (1.5, -1.0, 1.5, 0.0),  # negative advantage above the range: unclipped is the max
+        (5.0, -1.0, 3.0, 1.0),  # ... far above it: dual-clip caps -A * r = 5 at -A * 3
+        (0.5, 1.0, -0.5, 0.0),  # positive advantage below the range: unclipped is the max
+    ],
+)
 def test_ppo_clip_both_sides(ratio, advantage, expected_loss, clipped):
-    loss, was_clipped = ppo_clip_token_loss(lp([math.log(ratio)]), lp([0.0]), lp([advantage]),
-                                            clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
+    loss, was_clipped = ppo_clip_token_loss(
+        lp([math.log(ratio)]), lp([0.0]), lp([advantage]), clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0
+    )
     assert loss.item() == pytest.approx(expected_loss, abs=1e-9)
     assert was_clipped.item() == clipped
 
@@ -101,8 +108,9 @@ def test_four_micro_batches_give_the_gradient_of_one_batch(mode):
 
     model.zero_grad()
     for chunk in torch.arange(8).split(2):
-        batch_loss(model, tokens[chunk], mask[chunk], old[chunk], advantages[chunk], mode,
-                   global_tokens, global_sequences).backward()
+        batch_loss(
+            model, tokens[chunk], mask[chunk], old[chunk], advantages[chunk], mode, global_tokens, global_sequences
+        ).backward()
     accumulated = [p.grad.clone() for p in model.parameters()]
     for a, b in zip(full, accumulated):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
@@ -111,8 +119,10 @@ def test_four_micro_batches_give_the_gradient_of_one_batch(mode):
         # The trap: normalising each micro-batch by its own token count gives another gradient.
         model.zero_grad()
         for chunk in torch.arange(8).split(2):
-            (batch_loss(model, tokens[chunk], mask[chunk], old[chunk], advantages[chunk], mode,
-                        mask[chunk].sum().item(), 2) / 4).backward()
+            (
+                batch_loss(model, tokens[chunk], mask[chunk], old[chunk], advantages[chunk], mode, mask[chunk].sum().item(), 2)
+                / 4
+            ).backward()
         wrong = [p.grad.clone() for p in model.parameters()]
         assert max((a - b).abs().max().item() for a, b in zip(full, wrong)) > 1e-3
 
@@ -125,8 +135,7 @@ def test_gspo_clips_whole_sequences_by_their_geometric_mean_ratio():
     mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 1.0]])
     # sequence 1: token log-ratios ln 2 and -ln 2 -> mean 0 -> s = 1, inside the clip range
     # sequence 2: token log-ratios ln 2 and ln 2 -> mean ln 2 -> s = 2, clipped to 1.28
-    logprobs = torch.tensor([[0.0, math.log(0.5), math.log(0.5)], [0.0, math.log(0.5), math.log(0.5)]],
-                            requires_grad=True)
+    logprobs = torch.tensor([[0.0, math.log(0.5), math.log(0.5)], [0.0, math.log(0.5), math.log(0.5)]], requires_grad=True)
     behaviour = torch.tensor([[0.0, math.log(0.25), math.log(1.0)], [0.0, math.log(0.25), math.log(0.25)]])
     advantages = torch.tensor([[2.0, 2.0, 2.0], [1.0, 1.0, 1.0]])
     out = POLICY_LOSSES.get("gspo")(logprobs, behaviour, advantages, mask, config)

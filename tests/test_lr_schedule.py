@@ -1,5 +1,7 @@
 """The learning-rate schedule against hand-computed rates."""
 
+import re
+
 import pytest
 
 from streamrl.algos.lr_schedule import learning_rate_at
@@ -28,5 +30,5 @@ def test_cosine_decay_values():
 
 
 def test_unknown_schedule_names_the_key():
-    with pytest.raises(ValueError, match="trainer.lr_schedule"):
+    with pytest.raises(ValueError, match=re.escape("trainer.lr_schedule")):
         learning_rate_at(1, 10, 1.0, "step")

@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from streamrl.algos.advantages import (
-    advantage_scope, advantages_by_group, get_advantage_estimator, grpo_advantages, returns_to_go, turn_advantages,
+    advantage_scope,
+    advantages_by_group,
+    get_advantage_estimator,
+    grpo_advantages,
+    returns_to_go,
+    turn_advantages,
 )
 from streamrl.algos.kl import kl_penalty
 from streamrl.algos.losses import POLICY_LOSSES, aggregate_loss, ppo_clip_token_loss
@@ -27,6 +32,7 @@ def t(values, grad=False):
 
 
 # --- bug 1: GSPO on a stale sequence with a negative advantage -------------------------------
+
 
 def test_gspo_with_negative_advantage_and_sequence_log_ratio_15_is_bounded_with_no_gradient():
     # two trained tokens, log pi - log pi_behaviour = 15 each: s = 15, past the cap of 10.
@@ -55,12 +61,16 @@ def test_gspo_below_the_cap_keeps_its_gradient():
 
 # --- bug 2: k3 unclamped, and masks that multiply ---------------------------------------------
 
-@pytest.mark.parametrize("log_ratio, expected", [
-    (-50.0, 10.0),  # clamped to -20: e^20 - 20 - 1 = 4.85e8, clamped to 10
-    (50.0, 10.0),  # clamped to 20: e^-20 + 20 - 1 = 19.0, clamped to 10
-    (-1.0, math.e - 2.0),  # e^1 - 1 - 1 = 0.718282, inside both clamps
-    (1.0, math.exp(-1.0)),  # e^-1 + 1 - 1 = 0.367879
-])
+
+@pytest.mark.parametrize(
+    "log_ratio, expected",
+    [
+        (-50.0, 10.0),  # clamped to -20: e^20 - 20 - 1 = 4.85e8, clamped to 10
+        (50.0, 10.0),  # clamped to 20: e^-20 + 20 - 1 = 19.0, clamped to 10
+        (-1.0, math.e - 2.0),  # e^1 - 1 - 1 = 0.718282, inside both clamps
+        (1.0, math.exp(-1.0)),  # e^-1 + 1 - 1 = 0.367879
+    ],
+)
 def test_k3_at_extreme_log_ratios_matches_verls_low_variance_kl(log_ratio, expected):
     logprobs = t([log_ratio], grad=True)
     value = kl_penalty(logprobs, t([0.0]), "k3")
@@ -105,12 +115,16 @@ def test_padding_with_minus_inf_logprobs_changes_nothing(mode, kl_estimator):
     # the three real tokens alone, aggregated by hand
     flat, _ = ppo_clip_token_loss(t([-0.5, -1.0, -0.7]), t([-0.6, -1.2, -0.9]), t([1.0, 1.0, -1.0]), 0.2, 0.28, 3.0)
     l0, l1, l2 = (flat + 0.1 * kl_penalty(t([-0.5, -1.0, -0.7]), t([-0.4, -1.1, -0.8]), kl_estimator)).tolist()
-    expected = {"token-mean": (l0 + l1 + l2) / 3, "seq-mean-token-sum": (l0 + l1 + l2) / 2,
-                "seq-mean-token-mean": ((l0 + l1) / 2 + l2) / 2}[mode]
+    expected = {
+        "token-mean": (l0 + l1 + l2) / 3,
+        "seq-mean-token-sum": (l0 + l1 + l2) / 2,
+        "seq-mean-token-mean": ((l0 + l1) / 2 + l2) / 2,
+    }[mode]
     assert padded.item() == pytest.approx(expected, rel=1e-5)  # float32 sums in another order
 
 
 # --- new aggregations and the std epsilon -------------------------------------------------------
+
 
 def test_token_sum_and_dr_grpos_constant_normaliser_by_hand():
     token_loss = t([[1, 2, 3], [4, 5, 6]])
@@ -156,10 +170,18 @@ def test_reinforce_plus_plus_baseline_centres_by_group_then_whitens():
 
 
 def test_the_learner_sets_batch_scope_advantages_on_the_samples_it_trains():
-    items = [TrainItem(tokens=np.arange(n + 1, dtype=np.int32), mask=np.array([0] + [1] * int(n), np.uint8),
-                       behaviour_logprobs=np.zeros(int(n) + 1, np.float32), reward=r, group_id=g,
-                       trajectory_id=f"t{i}", token_advantages=np.ones(int(n) + 1, np.float32))
-             for i, (g, r, n) in enumerate(zip(GROUP_IDS, REWARDS, TOKENS))]
+    items = [
+        TrainItem(
+            tokens=np.arange(n + 1, dtype=np.int32),
+            mask=np.array([0] + [1] * int(n), np.uint8),
+            behaviour_logprobs=np.zeros(int(n) + 1, np.float32),
+            reward=r,
+            group_id=g,
+            trajectory_id=f"t{i}",
+            token_advantages=np.ones(int(n) + 1, np.float32),
+        )
+        for i, (g, r, n) in enumerate(zip(GROUP_IDS, REWARDS, TOKENS))
+    ]
     metrics = {}
     algorithm = SimpleNamespace(type="reinforce_plus_plus")
     trained = with_batch_advantages(items, algorithm, metrics)
@@ -179,17 +201,29 @@ def test_a_batch_scope_estimators_samples_leave_the_processor_with_advantage_zer
 
 # --- turn-level credit ---------------------------------------------------------------------
 
+
 def episode(i, evaluator_reward, turn_rewards=(None, None)):
     """prompt [0, 2), assistant [2, 4), user [4, 5), assistant [5, 7): 7 tokens; the
     episode's reward is the evaluator's plus the turns' rewards, as the agent worker sums it."""
-    turns = [Turn(role="prompt", start=0, end=2), Turn(role="assistant", start=2, end=4, trained=True,
-                                                          reward=turn_rewards[0]),
-             Turn(role="user", start=4, end=5), Turn(role="assistant", start=5, end=7, trained=True,
-                                                       reward=turn_rewards[1])]
+    turns = [
+        Turn(role="prompt", start=0, end=2),
+        Turn(role="assistant", start=2, end=4, trained=True, reward=turn_rewards[0]),
+        Turn(role="user", start=4, end=5),
+        Turn(role="assistant", start=5, end=7, trained=True, reward=turn_rewards[1]),
+    ]
     total = evaluator_reward + sum(r or 0.0 for r in turn_rewards)
-    traj = Trajectory(run_id="r", trajectory_id=f"g-{i}", task_id=f"g-{i}", group_id="g", group_size=2,
-                      tokens=pack_int32(range(7)), loss_mask=pack_mask([0, 0, 1, 1, 0, 1, 1]),
-                      logprobs=pack_float32([0.0] * 7), turns=turns, step=1)
+    traj = Trajectory(
+        run_id="r",
+        trajectory_id=f"g-{i}",
+        task_id=f"g-{i}",
+        group_id="g",
+        group_size=2,
+        tokens=pack_int32(range(7)),
+        loss_mask=pack_mask([0, 0, 1, 1, 0, 1, 1]),
+        logprobs=pack_float32([0.0] * 7),
+        turns=turns,
+        step=1,
+    )
     return traj, Evaluation(run_id="r", trajectory_id=f"g-{i}", group_id="g", reward=total, step=1)
 
 
@@ -205,8 +239,8 @@ def test_turn_credit_gives_each_assistant_turn_the_advantage_of_its_return():
     joined = [episode(0, 1.0, (0.5, None)), episode(1, 0.0)]
     samples = group_outcome("r", "g", 1, 2, joined, "dr_grpo", True, credit_assignment="turn")
     assert [s.advantage for s in samples] == pytest.approx([0.75, -0.75])  # the first turn's: the episode's
-    assert unpack_float32(samples[0].token_advantages).tolist() == pytest.approx([0, 0, .75, .75, 0, .25, .25])
-    assert unpack_float32(samples[1].token_advantages).tolist() == pytest.approx([0, 0, -.75, -.75, 0, -.75, -.75])
+    assert unpack_float32(samples[0].token_advantages).tolist() == pytest.approx([0, 0, 0.75, 0.75, 0, 0.25, 0.25])
+    assert unpack_float32(samples[1].token_advantages).tolist() == pytest.approx([0, 0, -0.75, -0.75, 0, -0.75, -0.75])
     # grpo: the same over the std of [1.5, 0] = 1.06066: [0.707106, 0.235702] and [-0.707106] x 2
     grpo = group_outcome("r", "g", 1, 2, joined, "grpo", True, credit_assignment="turn")
     assert unpack_float32(grpo[0].token_advantages)[[2, 5]].tolist() == pytest.approx([0.707106, 0.235702], rel=1e-5)

@@ -36,26 +36,56 @@ UI = f"http://127.0.0.1:{UI_PORT}"
 
 
 def test_a_train_step_and_a_validation_become_these_numbers():
-    step = TrainStep(run_id="r", step=7, weight_version=7, loss=0.5, kl=0.01, entropy=None, clip_fraction=0.25,
-                     grad_norm=2.0, lr=1e-4, tokens=1200, samples=64, dropped_ids=["a", "b"],
-                     staleness={"mean": 0.5, "max": 1.0}, seconds=0.4, metrics={"reward_mean": 0.75})
+    step = TrainStep(
+        run_id="r",
+        step=7,
+        weight_version=7,
+        loss=0.5,
+        kl=0.01,
+        entropy=None,
+        clip_fraction=0.25,
+        grad_norm=2.0,
+        lr=1e-4,
+        tokens=1200,
+        samples=64,
+        dropped_ids=["a", "b"],
+        staleness={"mean": 0.5, "max": 1.0},
+        seconds=0.4,
+        metrics={"reward_mean": 0.75},
+    )
     assert train_step_metrics(step) == {
-        "train/loss": 0.5, "train/clip_fraction": 0.25, "train/grad_norm": 2.0, "train/lr": 1e-4,
-        "train/tokens": 1200.0, "train/samples": 64.0, "train/seconds": 0.4, "train/weight_version": 7.0,
-        "train/dropped": 2.0, "train/kl": 0.01, "train/tokens_per_s": 3000.0, "train/staleness_mean": 0.5,
-        "train/staleness_max": 1.0, "train/reward_mean": 0.75}  # no entropy: the step had none
-    evaluations = [Evaluation(run_id="r", trajectory_id=f"t{i}", group_id=f"g{i}", reward=reward, metrics=metrics,
-                              is_val=True, step=3)
-                   for i, (reward, metrics) in enumerate([(1.0, {}), (0.2, {"accuracy": 0.0}), (0.0, {})])]
+        "train/loss": 0.5,
+        "train/clip_fraction": 0.25,
+        "train/grad_norm": 2.0,
+        "train/lr": 1e-4,
+        "train/tokens": 1200.0,
+        "train/samples": 64.0,
+        "train/seconds": 0.4,
+        "train/weight_version": 7.0,
+        "train/dropped": 2.0,
+        "train/kl": 0.01,
+        "train/tokens_per_s": 3000.0,
+        "train/staleness_mean": 0.5,
+        "train/staleness_max": 1.0,
+        "train/reward_mean": 0.75,
+    }  # no entropy: the step had none
+    evaluations = [
+        Evaluation(run_id="r", trajectory_id=f"t{i}", group_id=f"g{i}", reward=reward, metrics=metrics, is_val=True, step=3)
+        for i, (reward, metrics) in enumerate([(1.0, {}), (0.2, {"accuracy": 0.0}), (0.0, {})])
+    ]
     # accuracy: the evaluator's accuracy metric where there is one, else the reward: (1 + 0 + 0) / 3
-    assert validation_metrics(evaluations) == {"val/accuracy": pytest.approx(1 / 3),
-                                               "val/reward_mean": pytest.approx(0.4), "val/count": 3.0}
+    assert validation_metrics(evaluations) == {
+        "val/accuracy": pytest.approx(1 / 3),
+        "val/reward_mean": pytest.approx(0.4),
+        "val/count": 3.0,
+    }
 
 
 def test_the_guides_logger_form_and_a_list_of_backends(tmp_path):
     guide = tmp_path / "guide.yaml"
-    guide.write_text("project_name: p\nlogger:\n  backend: wandb\n  wandb:\n    project: ${project_name}\n"
-                     "    tags: [my_task, grpo]\n")
+    guide.write_text(
+        "project_name: p\nlogger:\n  backend: wandb\n  wandb:\n    project: ${project_name}\n    tags: [my_task, grpo]\n"
+    )
     logger = load_recipe(guide).logger
     assert (logger.trackers(), logger.wandb.project, logger.wandb.tags) == (["wandb"], "p", ["my_task", "grpo"])
     both = tmp_path / "both.yaml"
@@ -75,25 +105,36 @@ def test_an_agent_episodes_tokens_split_by_turn_with_their_advantages():
     from streamrl.ui.tokens import advantage_colour, token_views, turn_views
 
     call = {"tool_calls": [{"name": "get", "arguments": {"key": "a"}}]}
-    trajectory = {"tokens": np.arange(9, dtype="<i4").tobytes(),
-                  "loss_mask": np.array([0, 0, 0, 1, 1, 0, 0, 1, 1], dtype=np.uint8).tobytes(),
-                  "logprobs": np.array([0, 0, 0, -0.5, -1, 0, 0, -0.25, -2], dtype="<f4").tobytes(),
-                  "prompt_length": 3,
-                  "turns": [{"role": "prompt", "start": 0, "end": 3}, {"role": "assistant", "start": 3, "end": 5,
-                                                                      "trained": True, "meta": call},
-                            {"role": "tool", "start": 5, "end": 7}, {"role": "assistant", "start": 7, "end": 9,
-                                                                    "trained": True}]}
+    trajectory = {
+        "tokens": np.arange(9, dtype="<i4").tobytes(),
+        "loss_mask": np.array([0, 0, 0, 1, 1, 0, 0, 1, 1], dtype=np.uint8).tobytes(),
+        "logprobs": np.array([0, 0, 0, -0.5, -1, 0, 0, -0.25, -2], dtype="<f4").tobytes(),
+        "prompt_length": 3,
+        "turns": [
+            {"role": "prompt", "start": 0, "end": 3},
+            {"role": "assistant", "start": 3, "end": 5, "trained": True, "meta": call},
+            {"role": "tool", "start": 5, "end": 7},
+            {"role": "assistant", "start": 7, "end": 9, "trained": True},
+        ],
+    }
     per_token = np.array([0, 0, 0, 1.0, 1.0, 0, 0, -0.25, -0.25], dtype="<f4").tobytes()
     tokens = token_views(trajectory, {"advantage": 0.25, "token_advantages": per_token}, None)
     turns = turn_views(trajectory, tokens)
     assert [(t.role, len(t.tokens), t.trained) for t in turns] == [
-        ("prompt", 3, False), ("assistant", 2, True), ("tool", 2, False), ("assistant", 2, True)]
+        ("prompt", 3, False),
+        ("assistant", 2, True),
+        ("tool", 2, False),
+        ("assistant", 2, True),
+    ]
     assert turns[1].meta == call and turns[1].tokens[0].text == "⟨3⟩"  # no tokenizer here: the ids
     assert [t.advantage for t in tokens] == [None, None, None, 1.0, 1.0, None, None, -0.25, -0.25]
     assert [t.logprob for t in tokens[7:]] == [-0.25, -2.0]
     # colour strength 0.1 + 0.65 * |advantage| / max |advantage|; grey where not trained
     assert (tokens[3].colour, tokens[7].colour, tokens[5].colour) == (
-        "rgba(0,160,60,0.75)", "rgba(220,40,40,0.26)", "rgba(128,128,128,0.18)")
+        "rgba(0,160,60,0.75)",
+        "rgba(220,40,40,0.26)",
+        "rgba(128,128,128,0.18)",
+    )
     # a sequence-level estimator: its one advantage on every trained token
     scalar = token_views(trajectory, {"advantage": 0.25, "token_advantages": None}, None)
     assert [t.advantage for t in scalar if t.trained] == [0.25] * 4
@@ -102,16 +143,21 @@ def test_an_agent_episodes_tokens_split_by_turn_with_their_advantages():
 
 def ledger_steps(ledger, run_id: str) -> dict[str, dict[int, float]]:
     """The ledger's loss and mean reward, each as {step: value}."""
-    rows = ledger.execute("select step, loss, (metrics->>'reward_mean')::float from train_steps where run_id = %s",
-                          (run_id,)).fetchall()
-    return {"train/loss": {step: loss for step, loss, _ in rows},
-            "train/reward_mean": {step: reward for step, _, reward in rows}}
+    rows = ledger.execute(
+        "select step, loss, (metrics->>'reward_mean')::float from train_steps where run_id = %s", (run_id,)
+    ).fetchall()
+    return {"train/loss": {step: loss for step, loss, _ in rows}, "train/reward_mean": {step: reward for step, _, reward in rows}}
 
 
 def ledger_validation(ledger, run_id: str) -> dict[int, float]:
-    return {version: accuracy for version, accuracy in ledger.execute(
-        "select step, avg(coalesce((metrics->>'accuracy')::float, reward)) from evaluations "
-        "where run_id = %s and is_val group by step", (run_id,))}
+    return {
+        version: accuracy
+        for version, accuracy in ledger.execute(
+            "select step, avg(coalesce((metrics->>'accuracy')::float, reward)) from evaluations "
+            "where run_id = %s and is_val group by step",
+            (run_id,),
+        )
+    }
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +173,9 @@ def browser():
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
         # evil.example resolves to loopback, as an attacker's DNS would in a rebinding attack
-        chromium = playwright.chromium.launch(executable_path=executable, headless=True, args=[
-            "--no-sandbox", "--host-resolver-rules=MAP evil.example 127.0.0.1"])
+        chromium = playwright.chromium.launch(
+            executable_path=executable, headless=True, args=["--no-sandbox", "--host-resolver-rules=MAP evil.example 127.0.0.1"]
+        )
         yield chromium
         chromium.close()
 
@@ -136,8 +183,12 @@ def browser():
 @pytest.fixture(scope="module")
 def ui_server(stack, tmp_path_factory):
     log = tmp_path_factory.mktemp("ui") / "ui.log"
-    server = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "ui", "--port", str(UI_PORT)], cwd=REPO,
-                              stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", "ui", "--port", str(UI_PORT)],
+        cwd=REPO,
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+    )
 
     def answers() -> bool:
         assert server.poll() is None, log.read_text()
@@ -163,13 +214,30 @@ def observed(stack, ui_server, browser, tmp_path_factory):
     run_id, child = f"obs-{uuid.uuid4().hex[:10]}", f"obs-child-{uuid.uuid4().hex[:8]}"
     out = tmp_path_factory.mktemp("observed")
     env = {**os.environ, **small_run_env(ARITH_SYNC_MODE="sync")}  # sync: slower steps, time to open the page
-    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", RECIPE, "logger.backends=[wandb,tensorboard,mlflow]",
-                            "logger.wandb.tags=[ci]", "--run", run_id, "--out", str(out / "out")], cwd=REPO, env=env,
-                           stdout=open(out / "run.log", "wb"), stderr=subprocess.STDOUT)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "run",
+            RECIPE,
+            "logger.backends=[wandb,tensorboard,mlflow]",
+            "logger.wandb.tags=[ci]",
+            "--run",
+            run_id,
+            "--out",
+            str(out / "out"),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=open(out / "run.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     from streamrl.runtime.db import connect
 
     with connect(stack.database_url, autocommit=True) as ledger:
+
         def steps() -> int:
             return ledger.execute("select count(*) from train_steps where run_id = %s", (run_id,)).fetchone()[0]
 
@@ -219,8 +287,9 @@ def test_a_run_feeds_wandb_tensorboard_and_mlflow_and_export_resends_the_ledger(
     assert "tracker stopped: 6 steps, 3 validations logged" in (observed["out"] / "out" / "logs" / "tracker.log").read_text()
 
     exported = tmp_path / "exported"
-    result = run_cli("export", run_id, "--to", "wandb", "--to", "tensorboard", "--to", "mlflow", "--out", str(exported),
-                     timeout=180)
+    result = run_cli(
+        "export", run_id, "--to", "wandb", "--to", "tensorboard", "--to", "mlflow", "--out", str(exported), timeout=180
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"exported 6 steps and 3 validations of {run_id}" in result.stdout
     check(exported, exported / "tensorboard", f"sqlite:///{exported / 'mlflow.db'}")
@@ -263,9 +332,12 @@ def test_the_rollout_browser_shows_a_trajectorys_tokens_with_its_mask(ledger, ob
     run_id = observed["run"]
     trajectory_id, group_id, tokens, mask = ledger.execute(
         "select t.trajectory_id, t.group_id, t.tokens, t.loss_mask from trajectories t join samples s using (run_id, trajectory_id) "
-        "where t.run_id = %s and t.step = 3 and s.advantage <> 0 order by t.trajectory_id limit 1", (run_id,)).fetchone()
-    advantage = ledger.execute("select advantage from samples where run_id = %s and trajectory_id = %s",
-                               (run_id, trajectory_id)).fetchone()[0]
+        "where t.run_id = %s and t.step = 3 and s.advantage <> 0 order by t.trajectory_id limit 1",
+        (run_id,),
+    ).fetchone()
+    advantage = ledger.execute(
+        "select advantage from samples where run_id = %s and trajectory_id = %s", (run_id, trajectory_id)
+    ).fetchone()[0]
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(f"{UI}/runs/{run_id}/rollouts?step=3&group={group_id}")
     assert page.locator("#rollouts tr").count() == 1 + 8  # header + the group's 8 rollouts
@@ -307,8 +379,10 @@ def test_an_out_of_range_refresh_is_a_400_class_answer_not_a_500():
 
     from streamrl.ui.app import make_app
 
-    client = TestClient(make_app("postgresql://nobody@127.0.0.1:1/none"),  # refused before the ledger is asked
-                        base_url="http://127.0.0.1")
+    client = TestClient(
+        make_app("postgresql://nobody@127.0.0.1:1/none"),  # refused before the ledger is asked
+        base_url="http://127.0.0.1",
+    )
     for value in ("1e400", "nan", "0.1"):
         assert client.get(f"/runs/any?refresh={value}").status_code == 422, value
 
@@ -324,14 +398,17 @@ def test_the_browser_answers_only_its_own_host_names_and_with_a_token_only_to_it
     local = TestClient(make_app("postgresql://nobody@127.0.0.1:1/none"), base_url="http://127.0.0.1:8765")
     assert local.get(asset).status_code == 200
     assert local.get(asset, headers={"host": "evil.example:8765"}).status_code == 400
-    shared = TestClient(make_app("postgresql://nobody@127.0.0.1:1/none", ("10.0.0.5",), token="s3cret"),
-                        base_url="http://10.0.0.5:8765")
+    shared = TestClient(
+        make_app("postgresql://nobody@127.0.0.1:1/none", ("10.0.0.5",), token="s3cret"), base_url="http://10.0.0.5:8765"
+    )
     assert shared.get(asset).status_code == 401
     assert shared.get(asset + "?token=wrong").status_code == 401
     assert shared.get(asset + "?token=s3cret").status_code == 200
     assert shared.get(asset).status_code == 200  # the cookie the first visit set
-    assert TestClient(shared.app, base_url="http://10.0.0.5:8765").get(
-        asset, headers={"authorization": "Bearer s3cret"}).status_code == 200
+    assert (
+        TestClient(shared.app, base_url="http://10.0.0.5:8765").get(asset, headers={"authorization": "Bearer s3cret"}).status_code
+        == 200
+    )
 
 
 def test_in_a_real_browser_a_rebound_name_gets_nothing_and_the_filter_cannot_escape(observed, ui_server, browser):

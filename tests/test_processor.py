@@ -10,9 +10,20 @@ from streamrl.schema.events import Evaluation, GroupFiltered, Sample, Trajectory
 
 def member(i, reward, error=None, version=3):
     tokens = b"" if error else pack_int32([5, 6, 7])
-    t = Trajectory(run_id="r", trajectory_id=f"g-{i}", task_id=f"g-{i}", group_id="g", sample_index=i, group_size=4,
-                   weight_version=version, tokens=tokens, loss_mask=pack_mask([0, 1, 1]) if tokens else b"",
-                   logprobs=pack_float32([0, -1, -2]) if tokens else b"", step=7, error=error)
+    t = Trajectory(
+        run_id="r",
+        trajectory_id=f"g-{i}",
+        task_id=f"g-{i}",
+        group_id="g",
+        sample_index=i,
+        group_size=4,
+        weight_version=version,
+        tokens=tokens,
+        loss_mask=pack_mask([0, 1, 1]) if tokens else b"",
+        logprobs=pack_float32([0, -1, -2]) if tokens else b"",
+        step=7,
+        error=error,
+    )
     e = Evaluation(run_id="r", trajectory_id=f"g-{i}", group_id="g", reward=reward, step=7, error=error)
     return t, e
 

@@ -30,16 +30,25 @@ def group_events(run_id: str, g: int) -> list:
     for i, reward in enumerate(rewards):
         t, e = member(i, reward)
         tid = f"g{g}-{i}"
-        events.append(msgspec.structs.replace(t, run_id=run_id, group_id=f"g{g}", trajectory_id=tid, task_id=tid,
-                                              group_size=SIZE, step=1 + g // 40, event_id=""))
-        events.append(msgspec.structs.replace(e, run_id=run_id, group_id=f"g{g}", trajectory_id=tid,
-                                              step=1 + g // 40, event_id=""))
+        events.append(
+            msgspec.structs.replace(
+                t, run_id=run_id, group_id=f"g{g}", trajectory_id=tid, task_id=tid, group_size=SIZE, step=1 + g // 40, event_id=""
+            )
+        )
+        events.append(
+            msgspec.structs.replace(e, run_id=run_id, group_id=f"g{g}", trajectory_id=tid, step=1 + g // 40, event_id="")
+        )
     return events
 
 
 def start_processor(run_id: str, name: str, log) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "streamrl.cli", "--debug", "processor", run_id, "--name", name], cwd=REPO,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", "--debug", "processor", run_id, "--name", name],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def test_two_processors_one_killed_account_for_every_group_once(stack, ledger, run_id, tmp_path):
@@ -82,8 +91,10 @@ def test_two_processors_one_killed_account_for_every_group_once(stack, ledger, r
 
             def complete() -> bool:
                 restart_exited()
-                return (count_rows(ledger, "samples", run_id) >= expected_samples
-                        and count_rows(ledger, "filtered_groups", run_id) >= filtered_groups)
+                return (
+                    count_rows(ledger, "samples", run_id) >= expected_samples
+                    and count_rows(ledger, "filtered_groups", run_id) >= filtered_groups
+                )
 
             wait_for(complete, 180, what="every group in the ledger")
             time.sleep(3)  # anything emitted twice would have arrived by now
@@ -96,15 +107,18 @@ def test_two_processors_one_killed_account_for_every_group_once(stack, ledger, r
         print((tmp_path / "processors.log").read_text(errors="replace")[-20000:])
     assert count_rows(ledger, "samples", run_id) == expected_samples
     assert count_rows(ledger, "filtered_groups", run_id) == filtered_groups
-    reasons = ledger.execute("select reason, count(*) from filtered_groups where run_id = %s group by 1",
-                             (run_id,)).fetchall()
+    reasons = ledger.execute("select reason, count(*) from filtered_groups where run_id = %s group by 1", (run_id,)).fetchall()
     assert reasons == [("zero_variance", filtered_groups)]
     # every group accounted for: its members are samples, or its filtered record counts them
-    accounted = ledger.execute("""
+    accounted = ledger.execute(
+        """
         select count(distinct group_id) from (
             select group_id from samples where run_id = %s
-            union all select group_id from filtered_groups where run_id = %s) g""", (run_id, run_id)).fetchone()[0]
+            union all select group_id from filtered_groups where run_id = %s) g""",
+        (run_id, run_id),
+    ).fetchone()[0]
     assert accounted == GROUPS
-    per_group = ledger.execute("select count(*) from samples where run_id = %s group by group_id "
-                               "having count(*) <> %s", (run_id, SIZE)).fetchall()
+    per_group = ledger.execute(
+        "select count(*) from samples where run_id = %s group by group_id having count(*) <> %s", (run_id, SIZE)
+    ).fetchall()
     assert per_group == []

@@ -11,8 +11,8 @@ import msgspec
 
 from streamrl.consumers.processor import StreamProcessor
 from streamrl.runtime.bus import EventPublisher, RunReader
-from streamrl.runtime.topic_admin import create_run_topics
 from streamrl.runtime.config import Recipe
+from streamrl.runtime.topic_admin import create_run_topics
 from streamrl.schema.events import GroupFiltered
 from tests.test_processor import member
 

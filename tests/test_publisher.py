@@ -6,9 +6,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from streamrl.producers.publisher import Pacing, pacing_for, step_tasks, validation_tasks, validation_versions
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.dataset import DatasetError, epoch_batches, lookup, read_rows, total_train_steps
-from streamrl.producers.publisher import Pacing, pacing_for, step_tasks, validation_tasks, validation_versions
 
 
 def test_pacing_keeps_at_most_k_plus_one_steps_in_flight():
@@ -18,8 +18,9 @@ def test_pacing_keeps_at_most_k_plus_one_steps_in_flight():
 
 
 def test_validation_versions():
-    recipe = Recipe.from_dict({"validate": {"validate_before_train": True, "data": {"data_files": ["v.jsonl"]},
-                                            "eval": {"compute_interval": 4}}})
+    recipe = Recipe.from_dict(
+        {"validate": {"validate_before_train": True, "data": {"data_files": ["v.jsonl"]}, "eval": {"compute_interval": 4}}}
+    )
     assert validation_versions(recipe, 10) == [0, 4, 8, 10]
     recipe.validate.validate_before_train = False
     assert validation_versions(recipe, 8) == [4, 8]
@@ -31,8 +32,9 @@ def test_with_a_version_every_three_steps_pacing_and_validation_count_versions()
     async_pacing, sync_pacing = Pacing(12, staleness=1, sync_every=3), Pacing(12, staleness=0, sync_every=3)
     assert [async_pacing.min_version(s) for s in range(1, 11)] == [0, 0, 0, 0, 0, 0, 3, 3, 3, 6]
     assert [sync_pacing.min_version(s) for s in range(1, 11)] == [0, 0, 0, 3, 3, 3, 6, 6, 6, 9]
-    recipe = Recipe.from_dict({"weight": {"sync_every": 3}, "validate": {"data": {"data_files": ["v.jsonl"]},
-                                                                         "eval": {"compute_interval": 2}}})
+    recipe = Recipe.from_dict(
+        {"weight": {"sync_every": 3}, "validate": {"data": {"data_files": ["v.jsonl"]}, "eval": {"compute_interval": 2}}}
+    )
     assert validation_versions(recipe, 14) == [0, 6, 12, 14]  # every 2 versions, and the last
     assert pacing_for(recipe, 100).sync_every == 3
 
@@ -76,15 +78,22 @@ def test_dataset_errors_name_the_file_and_line(tmp_path):
 def test_parquet_rows(tmp_path):
     path = tmp_path / "train.parquet"
     pq.write_table(pa.table({"prompt": ["1+1=", "2+2="], "answer": ["2", "4"]}), path)
-    assert read_rows([str(path)], "parquet", ("prompt",)) == [{"prompt": "1+1=", "answer": "2"},
-                                                                {"prompt": "2+2=", "answer": "4"}]
+    assert read_rows([str(path)], "parquet", ("prompt",)) == [
+        {"prompt": "1+1=", "answer": "2"},
+        {"prompt": "2+2=", "answer": "4"},
+    ]
 
 
 def test_a_runs_length_is_one_function_that_counts_epochs(tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(f'{{"prompt": "{i}"}}\n' for i in range(10)))
-    recipe = Recipe.from_dict({"data": {"data_files": [str(data)]}, "trajectory_pool": {"batch_size": 4},
-                               "trainer": {"total_train_steps": 100, "total_epochs": 1}})
+    recipe = Recipe.from_dict(
+        {
+            "data": {"data_files": [str(data)]},
+            "trajectory_pool": {"batch_size": 4},
+            "trainer": {"total_train_steps": 100, "total_epochs": 1},
+        }
+    )
     # one pass over 10 rows at 4 prompts a step: ceil(10 / 4) = 3 steps, not 100
     assert total_train_steps(recipe) == 3
     assert pacing_for(recipe, 10).total_steps == 3  # the publisher's count is the same
@@ -97,13 +106,22 @@ def test_a_runs_length_is_one_function_that_counts_epochs(tmp_path):
 def verl_rows() -> list[dict]:
     """Rows as verl's data preprocessing writes them: a chat-message prompt, the answer
     nested in reward_model, the rest in extra_info."""
-    return [{"data_source": "gsm8k", "prompt": [{"role": "system", "content": "Think step by step."},
-                                                {"role": "user", "content": "What is 6 * 7?"}],
-             "ability": "math", "reward_model": {"style": "rule", "ground_truth": "42"},
-             "extra_info": {"split": "train", "index": 0}},
-            {"data_source": "gsm8k", "prompt": [{"role": "user", "content": "What is 2 + 3?"}],
-             "ability": "math", "reward_model": {"style": "rule", "ground_truth": "5"},
-             "extra_info": {"split": "train", "index": 1}}]
+    return [
+        {
+            "data_source": "gsm8k",
+            "prompt": [{"role": "system", "content": "Think step by step."}, {"role": "user", "content": "What is 6 * 7?"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": "42"},
+            "extra_info": {"split": "train", "index": 0},
+        },
+        {
+            "data_source": "gsm8k",
+            "prompt": [{"role": "user", "content": "What is 2 + 3?"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": "5"},
+            "extra_info": {"split": "train", "index": 1},
+        },
+    ]
 
 
 def test_verl_rows_read_alike_from_parquet_jsonl_and_a_datasets_folder(tmp_path):
@@ -123,15 +141,21 @@ def test_verl_rows_read_alike_from_parquet_jsonl_and_a_datasets_folder(tmp_path)
 def test_a_bad_prompt_or_an_unreachable_key_is_refused_with_its_file_row_and_key(tmp_path):
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(verl_rows()), path)
-    with pytest.raises(DatasetError, match=r"train.parquet: row 1: row has no 'reward_model.answer' "
-                                           r"\('reward_model' has no 'answer'\)"):
+    with pytest.raises(
+        DatasetError,
+        match=r"train.parquet: row 1: row has no 'reward_model.answer' "
+        r"\('reward_model' has no 'answer'\)",
+    ):
         read_rows([str(path)], "parquet", ("reward_model.answer",))
     with pytest.raises(DatasetError, match=r"train.parquet: row 1: row has no 'question'"):
         read_rows([str(path)], "parquet", prompt_keys=("question",))
     # a number, a mapping, a message without content: none is a prompt
-    for prompt, why in ((7, "holds a int"), ({"role": "user"}, "holds a dict"),
-                        ([{"role": "user", "content": 3}], "message 0 \\(user\\) has content of type int"),
-                        ([{"role": "robot", "content": "hi"}], "message 0 has role 'robot'")):
+    for prompt, why in (
+        (7, "holds a int"),
+        ({"role": "user"}, "holds a dict"),
+        ([{"role": "user", "content": 3}], "message 0 \\(user\\) has content of type int"),
+        ([{"role": "robot", "content": "hi"}], "message 0 has role 'robot'"),
+    ):
         bad = tmp_path / "bad.jsonl"
         bad.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"prompt": prompt}) + "\n")
         with pytest.raises(DatasetError, match=rf"bad.jsonl:2: 'prompt' {why}"):

@@ -21,10 +21,10 @@ print("done")
 
 
 def save_and_load(mode: str) -> str:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY")}
-    result = subprocess.run([sys.executable, "-c", SAVE_AND_LOAD, mode], capture_output=True, text=True,
-                            timeout=120, env=env, check=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY")}
+    result = subprocess.run(
+        [sys.executable, "-c", SAVE_AND_LOAD, mode], capture_output=True, text=True, timeout=120, env=env, check=True
+    )
     assert "done" in result.stdout
     return result.stderr
 

@@ -14,8 +14,12 @@ from tests.conftest import REPO, run_cli
 
 RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
 STEPS, GROUPS, GROUP_SIZE = 60, 32, 8  # 60 steps: the off-policy retraining gained too little after 40 under load
-SOURCE_ENV = {"ARITH_STEPS": str(STEPS), "ARITH_WARMUP_STEPS": "1000", "ARITH_VALIDATE_EVERY": str(STEPS),
-              "ARITH_SYNC_MODE": "fully-async"}
+SOURCE_ENV = {
+    "ARITH_STEPS": str(STEPS),
+    "ARITH_WARMUP_STEPS": "1000",
+    "ARITH_VALIDATE_EVERY": str(STEPS),
+    "ARITH_SYNC_MODE": "fully-async",
+}
 
 
 def rows(conn, query, *params):
@@ -26,8 +30,17 @@ def rows(conn, query, *params):
 def source_run(stack, tmp_path_factory):
     run_id = "replay-source"
     # its topics stay on the broker (a finished run's are removed by default) for the Kafka-side replay
-    result = run_cli("run", RECIPE, "service.broker.retention=keep", "--run", run_id,
-                     "--out", str(tmp_path_factory.mktemp("source")), env=SOURCE_ENV, timeout=420)
+    result = run_cli(
+        "run",
+        RECIPE,
+        "service.broker.retention=keep",
+        "--run",
+        run_id,
+        "--out",
+        str(tmp_path_factory.mktemp("source")),
+        env=SOURCE_ENV,
+        timeout=420,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "topics from the broker" not in result.stdout
     return run_id
@@ -45,23 +58,33 @@ def test_replay_with_the_same_estimator_reproduces_advantages_and_retrains_a_fre
     assert len(replayed) == len(source) > 0
     assert replayed == source
     # every replayed event names the event it copies; the run names its parent
-    unmatched = rows(ledger, """
+    unmatched = rows(
+        ledger,
+        """
         select count(*) from trajectories r left join trajectories s
           on s.run_id = %s and s.event_id = r.source_event_id and s.trajectory_id = r.trajectory_id
              and s.weight_version = r.weight_version and s.logprobs = r.logprobs
-        where r.run_id = %s and s.event_id is null""", source_run, into)[0][0]
+        where r.run_id = %s and s.event_id is null""",
+        source_run,
+        into,
+    )[0][0]
     assert unmatched == 0
-    assert rows(ledger, "select count(*) from evaluations where run_id = %s and source_event_id is not null", into)[0][0] \
+    assert (
+        rows(ledger, "select count(*) from evaluations where run_id = %s and source_event_id is not null", into)[0][0]
         == STEPS * GROUPS * GROUP_SIZE
+    )
     parent, config = rows(ledger, "select parent_run_id, config from run_events where run_id = %s and kind = 'created'", into)[0]
     assert parent == source_run
     assert config["replay"]["train_steps"] == STEPS and config["algorithm"]["policy_loss"] == "truncated_is"
-    assert [r[0] for r in rows(ledger, "select step from train_steps where run_id = %s order by step", into)] \
-        == list(range(1, STEPS + 1))
+    assert [r[0] for r in rows(ledger, "select step from train_steps where run_id = %s order by step", into)] == list(
+        range(1, STEPS + 1)
+    )
 
     # off-policy retraining works: the fresh model (the recipe's warm-up, then the
     # replayed rollouts) answers more held-out prompts right than before the replay
-    details = rows(ledger, "select details from run_events where run_id = %s and kind = 'finished' and name = 'learner'", into)[0][0]
+    details = rows(ledger, "select details from run_events where run_id = %s and kind = 'finished' and name = 'learner'", into)[
+        0
+    ][0]
     # (greedy answers to the same 200 prompts; runs here gained +0.025 to +0.075 alone, and
     # +0.015 once under CI's parallel load, where the source run's rollouts are staler;
     # a replay that trains on nothing moves it by at most a few prompts)
@@ -70,23 +93,46 @@ def test_replay_with_the_same_estimator_reproduces_advantages_and_retrains_a_fre
 
 
 def details_before(ledger, run_id):
-    return rows(ledger, "select details from run_events where run_id = %s and kind = 'started' and name = 'learner'",
-                run_id)[0][0]["val_accuracy_before_replay"]
+    return rows(ledger, "select details from run_events where run_id = %s and kind = 'started' and name = 'learner'", run_id)[0][
+        0
+    ]["val_accuracy_before_replay"]
 
 
 def test_replay_where_selects_the_sql_rows_and_recomputes_advantages(source_run, ledger, tmp_path):
     into = "replay-where"
     where = "(e.reward > 0 or t.sample_index < 5) and t.step <= 4"
     env = {**SOURCE_ENV, "ARITH_WARMUP_STEPS": "0"}
-    result = run_cli("replay", source_run, "--into", into, "--from", "ledger", "--where", where,
-                     "--recompute-advantages", "dr_grpo", "--recipe", RECIPE, "--out", str(tmp_path),
-                     env=env, timeout=420)
+    result = run_cli(
+        "replay",
+        source_run,
+        "--into",
+        into,
+        "--from",
+        "ledger",
+        "--where",
+        where,
+        "--recompute-advantages",
+        "dr_grpo",
+        "--recipe",
+        RECIPE,
+        "--out",
+        str(tmp_path),
+        env=env,
+        timeout=420,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
-    expected = {r[0] for r in rows(ledger, f"""
+    expected = {
+        r[0]
+        for r in rows(
+            ledger,
+            f"""
         select t.trajectory_id from trajectories t
         join evaluations e on e.run_id = t.run_id and e.trajectory_id = t.trajectory_id
-        where t.run_id = %s and not t.is_val and {where}""", source_run)}
+        where t.run_id = %s and not t.is_val and {where}""",
+            source_run,
+        )
+    }
     replayed = {r[0] for r in rows(ledger, "select trajectory_id from trajectories where run_id = %s", into)}
     assert replayed == expected and len(expected) > 4 * GROUPS * 5 - 1
 
@@ -118,33 +164,50 @@ def test_views_and_lineage_on_a_run_of_known_shape(source_run, ledger):
     by_step = rows(ledger, "select step, rollouts from reward_by_step where run_id = %s order by step", run)
     assert by_step == [(s, GROUPS * GROUP_SIZE) for s in range(1, STEPS + 1)]
     # every training rollout is counted under the weight version that generated it
-    assert sum(r[0] for r in rows(ledger, "select rollouts from reward_by_weight_version where run_id = %s and not is_val", run)) \
+    assert (
+        sum(r[0] for r in rows(ledger, "select rollouts from reward_by_weight_version where run_id = %s and not is_val", run))
         == STEPS * GROUPS * GROUP_SIZE
+    )
     groups = rows(ledger, "select outcome, count(*) from group_stats where run_id = %s group by outcome", run)
     outcomes = dict(groups)
     assert sum(outcomes.values()) == STEPS * GROUPS
     assert outcomes.get("trained", 0) == rows(ledger, "select count(distinct group_id) from samples where run_id = %s", run)[0][0]
-    assert outcomes.get("zero_variance", 0) == rows(
-        ledger, "select count(*) from filtered_groups where run_id = %s and reason = 'zero_variance'", run)[0][0]
+    assert (
+        outcomes.get("zero_variance", 0)
+        == rows(ledger, "select count(*) from filtered_groups where run_id = %s and reason = 'zero_variance'", run)[0][0]
+    )
 
     # weight version 5 -> the step that produced it -> its samples -> trajectories -> tasks
     trained = set(rows(ledger, "select sample_ids from train_steps where run_id = %s and step = 5", run)[0][0])
-    lineage = rows(ledger, """select l.trajectory_id, l.generated_by_version, l.trained_in_step, tk.step
+    lineage = rows(
+        ledger,
+        """select l.trajectory_id, l.generated_by_version, l.trained_in_step, tk.step
                               from lineage l join tasks tk on tk.run_id = l.run_id and tk.task_id = l.task_id
-                              where l.run_id = %s and l.produced_version = 5""", run)
+                              where l.run_id = %s and l.produced_version = 5""",
+        run,
+    )
     assert {r[0] for r in lineage} == trained and len(lineage) == len(trained) > 0
     assert {r[2] for r in lineage} == {5} and {r[3] for r in lineage} == {5}
     assert all(3 <= r[1] <= 4 for r in lineage)  # staleness 1: generated by version 3 or 4
     # ... and back: a trajectory -> the weight version (and files) that generated it
-    trajectory_id, version = rows(ledger, "select trajectory_id, weight_version from trajectories "
-                                          "where run_id = %s and not is_val and step = 9 limit 1", run)[0]
-    back = rows(ledger, "select generated_by_version, generated_by_weights from lineage where run_id = %s and trajectory_id = %s",
-                run, trajectory_id)
+    trajectory_id, version = rows(
+        ledger,
+        "select trajectory_id, weight_version from trajectories where run_id = %s and not is_val and step = 9 limit 1",
+        run,
+    )[0]
+    back = rows(
+        ledger,
+        "select generated_by_version, generated_by_weights from lineage where run_id = %s and trajectory_id = %s",
+        run,
+        trajectory_id,
+    )
     uri = rows(ledger, "select uri from weight_versions where run_id = %s and version = %s", run, version)[0][0]
     assert back == [(version, uri)]
     # staleness views account for every sample
     trained_total = rows(ledger, "select sum(samples) from train_steps where run_id = %s", run)[0][0]
-    assert rows(ledger, "select count(*) from sample_staleness where run_id = %s and status = 'trained'", run)[0][0] == trained_total
+    assert (
+        rows(ledger, "select count(*) from sample_staleness where run_id = %s and status = 'trained'", run)[0][0] == trained_total
+    )
     assert rows(ledger, "select sum(trained) from staleness_by_length where run_id = %s", run)[0][0] == trained_total
     assert rows(ledger, "select sum(trained) from staleness_by_prompt where run_id = %s", run)[0][0] == trained_total
 
@@ -179,16 +242,36 @@ def test_rescore_re_evaluates_recorded_trajectories(source_run, ledger, tmp_path
         "class Sevens(Evaluator):\n"
         "    def evaluate(self, data, evaluation_target):\n"
         "        return EvaluationRunResult(reward=float(evaluation_target.final_answer.strip() == '7'),\n"
-        "                                   ground_truth=data['answer'])\n")
+        "                                   ground_truth=data['answer'])\n"
+    )
     into = "replay-rescore"
     spec = f"{evaluator}:Sevens"
-    result = run_cli("replay", source_run, "--into", into, "--steps", "1:2", "--rescore", spec, "--recipe", RECIPE,
-                     "--out", str(tmp_path), env={**SOURCE_ENV, "ARITH_WARMUP_STEPS": "0"}, timeout=420)
+    result = run_cli(
+        "replay",
+        source_run,
+        "--into",
+        into,
+        "--steps",
+        "1:2",
+        "--rescore",
+        spec,
+        "--recipe",
+        RECIPE,
+        "--out",
+        str(tmp_path),
+        env={**SOURCE_ENV, "ARITH_WARMUP_STEPS": "0"},
+        timeout=420,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    scored = rows(ledger, """select t.response_text, e.reward, e.evaluator, e.source_event_id, e.ground_truth #>> '{}', tk.data->>'answer'
+    scored = rows(
+        ledger,
+        """select t.response_text, e.reward, e.evaluator, e.source_event_id, e.ground_truth #>> '{}', tk.data->>'answer'
                              from evaluations e join trajectories t on t.run_id = e.run_id and t.trajectory_id = e.trajectory_id
                              join tasks tk on tk.run_id = %s and tk.task_id = t.task_id
-                             where e.run_id = %s""", source_run, into)
+                             where e.run_id = %s""",
+        source_run,
+        into,
+    )
     assert len(scored) == 2 * GROUPS * GROUP_SIZE
     for response, reward, name, source_event, truth, answer in scored:
         assert reward == float(response.strip() == "7") and name == spec and source_event is None and truth == answer
@@ -200,5 +283,5 @@ def test_rescore_takes_the_same_evaluator_specs_as_a_recipe():
     from streamrl.producers.replay import ReplayError, make_rescorer
 
     assert isinstance(make_rescorer("builtin:exact_match"), ExactMatch)
-    with pytest.raises(ReplayError, match="--rescore: .*no built-in evaluator 'nope'"):
+    with pytest.raises(ReplayError, match=r"--rescore: .*no built-in evaluator 'nope'"):
         make_rescorer("builtin:nope")

@@ -34,8 +34,10 @@ def kill_run_processes(run_id: str, supervisor: int) -> int:
 
 
 def log_tails(logs, lines: int = 15) -> str:
-    return "\n".join(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-                     for log in sorted(logs.glob("*.log")))
+    return "\n".join(
+        f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+        for log in sorted(logs.glob("*.log"))
+    )
 
 
 def restart_broker(settings) -> None:
@@ -47,11 +49,19 @@ def restart_broker(settings) -> None:
 
 def test_resume_after_broker_restart_matches_a_run_without_the_fault(stack, ledger, run_id, tmp_path):
     env = {**os.environ, **small_run_env(ARITH_STEPS=str(STEPS), ARITH_WARMUP_STEPS="30", ARITH_VALIDATE_EVERY="6")}
-    first = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--out", str(tmp_path)],
-                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--out", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        wait_for(lambda: scalar(ledger, "select count(*) from train_steps where run_id = %s", run_id) >= 4,
-                 timeout=300, what="four trained steps")
+        wait_for(
+            lambda: scalar(ledger, "select count(*) from train_steps where run_id = %s", run_id) >= 4,
+            timeout=300,
+            what="four trained steps",
+        )
         assert first.poll() is None, f"the run ended by itself (code {first.poll()}):\n{log_tails(tmp_path / 'logs')}"
     finally:
         # streamrl run, and its publisher (maybe finished), sink, processor, learner and workers
@@ -72,6 +82,8 @@ def test_resume_after_broker_restart_matches_a_run_without_the_fault(stack, ledg
     assert scalar(ledger, "select count(*) from tasks where run_id = %s and is_val", run_id) == 3 * 200
     assert scalar(ledger, "select count(*) from trajectories where run_id = %s", run_id) == STEPS * 32 * 8 + 3 * 200
     assert scalar(ledger, "select count(*) from evaluations where run_id = %s", run_id) == STEPS * 32 * 8 + 3 * 200
-    assert scalar(ledger, "select count(distinct trajectory_id) from trajectories where run_id = %s", run_id) \
+    assert (
+        scalar(ledger, "select count(distinct trajectory_id) from trajectories where run_id = %s", run_id)
         == STEPS * 32 * 8 + 3 * 200
+    )
     assert_ledger_consistent(ledger, run_id, steps=STEPS, staleness_threshold=1)

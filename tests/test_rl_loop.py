@@ -17,8 +17,7 @@ RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
 
 
 def small_run_env(**overrides) -> dict:
-    env = {"ARITH_STEPS": "6", "ARITH_WARMUP_STEPS": "30", "ARITH_VALIDATE_EVERY": "3",
-           "ARITH_SYNC_MODE": "fully-async"}
+    env = {"ARITH_STEPS": "6", "ARITH_WARMUP_STEPS": "30", "ARITH_VALIDATE_EVERY": "3", "ARITH_SYNC_MODE": "fully-async"}
     env.update(overrides)
     return env
 
@@ -34,36 +33,71 @@ def assert_ledger_consistent(conn, run_id: str, steps: int, staleness_threshold:
     assert tasks == trajectories == evaluations > 0
     filtered = scalar(conn, "select coalesce(sum(received), 0) from filtered_groups where run_id = %s", run_id)
     samples = scalar(conn, "select count(*) from samples where run_id = %s", run_id)
-    failed = scalar(conn, "select count(*) from trajectories t where run_id = %s and not is_val and error is not null "
-                          "and not exists (select 1 from filtered_groups f where f.run_id = t.run_id and f.group_id = t.group_id)",
-                    run_id)
+    failed = scalar(
+        conn,
+        "select count(*) from trajectories t where run_id = %s and not is_val and error is not null "
+        "and not exists (select 1 from filtered_groups f where f.run_id = t.run_id and f.group_id = t.group_id)",
+        run_id,
+    )
     assert samples == trajectories - filtered - failed
     assert samples > 0, "every group was filtered: the run trained on nothing"
     # one TrainStep per step, numbered 1..steps
-    assert [r[0] for r in conn.execute("select step from train_steps where run_id = %s order by step", (run_id,))] \
-        == list(range(1, steps + 1))
-    versions = [r[0] for r in conn.execute("select version from weight_versions where run_id = %s order by created_at, version", (run_id,))]
+    assert [r[0] for r in conn.execute("select step from train_steps where run_id = %s order by step", (run_id,))] == list(
+        range(1, steps + 1)
+    )
+    versions = [
+        r[0]
+        for r in conn.execute("select version from weight_versions where run_id = %s order by created_at, version", (run_id,))
+    ]
     assert versions == sorted(versions) and versions[0] == 0 and versions[-1] == steps
     # every trained sample was generated within the staleness bound of the step that trained it
-    worst = scalar(conn, """
+    worst = scalar(
+        conn,
+        """
         select max((ts.step - 1) - s.weight_version)
         from train_steps ts cross join unnest(ts.sample_ids) as trained(trajectory_id)
         join samples s on s.run_id = ts.run_id and s.trajectory_id = trained.trajectory_id
-        where ts.run_id = %s""", run_id)
+        where ts.run_id = %s""",
+        run_id,
+    )
     assert worst is not None and 0 <= worst <= staleness_threshold
     # every sample was trained or dropped as stale (none skipped) ...
-    trained = scalar(conn, "select coalesce(sum(samples), 0) + coalesce(sum((staleness->>'dropped')::float), 0) "
-                           "from train_steps where run_id = %s", run_id)
+    trained = scalar(
+        conn,
+        "select coalesce(sum(samples), 0) + coalesce(sum((staleness->>'dropped')::float), 0) from train_steps where run_id = %s",
+        run_id,
+    )
     assert trained == samples
     # ... and no sample was trained twice
-    assert scalar(conn, """select count(*) - count(distinct t) from train_steps
-                           cross join unnest(sample_ids) as t where run_id = %s""", run_id) == 0
+    assert (
+        scalar(
+            conn,
+            """select count(*) - count(distinct t) from train_steps
+                           cross join unnest(sample_ids) as t where run_id = %s""",
+            run_id,
+        )
+        == 0
+    )
 
 
 def test_streamrl_run_end_to_end(stack, ledger, run_id, tmp_path):
     # the guide's launch form: -m MODE -c FILE -r -t TAG
-    result = run_cli("run", "-m", "self-hosted", "-c", RECIPE, "-r", "-t", "exp-v2", "--run", run_id,
-                     "--out", str(tmp_path), env=small_run_env(), timeout=420)
+    result = run_cli(
+        "run",
+        "-m",
+        "self-hosted",
+        "-c",
+        RECIPE,
+        "-r",
+        "-t",
+        "exp-v2",
+        "--run",
+        run_id,
+        "--out",
+        str(tmp_path),
+        env=small_run_env(),
+        timeout=420,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     tagged = run_cli("runs", "--tag", "exp-v2", "--limit", "1000", env={"COLUMNS": "300"}, check=True).stdout
     assert run_id[:12] in tagged and "exp-v2" in tagged
@@ -84,8 +118,9 @@ def test_streamrl_run_end_to_end(stack, ledger, run_id, tmp_path):
     assert config["trainer"]["total_train_steps"] == 6  # the resolved config, env interpolation applied
     assert config["data"]["data_files"][0].startswith("/")  # paths resolved for every process
     # validation: the held-out rows, at versions 0, 3 and 6
-    assert [r[0] for r in ledger.execute("select distinct step from evaluations where run_id = %s and is_val order by 1",
-                                         (run_id,))] == [0, 3, 6]
+    assert [
+        r[0] for r in ledger.execute("select distinct step from evaluations where run_id = %s and is_val order by 1", (run_id,))
+    ] == [0, 3, 6]
     # the ledger holds every event, so the run's topics left the broker before `run` returned ...
     assert f"removed run {run_id}'s 8 topics from the broker" in " ".join(result.stdout.split())
     assert not broker_topics(stack, run_id)
@@ -99,8 +134,10 @@ def test_streamrl_run_end_to_end(stack, ledger, run_id, tmp_path):
 
 
 def ledger_counts(conn, run_id: str) -> dict[str, int]:
-    return {table: scalar(conn, f"select count(*) from {table} where run_id = %s", run_id)
-            for table in ("tasks", "trajectories", "evaluations", "samples", "train_steps", "weight_versions")}
+    return {
+        table: scalar(conn, f"select count(*) from {table} where run_id = %s", run_id)
+        for table in ("tasks", "trajectories", "evaluations", "samples", "train_steps", "weight_versions")
+    }
 
 
 def test_a_weight_version_every_three_steps(stack, ledger, run_id, tmp_path):
@@ -109,19 +146,23 @@ def test_a_weight_version_every_three_steps(stack, ledger, run_id, tmp_path):
     from streamrl.runtime.versions import versions_behind
 
     env = small_run_env(ARITH_STEPS="9", ARITH_VALIDATE_EVERY="1")
-    result = run_cli("run", RECIPE, "weight.sync_every=3", "--run", run_id, "--out", str(tmp_path), env=env,
-                     timeout=420)
+    result = run_cli("run", RECIPE, "weight.sync_every=3", "--run", run_id, "--out", str(tmp_path), env=env, timeout=420)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert [r[0] for r in ledger.execute("select version from weight_versions where run_id = %s order by version",
-                                         (run_id,))] == [0, 3, 6, 9]
-    trained = ledger.execute("""select ts.step, s.weight_version from train_steps ts
+    assert [
+        r[0] for r in ledger.execute("select version from weight_versions where run_id = %s order by version", (run_id,))
+    ] == [0, 3, 6, 9]
+    trained = ledger.execute(
+        """select ts.step, s.weight_version from train_steps ts
                                 cross join unnest(ts.sample_ids) as t(trajectory_id)
                                 join samples s on s.run_id = ts.run_id and s.trajectory_id = t.trajectory_id
-                                where ts.run_id = %s""", (run_id,)).fetchall()
+                                where ts.run_id = %s""",
+        (run_id,),
+    ).fetchall()
     assert trained and {version for _, version in trained} <= {0, 3, 6}
     assert max(versions_behind(step - 1, version, 3) for step, version in trained) <= 1
-    assert [r[0] for r in ledger.execute("select distinct step from evaluations where run_id = %s and is_val "
-                                         "order by 1", (run_id,))] == [0, 3, 6, 9]
+    assert [
+        r[0] for r in ledger.execute("select distinct step from evaluations where run_id = %s and is_val order by 1", (run_id,))
+    ] == [0, 3, 6, 9]
     assert_ledger_consistent(ledger, run_id, steps=9, staleness_threshold=5)  # in steps: 2 versions of 3, less 1
 
 
@@ -141,12 +182,22 @@ def test_without_a_warm_up_version_0_is_the_model_folder_announced_once(stack, l
 
     env = small_run_env(ARITH_STEPS="3", ARITH_WARMUP_STEPS="0", ARITH_VALIDATE_EVERY="3")
     # an untrained model: every group may score alike, so none is filtered, to train something
-    result = run_cli("run", RECIPE, "trainer.warmup_until_accuracy=null", "algorithm.filter_zero_variance=false",
-                     "--run", run_id, "--out", str(tmp_path),
-                     env=env, timeout=420)
+    result = run_cli(
+        "run",
+        RECIPE,
+        "trainer.warmup_until_accuracy=null",
+        "algorithm.filter_zero_variance=false",
+        "--run",
+        run_id,
+        "--out",
+        str(tmp_path),
+        env=env,
+        timeout=420,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rows = ledger.execute("select version, uri, sha256 from weight_versions where run_id = %s order by version",
-                          (run_id,)).fetchall()
+    rows = ledger.execute(
+        "select version, uri, sha256 from weight_versions where run_id = %s order by version", (run_id,)
+    ).fetchall()
     assert [version for version, _, _ in rows] == [0, 1, 2, 3]
     model = REPO / "recipes" / "arith" / "generated" / "last_digit" / "model"
     assert rows[0][1] == str(model.resolve()) and rows[0][2] == directory_sha256(model)
@@ -159,8 +210,17 @@ def test_a_recipe_whose_code_is_refused_records_nothing_and_leaves_no_process(st
     stops them before the publisher creates the run."""
     import psutil
 
-    result = run_cli("run", RECIPE, "rollout_worker.evaluator_module_path=evaluator.py:NoSuchEvaluator",
-                     "--run", run_id, "--out", str(tmp_path), env=small_run_env(), timeout=300)
+    result = run_cli(
+        "run",
+        RECIPE,
+        "rollout_worker.evaluator_module_path=evaluator.py:NoSuchEvaluator",
+        "--run",
+        run_id,
+        "--out",
+        str(tmp_path),
+        env=small_run_env(),
+        timeout=300,
+    )
     said = " ".join((result.stdout + result.stderr).split())
     assert result.returncode == 2 and "rollout_worker.evaluator_module_path" in said, said[-2000:]
     assert scalar(ledger, "select count(*) from runs where run_id = %s", run_id) == 0
@@ -168,8 +228,14 @@ def test_a_recipe_whose_code_is_refused_records_nothing_and_leaves_no_process(st
 
 
 def spawn(name: str, args: list[str], logs, env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "streamrl.cli", *args], cwd=REPO, env=env,
-                            stdout=open(logs / f"{name}.log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", *args],
+        cwd=REPO,
+        env=env,
+        stdout=open(logs / f"{name}.log", "ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.parametrize("save_freq", [3, 50])
@@ -181,14 +247,20 @@ def test_learner_sigkill_resumes_without_training_a_sample_twice(stack, ledger, 
     sync_mode = "sync"
     # 30 warm-up steps: after 5, every group could score alike and be filtered, leaving
     # nothing to train (and the resume nothing to show)
-    env = {**os.environ, **small_run_env(ARITH_STEPS="14", ARITH_WARMUP_STEPS="30", ARITH_SYNC_MODE=sync_mode),
-           "STREAMRL_KAFKA_BOOTSTRAP": stack.kafka_bootstrap, "STREAMRL_DATABASE_URL": stack.database_url,
-           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    processes = [spawn("publisher", ["publish", RECIPE, f"trainer.save_freq={save_freq}", "--run", run_id], tmp_path,
-                       env),
-                 spawn("sink", ["sink", "--run", run_id], tmp_path, env),
-                 spawn("processor", ["processor", run_id], tmp_path, env),
-                 spawn("worker", ["worker", run_id], tmp_path, env)]
+    env = {
+        **os.environ,
+        **small_run_env(ARITH_STEPS="14", ARITH_WARMUP_STEPS="30", ARITH_SYNC_MODE=sync_mode),
+        "STREAMRL_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
+        "STREAMRL_DATABASE_URL": stack.database_url,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    processes = [
+        spawn("publisher", ["publish", RECIPE, f"trainer.save_freq={save_freq}", "--run", run_id], tmp_path, env),
+        spawn("sink", ["sink", "--run", run_id], tmp_path, env),
+        spawn("processor", ["processor", run_id], tmp_path, env),
+        spawn("worker", ["worker", run_id], tmp_path, env),
+    ]
     learner = spawn("learner", ["learner", run_id], tmp_path, env)
     try:
         steps = lambda: scalar(ledger, "select count(*) from train_steps where run_id = %s", run_id)  # noqa: E731
@@ -200,17 +272,19 @@ def test_learner_sigkill_resumes_without_training_a_sample_twice(stack, ledger, 
         learner = spawn("learner-restarted", ["learner", run_id], tmp_path, env)
         assert learner.wait(300) == 0, (tmp_path / "learner-restarted.log").read_text()[-3000:]
         wait_for(lambda: steps() >= 14, timeout=60, what="the sink to record step 14")
-        resumed = ledger.execute("select sequence from run_events where run_id = %s and kind = 'resumed'",
-                                 (run_id,)).fetchall()
+        resumed = ledger.execute("select sequence from run_events where run_id = %s and kind = 'resumed'", (run_id,)).fetchall()
         assert len(resumed) == 1
         resumed_after = resumed[0][0]
         assert 1 <= resumed_after < 14
+
         # Each step was trained by one learner process only: the restarted one began right
         # after the killed one's last checkpoint (the ledger alone cannot show this, since
         # a re-trained step would carry the same event id).
         def printed_steps(name):
-            return [int(line.split()[1]) for line in (tmp_path / f"{name}.log").read_text().splitlines()
-                    if line.startswith("step ")]
+            return [
+                int(line.split()[1]) for line in (tmp_path / f"{name}.log").read_text().splitlines() if line.startswith("step ")
+            ]
+
         before, after = printed_steps("learner"), printed_steps("learner-restarted")
         assert after == list(range(resumed_after + 1, 15))
         assert all(step <= resumed_after for step in before)
@@ -218,19 +292,19 @@ def test_learner_sigkill_resumes_without_training_a_sample_twice(stack, ledger, 
         snapshot = (resumed_after // save_freq) * save_freq
         details = scalar(ledger, "select details from run_events where run_id = %s and kind = 'resumed'", run_id)
         assert details == {"snapshot_step": snapshot, "replayed_steps": resumed_after - snapshot}
-        replayed = [line for line in (tmp_path / "learner-restarted.log").read_text().splitlines()
-                    if line.startswith("replayed step ")]
+        replayed = [
+            line for line in (tmp_path / "learner-restarted.log").read_text().splitlines() if line.startswith("replayed step ")
+        ]
         assert len(replayed) == resumed_after - snapshot
         if replayed:
-            checked = scalar(ledger, "select details from run_events where run_id = %s and kind = 'resume_checked'",
-                             run_id)
+            checked = scalar(ledger, "select details from run_events where run_id = %s and kind = 'resume_checked'", run_id)
             assert checked == {"weights_match_version": True}
         assert_ledger_consistent(ledger, run_id, steps=14, staleness_threshold=1 if sync_mode != "sync" else 0)
     finally:
-        for p in processes + [learner]:
+        for p in [*processes, learner]:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in processes + [learner]:
+        for p in [*processes, learner]:
             try:
                 p.wait(30)
             except subprocess.TimeoutExpired:
@@ -244,8 +318,12 @@ def test_grpo_raises_the_reward_of_the_built_in_recipe(stack, ledger, run_id, tm
     env = small_run_env(ARITH_STEPS="100", ARITH_WARMUP_STEPS="1000", ARITH_VALIDATE_EVERY="100")
     result = run_cli("run", RECIPE, "--run", run_id, "--out", str(tmp_path), env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rewards = [r[0] for r in ledger.execute(
-        "select (metrics->>'reward_mean')::float from train_steps where run_id = %s order by step", (run_id,))]
+    rewards = [
+        r[0]
+        for r in ledger.execute(
+            "select (metrics->>'reward_mean')::float from train_steps where run_id = %s order by step", (run_id,)
+        )
+    ]
     assert len(rewards) == 100
     first, last = sum(rewards[:20]) / 20, sum(rewards[-20:]) / 20
     assert last >= first + 0.06, f"reward {first:.3f} -> {last:.3f}"
@@ -255,14 +333,17 @@ def test_the_built_in_recipe_learns_with_a_learner_of_two_processes(stack, ledge
     """The same 100 steps with `trainer.nproc_per_node: 2`: `streamrl learner` becomes
     torchrun, two ranks shard the model with FSDP2 over gloo, rank 0 alone reads and
     publishes; the reward rises as with one process, and the ledger is exact."""
-    env = small_run_env(ARITH_STEPS="100", ARITH_WARMUP_STEPS="1000", ARITH_VALIDATE_EVERY="100",
-                        ARITH_LEARNER_PROCS="2")
+    env = small_run_env(ARITH_STEPS="100", ARITH_WARMUP_STEPS="1000", ARITH_VALIDATE_EVERY="100", ARITH_LEARNER_PROCS="2")
     result = run_cli("run", RECIPE, "--run", run_id, "--out", str(tmp_path), env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     started = scalar(ledger, "select details from run_events where run_id = %s and kind = 'started'", run_id)
     assert started["world_size"] == 2
-    rewards = [r[0] for r in ledger.execute(
-        "select (metrics->>'reward_mean')::float from train_steps where run_id = %s order by step", (run_id,))]
+    rewards = [
+        r[0]
+        for r in ledger.execute(
+            "select (metrics->>'reward_mean')::float from train_steps where run_id = %s order by step", (run_id,)
+        )
+    ]
     assert len(rewards) == 100
     first, last = sum(rewards[:20]) / 20, sum(rewards[-20:]) / 20
     assert last >= first + 0.06, f"reward {first:.3f} -> {last:.3f}"
@@ -274,17 +355,29 @@ def test_a_batch_scope_estimator_trains_end_to_end_and_records_its_advantages(st
     advantages at 0, the learner whitens over each step's trained tokens and records what
     it trained with. Whitened values have, weighted by each sample's trained tokens, mean 0
     and (Bessel) variance 1 over a step: checked from the ledger's own rows."""
-    result = run_cli("run", RECIPE, "--run", run_id, "--out", str(tmp_path), "algorithm.type=reinforce_plus_plus_baseline",
-                     env=small_run_env(ARITH_STEPS="3"), timeout=420)
+    result = run_cli(
+        "run",
+        RECIPE,
+        "--run",
+        run_id,
+        "--out",
+        str(tmp_path),
+        "algorithm.type=reinforce_plus_plus_baseline",
+        env=small_run_env(ARITH_STEPS="3"),
+        timeout=420,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert_ledger_consistent(ledger, run_id, steps=3, staleness_threshold=1)
     assert scalar(ledger, "select count(*) from samples where run_id = %s and advantage <> 0", run_id) == 0
-    rows = ledger.execute("""
+    rows = ledger.execute(
+        """
         select ts.step, a.advantage, s.loss_mask
         from train_steps ts
         cross join unnest(ts.sample_ids, ts.trained_advantages) as a(trajectory_id, advantage)
         join samples s on s.run_id = ts.run_id and s.trajectory_id = a.trajectory_id
-        where ts.run_id = %s""", (run_id,)).fetchall()
+        where ts.run_id = %s""",
+        (run_id,),
+    ).fetchall()
     trained = {r[0]: r[1] for r in ledger.execute("select step, samples from train_steps where run_id = %s", (run_id,))}
     assert sorted(trained) == [1, 2, 3]
     for step, samples in trained.items():

@@ -6,12 +6,15 @@ import pytest
 from streamrl.producers.evaluator import ExactMatchEvaluator
 from streamrl.producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
 from streamrl.producers.rollout import (
-    BaseRolloutWorker, InferenceClient, SingleTurnWorker, Trajectory,
+    BaseRolloutWorker,
+    InferenceClient,
+    SingleTurnWorker,
+    Trajectory,
 )
-from streamrl.schema.events import Evaluation, Task, unpack_float32, unpack_int32, unpack_mask
-from streamrl.schema.events import Trajectory as TrajectoryEvent
 from streamrl.runtime.chat_template import encode
 from streamrl.runtime.tiny_lm import build_tiny_model
+from streamrl.schema.events import Evaluation, Task, unpack_float32, unpack_int32, unpack_mask
+from streamrl.schema.events import Trajectory as TrajectoryEvent
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +30,9 @@ def make_worker(cls, server, published, **config):
 
 
 def task(min_weight_version=0):
-    return Task(run_id="r", task_id="t1", group_id="g1", prompt="12+34=", data={"answer": "6"},
-                min_weight_version=min_weight_version)
+    return Task(
+        run_id="r", task_id="t1", group_id="g1", prompt="12+34=", data={"answer": "6"}, min_weight_version=min_weight_version
+    )
 
 
 def test_single_turn_worker_publishes_a_trajectory_and_its_evaluation(server):
@@ -36,12 +40,16 @@ def test_single_turn_worker_publishes_a_trajectory_and_its_evaluation(server):
     trajectory, evaluation = make_worker(SingleTurnWorker, server, published).run_task(task())
     assert published == [trajectory, evaluation]
     assert isinstance(trajectory, TrajectoryEvent) and isinstance(evaluation, Evaluation)
-    tokens, mask, logprobs = unpack_int32(trajectory.tokens), unpack_mask(trajectory.loss_mask), unpack_float32(trajectory.logprobs)
+    tokens, mask, logprobs = (
+        unpack_int32(trajectory.tokens),
+        unpack_mask(trajectory.loss_mask),
+        unpack_float32(trajectory.logprobs),
+    )
     # the built-in model's tokenizer has a ChatML template: the prompt is its user turn
     prompt = encode(server.tokenizer, "<|im_start|>user\n12+34=<|im_end|>\n<|im_start|>assistant\n")
-    assert list(tokens[:len(prompt)]) == prompt and trajectory.prompt_length == len(prompt)
+    assert list(tokens[: len(prompt)]) == prompt and trajectory.prompt_length == len(prompt)
     assert list(mask) == [0] * len(prompt) + [1] * (len(tokens) - len(prompt))
-    assert np.all(logprobs[:len(prompt)] == 0) and np.all(logprobs[len(prompt):] < 0)
+    assert np.all(logprobs[: len(prompt)] == 0) and np.all(logprobs[len(prompt) :] < 0)
     assert evaluation.reward in (0.0, 1.0) and evaluation.trajectory_id == trajectory.trajectory_id == "t1"
 
 
@@ -53,8 +61,13 @@ class TwoCallWorker(BaseRolloutWorker):
         second = self._inference_client.completion(first["prompt_tokens"] + first["response_tokens"], max_tokens=3)
         tokens = second["prompt_tokens"] + second["response_tokens"]
         self.expected = [0.0] * len(first["prompt_tokens"]) + first["logprobs"] + second["logprobs"]
-        return self._put_trajectory(Trajectory(tokens=tokens, loss_mask=[0] * len(first["prompt_tokens"]) +
-                                               [1] * (len(tokens) - len(first["prompt_tokens"])), reward=0.5))
+        return self._put_trajectory(
+            Trajectory(
+                tokens=tokens,
+                loss_mask=[0] * len(first["prompt_tokens"]) + [1] * (len(tokens) - len(first["prompt_tokens"])),
+                reward=0.5,
+            )
+        )
 
 
 def test_behaviour_logprobs_are_recovered_across_calls(server):
@@ -88,12 +101,15 @@ class BadVersions(BaseRolloutWorker):
         return self._put_trajectory(Trajectory(tokens=[1, 2, 3], loss_mask=[0, 1, 1], token_versions=[0, 1]))
 
 
-@pytest.mark.parametrize("cls, error", [
-    (TrainsOnUnsampledTokens, "were not sampled by any completion"),
-    (Crashes, "KeyError: 'question'"),
-    (BadMask, "loss_mask has 1 entries for 3 tokens"),
-    (BadVersions, "token_versions has 2 entries for 3 tokens"),
-])
+@pytest.mark.parametrize(
+    "cls, error",
+    [
+        (TrainsOnUnsampledTokens, "were not sampled by any completion"),
+        (Crashes, "KeyError: 'question'"),
+        (BadMask, "loss_mask has 1 entries for 3 tokens"),
+        (BadVersions, "token_versions has 2 entries for 3 tokens"),
+    ],
+)
 def test_a_failed_rollout_is_recorded_not_lost(server, cls, error):
     published = []
     trajectory, evaluation = make_worker(cls, server, published).run_task(task(), max_retries=1)
@@ -109,14 +125,24 @@ def test_a_task_newer_than_the_policy_is_re_rolled_then_recorded(server):
 
 
 def test_the_default_worker_samples_a_batch_of_tasks_as_one_engine_batch(server):
-    tasks = [Task(run_id="r", task_id=f"b{i}", group_id=f"g{i // 4}", sample_index=i % 4, group_size=4,
-                  prompt=f"{i}+1=", data={"answer": str(i + 1)}) for i in range(12)]
+    tasks = [
+        Task(
+            run_id="r",
+            task_id=f"b{i}",
+            group_id=f"g{i // 4}",
+            sample_index=i % 4,
+            group_size=4,
+            prompt=f"{i}+1=",
+            data={"answer": str(i + 1)},
+        )
+        for i in range(12)
+    ]
     too_long = Task(run_id="r", task_id="long", group_id="g9", prompt="1+1=" * 50, data={"answer": "2"})
     newer = Task(run_id="r", task_id="newer", group_id="g8", prompt="2+2=", data={"answer": "4"}, min_weight_version=5)
     published, sizes_before = [], len(server.batch_sizes)
     worker = make_worker(SingleTurnWorker, server, published)
     worker._inference_client.max_prompt_tokens = 64
-    left = worker.run_tasks(tasks + [too_long, newer], max_retries=2)
+    left = worker.run_tasks([*tasks, too_long, newer], max_retries=2)
     # 13 prompts sampled together (the long one never reached the engine), no thread a task
     assert list(server.batch_sizes)[sizes_before:] == [13]
     # each finished task published its trajectory then its evaluation, with the usual ids
@@ -146,8 +172,14 @@ class ForgetfulWorker(BaseRolloutWorker):
     def rollout(self, task):
         result = self._inference_client.completion(task["prompt"], max_tokens=2)
         tokens = result["prompt_tokens"] + result["response_tokens"]
-        return self._put_trajectory({"tokens": tokens, "reward": 1.0, "is_val": False,
-                                     "loss_mask": [0] * len(result["prompt_tokens"]) + [1] * len(result["response_tokens"])})
+        return self._put_trajectory(
+            {
+                "tokens": tokens,
+                "reward": 1.0,
+                "is_val": False,
+                "loss_mask": [0] * len(result["prompt_tokens"]) + [1] * len(result["response_tokens"]),
+            }
+        )
 
 
 def test_a_validation_task_stays_validation_whatever_the_worker_returns(server):
@@ -165,8 +197,13 @@ class LongPromptWorker(BaseRolloutWorker):
     def rollout(self, task):
         result = self._inference_client.completion(task["prompt"] * self._config["repeat"], max_tokens=100)
         tokens = result["prompt_tokens"] + result["response_tokens"]
-        return self._put_trajectory({"tokens": tokens, "reward": 1.0,
-                                     "loss_mask": [0] * len(result["prompt_tokens"]) + [1] * len(result["response_tokens"])})
+        return self._put_trajectory(
+            {
+                "tokens": tokens,
+                "reward": 1.0,
+                "loss_mask": [0] * len(result["prompt_tokens"]) + [1] * len(result["response_tokens"]),
+            }
+        )
 
 
 def test_length_limits_hold_for_a_custom_worker(server):

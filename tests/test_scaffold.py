@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 
+from streamrl.checks import recipe_code_problems
 from streamrl.producers.evaluator import Evaluator
 from streamrl.producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
 from streamrl.producers.rollout import InferenceClient
 from streamrl.producers.worker_loop import make_evaluator, worker_class
-from streamrl.schema.events import Task, unpack_mask
-from streamrl.checks import recipe_code_problems
 from streamrl.runtime.recipe import prepare_recipe
+from streamrl.schema.events import Task, unpack_mask
 from tests.conftest import run_cli
 
 
@@ -19,8 +19,16 @@ def test_recipe_new_scaffolds_a_recipe_that_runs_a_rollout(tmp_path, monkeypatch
     result = run_cli("recipe", "new", "word_game", "--dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     folder = tmp_path / "word_game"
-    for name in ("common.yaml", "word_game.yaml", "word_game.env.sh", "setup.py", "agent_workspace/agent_config.yaml",
-                 "agent_workspace/tools.yaml", "agent_workspace/evaluator.py", "agent_workspace/my_worker.py"):
+    for name in (
+        "common.yaml",
+        "word_game.yaml",
+        "word_game.env.sh",
+        "setup.py",
+        "agent_workspace/agent_config.yaml",
+        "agent_workspace/tools.yaml",
+        "agent_workspace/evaluator.py",
+        "agent_workspace/my_worker.py",
+    ):
         assert (folder / name).is_file(), name
     again = run_cli("recipe", "new", "word_game", "--dir", str(tmp_path))
     assert again.returncode == 2 and "already exists" in again.stderr
@@ -38,8 +46,9 @@ def test_recipe_new_scaffolds_a_recipe_that_runs_a_rollout(tmp_path, monkeypatch
         published = []
         client = InferenceClient(engine, SamplingParams(max_new_tokens=48))
         worker = worker_class(recipe)(recipe.rollout_worker.worker_config(), client, make_evaluator(recipe), published.append)
-        task = Task(run_id="scaffold", task_id="t", group_id="g", prompt="reverse abcd",
-                    data={"prompt": "reverse abcd", "answer": "dcba"})
+        task = Task(
+            run_id="scaffold", task_id="t", group_id="g", prompt="reverse abcd", data={"prompt": "reverse abcd", "answer": "dcba"}
+        )
         trajectory, evaluation = worker.run_task(task)
     finally:
         engine.close()
@@ -56,24 +65,24 @@ def test_recipe_new_single_turn_validates_as_generated_and_rolls_out_a_chat_prom
     result = run_cli("recipe", "new", "reverser", "--dir", str(tmp_path), "--template", "single-turn")
     assert result.returncode == 0, result.stderr
     folder = tmp_path / "reverser"
-    assert {p.name for p in folder.iterdir()} >= {"common.yaml", "reverser.yaml", "reverser.env.sh", "setup.py",
-                                                  "evaluator.py"}
+    assert {p.name for p in folder.iterdir()} >= {"common.yaml", "reverser.yaml", "reverser.env.sh", "setup.py", "evaluator.py"}
     validated = run_cli("recipe", "validate", str(folder / "reverser.yaml"))
     assert validated.returncode == 0 and "valid" in validated.stdout, validated.stdout + validated.stderr
     recipe = prepare_recipe(folder / "reverser.yaml")
     engine = BatchingEngine(EmbeddedEngine(recipe.rollout_worker.model_path))
     try:
         client = InferenceClient(engine, SamplingParams(max_new_tokens=8))
-        worker = worker_class(recipe)(recipe.rollout_worker.worker_config(), client, make_evaluator(recipe),
-                                      lambda event: None)
+        worker = worker_class(recipe)(recipe.rollout_worker.worker_config(), client, make_evaluator(recipe), lambda event: None)
         messages = [{"role": "system", "content": "Reverse the word."}, {"role": "user", "content": "abcd"}]
-        trajectory, evaluation = worker.run_task(Task(run_id="scaffold", task_id="t", group_id="g", prompt=messages,
-                                                      data={"prompt": messages, "answer": "dcba"}))
+        trajectory, evaluation = worker.run_task(
+            Task(run_id="scaffold", task_id="t", group_id="g", prompt=messages, data={"prompt": messages, "answer": "dcba"})
+        )
         sent = client.recorded()[0].prompt_token_ids
     finally:
         engine.close()
     assert trajectory.error is None and evaluation.error is None
-    assert engine.tokenizer.decode(sent) == ("<|im_start|>system\nReverse the word.<|im_end|>\n"
-                                             "<|im_start|>user\nabcd<|im_end|>\n<|im_start|>assistant\n")
+    assert engine.tokenizer.decode(sent) == (
+        "<|im_start|>system\nReverse the word.<|im_end|>\n<|im_start|>user\nabcd<|im_end|>\n<|im_start|>assistant\n"
+    )
     bad = run_cli("recipe", "new", "x", "--dir", str(tmp_path), "--template", "chat")
     assert bad.returncode == 2 and "one of agent, single-turn" in bad.stderr

@@ -13,12 +13,14 @@ import json
 import math
 import runpy
 import shutil
+from typing import ClassVar
 
 import numpy as np
 import pytest
 import torch
 from omegaconf import DictConfig
 
+from streamrl.api import Batch, RemoteApiTrainer, SelfHostedTrainer
 from streamrl.learner.batching import TrainItem
 from streamrl.learner.remote_trainers import trainer_class
 from streamrl.learner.trainer_factory import build_trainer
@@ -29,13 +31,47 @@ from streamrl.runtime.config import Recipe
 from streamrl.runtime.recipe import load_recipe
 from streamrl.runtime.tiny_lm import build_tiny_model
 from streamrl.schema.events import Task, unpack_mask
-from streamrl.api import Batch, RemoteApiTrainer, SelfHostedTrainer
 from tests.conftest import REPO, run_cli
 from tests.seed_examples.listings import (
-    _helpers, s000_01, s000_02, s000_03, s000_04, s000_05, s000_06, s000_07, s000_08, s000_09, s000_11, s000_12,
-    s000_13, s001_01, s001_02, s001_03, s001_04, s001_05, s001_06, s001_07, s001_09, s001_11, s001_12, s001_14,
-    s001_15, s001_16, s002_01, s002_02, s002_03, s002_04, s002_06, s002_07, s003_01, s003_02, s003_05, s003_07,
-    s003_09, s003_10, s003_12,
+    _helpers,
+    s000_01,
+    s000_02,
+    s000_03,
+    s000_04,
+    s000_05,
+    s000_06,
+    s000_07,
+    s000_08,
+    s000_09,
+    s000_11,
+    s000_12,
+    s000_13,
+    s001_01,
+    s001_02,
+    s001_03,
+    s001_04,
+    s001_05,
+    s001_06,
+    s001_07,
+    s001_09,
+    s001_11,
+    s001_12,
+    s001_14,
+    s001_15,
+    s001_16,
+    s002_01,
+    s002_02,
+    s002_03,
+    s002_04,
+    s002_06,
+    s002_07,
+    s003_01,
+    s003_02,
+    s003_05,
+    s003_07,
+    s003_09,
+    s003_10,
+    s003_12,
 )
 from tests.seed_examples.recipe.logging_worker import LoggingWorker
 
@@ -53,11 +89,13 @@ def client(tmp_path_factory):
 
 def roll(cls, client, config=None, evaluator=None, **row):
     published = []
-    worker = make_worker(cls, {"temperature": 1.0, "max_tokens": 4, **(config or {})}, client,
-                         evaluator or ExactMatchEvaluator(), published.append)
+    worker = make_worker(
+        cls, {"temperature": 1.0, "max_tokens": 4, **(config or {})}, client, evaluator or ExactMatchEvaluator(), published.append
+    )
     data = {"prompt": "2+3", "question": "2+3", "answer": "5", **row}
-    trajectory, evaluation = worker.run_task(Task(run_id="seed", task_id="t", group_id="g", prompt=data["prompt"],
-                                                  data=data, step=4))
+    trajectory, evaluation = worker.run_task(
+        Task(run_id="seed", task_id="t", group_id="g", prompt=data["prompt"], data=data, step=4)
+    )
     return worker, trajectory, evaluation
 
 
@@ -70,9 +108,11 @@ class ErrorHandlingWorker(s000_01.MySimpleWorker):
         return self._inference_client.completion(task["question"], max_tokens=4)
 
     def _create_trajectory(self, result, task):
-        return {"tokens": result["prompt_tokens"] + result["response_tokens"],
-                "loss_mask": [0] * len(result["prompt_tokens"]) + [1] * len(result["response_tokens"]),
-                "reward": self._compute_reward(result["response"], task)}
+        return {
+            "tokens": result["prompt_tokens"] + result["response_tokens"],
+            "loss_mask": [0] * len(result["prompt_tokens"]) + [1] * len(result["response_tokens"]),
+            "reward": self._compute_reward(result["response"], task),
+        }
 
 
 def test_worker_listings(client, caplog):
@@ -121,8 +161,10 @@ def test_worker_listings(client, caplog):
         LoggingWorker(DictConfig({}))._activity_tracker.experiment_logger_post("wandb", {"x": 1}, 0)
 
 
-AGENT = {"agent_config_path": str(EXAMPLES / "agent_workspace" / "agent_config.yaml"),
-         "agent_workspace": str(EXAMPLES / "agent_workspace")}
+AGENT = {
+    "agent_config_path": str(EXAMPLES / "agent_workspace" / "agent_config.yaml"),
+    "agent_workspace": str(EXAMPLES / "agent_workspace"),
+}
 
 
 def test_agent_worker_listings(client):
@@ -131,11 +173,14 @@ def test_agent_worker_listings(client):
     # from the function's signature
     worker, trajectory, evaluation = roll(s001_02.MyTaskWorker, client, AGENT, problem="2+3")
     schema = worker.tools.tools["calculator"].schema["function"]
-    assert schema["parameters"] == {"type": "object", "properties": {"expression": {"type": "string"}},
-                                    "required": ["expression"]}
+    assert schema["parameters"] == {
+        "type": "object",
+        "properties": {"expression": {"type": "string"}},
+        "required": ["expression"],
+    }
     assert worker.limits.max_total_tokens == 1000  # max_context_tokens
     tokens = list(np.frombuffer(trajectory.tokens, np.int32))
-    prompt = client.tokenizer.decode(tokens[:trajectory.turns[0].end])
+    prompt = client.tokenizer.decode(tokens[: trajectory.turns[0].end])
     # format_task_query is the user message (compared without whitespace: the built-in
     # character tokenizer does not keep it)
     assert "Problem:2+3Provideyoursolutionstepbystep." in "".join(prompt.split())
@@ -157,7 +202,7 @@ def test_agent_worker_listings(client):
     assert nexau.error is None and unpack_mask(nexau.loss_mask).sum() > 0
     assert nexau.extra_fields["score"]["reward_score"] == evaluation.reward
     tokens = list(np.frombuffer(nexau.tokens, np.int32))
-    prompt = "".join(client.tokenizer.decode(tokens[:nexau.turns[0].end]).split())
+    prompt = "".join(client.tokenizer.decode(tokens[: nexau.turns[0].end]).split())
     assert "Instruction:add" in prompt and "Context:2+3" in prompt and "Pleasesolvethetask:" in prompt
     # 001_04 ComplexTaskWorker: self.agent.run(query, client=self.client, tracer=), tracer.get_trace()
     # children, child_processor, _generate_tokens, a per-call mask and a dict trajectory
@@ -178,10 +223,14 @@ def test_agent_worker_listings(client):
     assert workspace_run.error == "rollout returned None" and s000_08.my_tool_function() == "result"
     # agent workers in the guide's unit-test form, Worker(DictConfig): no agent config needed
     multi_turn = s001_14.MultiTurnWorker(DictConfig({"temperature": 0.7}))
-    assert multi_turn.format_task_query({"conversation": [{"role": "user", "content": "hi"}], "query": "2+3"}) == \
-        "user: hi\nuser: 2+3\nassistant:"
-    assert s002_03.MyTaskWorker(DictConfig({})).format_task_query({"context": "c", "question": "q"}) == \
-        "Context: c\n\nQuestion: q\n\nPlease provide your answer:"
+    assert (
+        multi_turn.format_task_query({"conversation": [{"role": "user", "content": "hi"}], "query": "2+3"})
+        == "user: hi\nuser: 2+3\nassistant:"
+    )
+    assert (
+        s002_03.MyTaskWorker(DictConfig({})).format_task_query({"context": "c", "question": "q"})
+        == "Context: c\n\nQuestion: q\n\nPlease provide your answer:"
+    )
 
 
 def test_evaluator_listings(capsys):
@@ -193,22 +242,24 @@ def test_evaluator_listings(capsys):
     assert s001_06.ExtractorEvaluator().evaluate({"answer": "4"}, target("x")).metrics == {"extraction_failed": 1.0}
     assert s001_06.ExtractorEvaluator().evaluate({"answer": "4"}, target("<answer>4</answer>")).reward == 1.0
     # 0.5 * 0 (not equal) + 0.3 * 1/2 (one of two points) + 0.2 * 0.3 (under ten words) = 0.21
-    multi = s001_07.MultiCriteriaEvaluator().evaluate({"answer": "x", "required_points": ["cat", "dog"]},
-                                                      target("a cat"))
+    multi = s001_07.MultiCriteriaEvaluator().evaluate({"answer": "x", "required_points": ["cat", "dog"]}, target("a cat"))
     assert multi.reward == pytest.approx(0.21)
     # "kitten" vs "sitting": 2 * 4 matching / 13 characters = 0.615 < 0.8
     fuzzy = s002_02.FuzzyMatchEvaluator().evaluate({"answer": "sitting"}, target("kitten"))
     assert fuzzy.reward == 0.0 and fuzzy.metrics["similarity"] == pytest.approx(8 / 13)
     # code generation: one of two tests passes (1 + 2 == 3; 1 + 2 != 4)
     code = "```python\ndef add(a, b):\n    return a + b\n```"
-    tests = [{"function_name": "add", "inputs": [1, 2], "expected_output": 3},
-             {"function_name": "add", "inputs": [1, 2], "expected_output": 4}]
+    tests = [
+        {"function_name": "add", "inputs": [1, 2], "expected_output": 3},
+        {"function_name": "add", "inputs": [1, 2], "expected_output": 4},
+    ]
     codegen = s001_15.CodeGenEvaluator().evaluate({"test_cases": tests}, target(code))
     assert codegen.reward == 0.5 and codegen.metrics["tests_failed"] == 1.0
     # reasoning: 0.7 * 1 (correct) + 0.3 * 1.0 (steps, 50-1000 characters) = 1.0; without steps 0.7 + 0.3 * 0.5
     steps = "Step 1: read the question. Step 2: add the two numbers together carefully."
-    reasoning = s001_16.ReasoningEvaluator().evaluate({"answer": "5"}, target(f"<reasoning>{steps}</reasoning>"
-                                                                            "<answer>5</answer>"))
+    reasoning = s001_16.ReasoningEvaluator().evaluate(
+        {"answer": "5"}, target(f"<reasoning>{steps}</reasoning><answer>5</answer>")
+    )
     assert reasoning.reward == pytest.approx(1.0)
     no_steps = s001_16.ReasoningEvaluator().evaluate({"answer": "5"}, target("<reasoning>hm</reasoning><answer>5</answer>"))
     assert no_steps.reward == pytest.approx(0.85)
@@ -224,8 +275,9 @@ def test_evaluator_listings(capsys):
 def judge_examples(rng) -> list[tuple[list[dict], str]]:
     """Any question, answered "0.5": a judge that scores every answer half right."""
     words = ["Question", "Answer", "Reference", "Student", "score", "the", "is", "2+3", "5", "correct", "Evaluate"]
-    return [([{"role": "user", "content": " ".join(rng.choice(words) for _ in range(rng.randint(3, 80)))}], "0.5")
-            for _ in range(8)]
+    return [
+        ([{"role": "user", "content": " ".join(rng.choice(words) for _ in range(rng.randint(3, 80)))}], "0.5") for _ in range(8)
+    ]
 
 
 def test_llm_judge_listing(sglang_python, tmp_path, monkeypatch):
@@ -244,8 +296,7 @@ def test_llm_judge_listing(sglang_python, tmp_path, monkeypatch):
     try:
         monkeypatch.setenv("OPENAI_BASE_URL", f"{server.url}/v1")
         monkeypatch.setenv("OPENAI_API_KEY", "none")
-        result = s001_08.LLMJudgeEvaluator().evaluate({"question": "2+3?", "reference_answer": "5"},
-                                                      BaseEvaluationTarget("5"))
+        result = s001_08.LLMJudgeEvaluator().evaluate({"question": "2+3?", "reference_answer": "5"}, BaseEvaluationTarget("5"))
     finally:
         server.stop()
     assert (result.reward, result.metrics, result.ground_truth) == (0.5, {"llm_judge_score": 0.5}, "5")
@@ -255,6 +306,7 @@ def test_data_listings(tmp_path, monkeypatch, capsys):
     """The recipe chapter's data preparation writes train.parquet; its validate_data accepts
     it; StreamRL's data.type parquet reads the same rows."""
     from streamrl.runtime.dataset import read_rows
+
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(LISTINGS / "s002_05.py"))
     s002_06.validate_data("train.parquet")
@@ -271,13 +323,21 @@ def model_dir(tmp_path_factory):
 def items():
     def item(group, reward, trajectory_id):
         tokens = np.array([5, 6, 7, 8], np.int32)
-        return TrainItem(tokens=tokens, mask=np.array([0, 0, 1, 1], np.uint8), reward=reward, group_id=group,
-                         behaviour_logprobs=np.full(4, -2.0, np.float32), trajectory_id=trajectory_id)
+        return TrainItem(
+            tokens=tokens,
+            mask=np.array([0, 0, 1, 1], np.uint8),
+            reward=reward,
+            group_id=group,
+            behaviour_logprobs=np.full(4, -2.0, np.float32),
+            trajectory_id=trajectory_id,
+        )
+
     return [item("a", 1.0, "a0"), item("a", 0.0, "a1"), item("b", 1.0, "b0"), item("b", 1.0, "b1")]
 
 
 def trainer_for(cls, model_dir, **algorithm):
     from transformers import AutoModelForCausalLM
+
     recipe = Recipe.from_dict({"trainer": {"lr": 1e-3, "micro_batch_tokens": 64}, "algorithm": algorithm})
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     return build_trainer(cls, recipe, model, pad_id=0)
@@ -286,7 +346,7 @@ def trainer_for(cls, model_dir, **algorithm):
 class TracedComplexWorker(s001_04.ComplexTaskWorker):
     """Listing 001_04's worker, keeping the LLM calls its trace walk found."""
 
-    calls: list = []
+    calls: ClassVar[list] = []
 
     def child_processor(self, child, trajectories):
         super().child_processor(child, trajectories)
@@ -350,17 +410,32 @@ def test_trainer_listings(model_dir, tmp_path):
     task = tmp_path / "recipe" / "my_task"
     task.mkdir(parents=True)
     shutil.copy(LISTINGS / "s003_03.py", task / "my_algorithm.py")
-    (task / "my_trainer.py").write_text((LISTINGS / "s003_04.py").read_text().replace(
-        "from tests.seed_examples.listings.s003_03 import", "from .my_algorithm import"))
-    recipe = Recipe.from_dict({"trainer": {"type": "custom", "custom_trainer_module_path": str(task / "my_trainer.py"),
-                                           "custom_trainer_class_name": "MyTrainer"}})
+    (task / "my_trainer.py").write_text(
+        (LISTINGS / "s003_04.py")
+        .read_text()
+        .replace("from tests.seed_examples.listings.s003_03 import", "from .my_algorithm import")
+    )
+    recipe = Recipe.from_dict(
+        {
+            "trainer": {
+                "type": "custom",
+                "custom_trainer_module_path": str(task / "my_trainer.py"),
+                "custom_trainer_class_name": "MyTrainer",
+            }
+        }
+    )
     cls = trainer_class(recipe)
     trainer = trainer_for(cls, model_dir, extra={"discount_factor": 0.5, "gae_lambda": 0.5})
     with pytest.raises(ValueError, match=r"metadata\['advantages'\] with 0 entries for 4 rows"):
         trainer.prepare(items())
     # 003_05 the KL penalty and 003_07 n-step returns, by hand
-    batch = Batch(values={"log_probs": torch.tensor([[-1.0, -2.0]]), "ref_log_probs": torch.tensor([[-1.5, -1.0]]),
-                          "token_level_scores": torch.tensor([[0.0, 1.0]])})
+    batch = Batch(
+        values={
+            "log_probs": torch.tensor([[-1.0, -2.0]]),
+            "ref_log_probs": torch.tensor([[-1.5, -1.0]]),
+            "token_level_scores": torch.tensor([[0.0, 1.0]]),
+        }
+    )
     penalized = s003_05._apply_kl_penalty(None, batch, beta=0.1).values["token_level_scores"]
     assert torch.allclose(penalized, torch.tensor([[-0.05, 1.1]]))
     assert s003_07._compute_nstep_returns(None, [1.0, 0.0, 2.0], n=2, gamma=0.5) == [1.0, 1.0, 2.0]
@@ -379,8 +454,10 @@ def test_guide_spellings_move_and_refused_keys_say_why(tmp_path, monkeypatch):
     assert recipe.rollout_worker.rollout_repeat_n == 4 and recipe.rollout_worker.max_response_length == 4
     assert (recipe.trainer.lr, recipe.data.seed) == (1e-4, 3)
     refused = tmp_path / "refused.yaml"
-    refused.write_text("resource: {inference: {gpu_count: 2}}\nlaunch_mode: kubernetes\n"
-                       "service: {train_service: {backend: weaver}}\ntrainer: {type: remote_api_grpo}\n")
+    refused.write_text(
+        "resource: {inference: {gpu_count: 2}}\nlaunch_mode: kubernetes\n"
+        "service: {train_service: {backend: weaver}}\ntrainer: {type: remote_api_grpo}\n"
+    )
     result = run_cli("recipe", "validate", str(refused))
     err = " ".join(result.stderr.split())
     assert result.returncode == 2
@@ -392,21 +469,27 @@ def test_guide_spellings_move_and_refused_keys_say_why(tmp_path, monkeypatch):
 # Recipes that contradict themselves, by the stage that finds it: the keys' own checks,
 # then the settings against each other. `recipe validate` and `run` must agree on each.
 CONTRADICTIONS = {
-    "keys": ("data: {type: torch}\n",
-             ["data.type: torch reads jsonl or parquet files by their extension; these files are none"]),
-    "settings": ("trajectory_pool: {group_size: 3, batch_size: 8}\nrollout_worker: {rollout_repeat_n: 8, "
-                 "save_trace: false, trace_path: traces}\ntrainer: {type: self_hosted, custom_trainer_class_name: X}\n"
-                 "algorithm: {batch_size: 4}\n",
-                 ["trajectory_pool.group_size: 3 differs from rollout_worker.rollout_repeat_n (8)",
-                  "trainer.custom_trainer_module_path: required when trainer.type is self_hosted",
-                  "trainer.custom_trainer_class_name: needs trainer.custom_trainer_module_path",
-                  "algorithm.batch_size: 4 differs from trajectory_pool.batch_size (8)",
-                  "rollout_worker.trace_path: traces are written only with save_trace: true"]),
-    "remote trainer": ("trainer: {type: remote_api_grpo, custom_trainer_module_path: t.py:A, "
-                       "custom_trainer_class_name: B}\n",
-                       ["trainer.type: remote_api_grpo trains through a remote training service: set "
-                        "service.train_service.backend: tinker and service.train_service.url",
-                        "trainer.custom_trainer_class_name: the module path names a class already"]),
+    "keys": ("data: {type: torch}\n", ["data.type: torch reads jsonl or parquet files by their extension; these files are none"]),
+    "settings": (
+        "trajectory_pool: {group_size: 3, batch_size: 8}\nrollout_worker: {rollout_repeat_n: 8, "
+        "save_trace: false, trace_path: traces}\ntrainer: {type: self_hosted, custom_trainer_class_name: X}\n"
+        "algorithm: {batch_size: 4}\n",
+        [
+            "trajectory_pool.group_size: 3 differs from rollout_worker.rollout_repeat_n (8)",
+            "trainer.custom_trainer_module_path: required when trainer.type is self_hosted",
+            "trainer.custom_trainer_class_name: needs trainer.custom_trainer_module_path",
+            "algorithm.batch_size: 4 differs from trajectory_pool.batch_size (8)",
+            "rollout_worker.trace_path: traces are written only with save_trace: true",
+        ],
+    ),
+    "remote trainer": (
+        "trainer: {type: remote_api_grpo, custom_trainer_module_path: t.py:A, custom_trainer_class_name: B}\n",
+        [
+            "trainer.type: remote_api_grpo trains through a remote training service: set "
+            "service.train_service.backend: tinker and service.train_service.url",
+            "trainer.custom_trainer_class_name: the module path names a class already",
+        ],
+    ),
 }
 
 
@@ -428,30 +511,42 @@ def test_the_guide_style_recipe_trains_with_its_custom_code(stack, ledger, run_i
     rows = [{"prompt": f"{a}+{b}=", "question": f"{a}+{b}", "answer": str((a + b) % 10)} for a in range(4) for b in range(4)]
     (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     env = {"SEED_DATA_DIR": str(data), "SEED_TRACE_DIR": str(tmp_path / "traces")}
-    result = run_cli("run", "tests/seed_examples/recipe/self_hosted.yaml", "trainer.total_train_steps=2",
-                     "algorithm.filter_zero_variance=false", "rollout_worker.use_few_shott=true",  # misspelt own keys
-                     "algorithm.clip_ratio_hgh=0.3",
-                     "--run", run_id, "--out", str(tmp_path / "out"), env=env, timeout=400)
+    result = run_cli(
+        "run",
+        "tests/seed_examples/recipe/self_hosted.yaml",
+        "trainer.total_train_steps=2",
+        "algorithm.filter_zero_variance=false",
+        "rollout_worker.use_few_shott=true",  # misspelt own keys
+        "algorithm.clip_ratio_hgh=0.3",
+        "--run",
+        run_id,
+        "--out",
+        str(tmp_path / "out"),
+        env=env,
+        timeout=400,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # ... that the worker and the trainer never read: said once each, in the ledger (the worker's own
     # max_tokens and the trainer's my_param were read)
-    unread = ledger.execute("select details from run_events where run_id = %s and kind = 'config_unread' "
-                            "order by details->>'section' desc", (run_id,)).fetchall()
-    assert unread == [({"section": "rollout_worker", "keys": ["use_few_shott"]},),
-                      ({"section": "algorithm", "keys": ["clip_ratio_hgh"]},)]  # the trainer's, after its first step
+    unread = ledger.execute(
+        "select details from run_events where run_id = %s and kind = 'config_unread' order by details->>'section' desc", (run_id,)
+    ).fetchall()
+    assert unread == [
+        ({"section": "rollout_worker", "keys": ["use_few_shott"]},),
+        ({"section": "algorithm", "keys": ["clip_ratio_hgh"]},),
+    ]  # the trainer's, after its first step
     steps = ledger.execute("select step, metrics from train_steps where run_id = %s order by step", (run_id,)).fetchall()
     assert [s for s, _ in steps] == [1, 2]
     for _, metrics in steps:  # the custom trainer's metric, and do_old_log_prob_compute's ratio of exactly 1
         assert "advantage_mean" in metrics and metrics["ratio"] == pytest.approx(1.0, abs=1e-5)
-    config = ledger.execute("select config from run_events where run_id = %s and kind = 'created'",
-                            (run_id,)).fetchone()[0]
+    config = ledger.execute("select config from run_events where run_id = %s and kind = 'created'", (run_id,)).fetchone()[0]
     assert config["trainer"]["total_train_steps"] == 2 and config["algorithm"]["my_param"] == 0.5
     assert config["algorithm"]["filter_zero_variance"] is False
-    metrics = ledger.execute("select metrics from evaluations where run_id = %s and not is_val limit 1",
-                             (run_id,)).fetchone()[0]
+    metrics = ledger.execute("select metrics from evaluations where run_id = %s and not is_val limit 1", (run_id,)).fetchone()[0]
     assert metrics["agent_calls"] == 1.0 and "custom_metric" in metrics  # experiment_logger_post
-    per_step = ledger.execute("select step, mean, rollouts from worker_metrics where run_id = %s and name = "
-                              "'agent_calls' order by step", (run_id,)).fetchall()
+    per_step = ledger.execute(
+        "select step, mean, rollouts from worker_metrics where run_id = %s and name = 'agent_calls' order by step", (run_id,)
+    ).fetchall()
     assert [s for s, _, _ in per_step][:2] == [1, 2] and all(mean == 1.0 and n >= 16 for _, mean, n in per_step)
     # remove_previous_ckpt: only the newest checkpoint is left
     assert [p.name for p in (tmp_path / "traces" / "ckpt" / run_id).glob("step-*")] == ["step-000002"]
@@ -466,16 +561,27 @@ def test_the_guides_full_configuration_example_names_every_key_it_cannot_honour(
         load_recipe(EXAMPLES / "recipe" / "full_reference.yaml")
     named = {problem.split(":")[0] for problem in info.value.problems}
     assert named == {
-        "hydra", "resource", "runtime_monitor", "algorithm.inference_service", "data.num_workers",
-        "rollout_worker.tokenizer", "trajectory_pool.key_list",  # logger.backend: wandb and logger.wandb are taken
-        "service.train_service.url", "service.train_service.model_tag",  # a self-hosted learner has no url
-        "environment.setup_script", "data.data_files[0]", "validate.data.data_files[0]",
-        "rollout_worker.custom_rollout_worker_module_path", "rollout_worker.agent_config_path",
-        "rollout_worker.agent_workspace"}
+        "hydra",
+        "resource",
+        "runtime_monitor",
+        "algorithm.inference_service",
+        "data.num_workers",
+        "rollout_worker.tokenizer",
+        "trajectory_pool.key_list",  # logger.backend: wandb and logger.wandb are taken
+        "service.train_service.url",
+        "service.train_service.model_tag",  # a self-hosted learner has no url
+        "environment.setup_script",
+        "data.data_files[0]",
+        "validate.data.data_files[0]",
+        "rollout_worker.custom_rollout_worker_module_path",
+        "rollout_worker.agent_config_path",
+        "rollout_worker.agent_workspace",
+    }
 
 
 def test_a_prompt_longer_than_max_prompt_length_fails_its_rollout(client):
     from streamrl.producers.rollout import SingleTurnWorker
+
     short = InferenceClient(client._engine, SamplingParams(max_new_tokens=2), max_prompt_tokens=2)
     _, trajectory, evaluation = roll(SingleTurnWorker, short)
     assert "more than max_prompt_length (2)" in trajectory.error and evaluation.reward == 0.0

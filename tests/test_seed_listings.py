@@ -75,13 +75,13 @@ def test_each_listing_is_run_by_the_test_the_catalogue_names():
     of the test module it names (a host class for a listing's methods)."""
     source = SEED_TESTS.read_text()
     tree = ast.parse(source)
-    defined = {node.name: ast.get_source_segment(source, node) for node in tree.body
-               if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    defined = {
+        node.name: ast.get_source_segment(source, node) for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+    }
     for block, test in RUN.items():
         assert test in defined, f"{block}: {test} is not in {SEED_TESTS.name}"
         used = [defined[test]] + [text for name, text in defined.items() if re.search(rf"\b{name}\b", defined[test])]
-        assert any(re.search(rf"\bs{block}\b", text) for text in used), \
-            f"{block}: {test} does not use listings/s{block}.py"
+        assert any(re.search(rf"\bs{block}\b", text) for text in used), f"{block}: {test} does not use listings/s{block}.py"
 
 
 def test_without_imports_drops_only_imports():

@@ -15,15 +15,22 @@ import pytest
 import zstandard
 from tinker.proto import tinker_public_pb2 as pb
 
-from streamrl.runtime.tiny_lm import build_tiny_model
 from streamrl.runtime import db
-from tests.conftest import fresh_database, free_port, run_cli, start_serve_training
+from streamrl.runtime.tiny_lm import build_tiny_model
+from tests.conftest import free_port, fresh_database, run_cli, start_serve_training
 from tests.test_rl_loop import scalar
 
 PORT = free_port()
 URL = f"http://127.0.0.1:{PORT}"
-LIMITS = {"max_body_bytes": 2 << 20, "max_decompressed_bytes": 8 << 20, "max_tokens_per_datum": 512,
-          "max_tokens_per_request": 1024, "max_sample_sequences": 4, "max_sample_tokens": 256, "max_models_per_key": 2}
+LIMITS = {
+    "max_body_bytes": 2 << 20,
+    "max_decompressed_bytes": 8 << 20,
+    "max_tokens_per_datum": 512,
+    "max_tokens_per_request": 1024,
+    "max_sample_sequences": 4,
+    "max_sample_tokens": 256,
+    "max_models_per_key": 2,
+}
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +79,12 @@ def forward_backward_body(model_id: str, tokens_per_datum: list[int], seq_id: in
 
 
 def post(path: str, key: str, body: bytes, **headers) -> httpx.Response:
-    return httpx.post(f"{URL}/api/v1/{path}", content=body, timeout=60,
-                      headers={"X-API-Key": key, "Content-Type": "application/x-protobuf", **headers})
+    return httpx.post(
+        f"{URL}/api/v1/{path}",
+        content=body,
+        timeout=60,
+        headers={"X-API-Key": key, "Content-Type": "application/x-protobuf", **headers},
+    )
 
 
 def recorded(ledger, model_id: str) -> int:
@@ -100,8 +111,9 @@ def test_bodies_datums_and_requests_over_their_limits_are_not_recorded(service, 
     too_big = post("forward_backward", key, bytes(3 << 20))
     assert too_big.status_code == 413 and "max_body_bytes" in too_big.text
     long_datum = post("forward_backward", key, forward_backward_body(model_id, [600]))
-    assert long_datum.status_code == 413 and "data[0].model_input: 600 is over the service's max_tokens_per_datum" \
-        in long_datum.text
+    assert (
+        long_datum.status_code == 413 and "data[0].model_input: 600 is over the service's max_tokens_per_datum" in long_datum.text
+    )
     many = post("forward_backward", key, forward_backward_body(model_id, [400, 400, 400]))
     assert many.status_code == 413 and "max_tokens_per_request (1024)" in many.text
     garbage = post("forward_backward", key, b"\xff\x00\x13 not a protobuf")
@@ -111,8 +123,12 @@ def test_bodies_datums_and_requests_over_their_limits_are_not_recorded(service, 
     assert fits.status_code == 200, fits.text
     deadline = time.monotonic() + 120  # and it runs: the executor decodes what was accepted
     while time.monotonic() < deadline:
-        done = httpx.post(f"{URL}/api/v1/retrieve_future", headers={"X-API-Key": key}, timeout=60,
-                          json={"request_id": fits.json()["request_id"]})
+        done = httpx.post(
+            f"{URL}/api/v1/retrieve_future",
+            headers={"X-API-Key": key},
+            timeout=60,
+            json={"request_id": fits.json()["request_id"]},
+        )
         if "try_again" not in done.text:
             break
     assert done.headers["content-type"].startswith("application/x-protobuf"), done.text
@@ -134,8 +150,7 @@ def test_sample_requests_and_models_per_key_are_bounded(service, key, model_id, 
         sampler.sample(prompt, num_samples=5, sampling_params=types.SamplingParams(max_tokens=4)).result()
     with pytest.raises(Exception, match="max_sample_tokens"):
         sampler.sample(prompt, num_samples=2, sampling_params=types.SamplingParams(max_tokens=200)).result()
-    assert len(sampler.sample(prompt, num_samples=2, sampling_params=types.SamplingParams(max_tokens=4))
-               .result().sequences) == 2
+    assert len(sampler.sample(prompt, num_samples=2, sampling_params=types.SamplingParams(max_tokens=4)).result().sequences) == 2
     client.create_lora_training_client(base_model="tiny", rank=2).result()  # the key's second model
     with pytest.raises(Exception, match="max_models_per_key is 2"):
         client.create_lora_training_client(base_model="tiny", rank=2).result()
@@ -147,13 +162,19 @@ def test_an_unknown_limit_is_refused_at_start():
 
 
 def test_nul_characters_and_unstorable_values_are_400s_not_500s(service, key, model_id):
-    nul_json = httpx.post(f"{URL}/api/v1/create_session", headers={"X-API-Key": key},
-                          json={"tags": [], "user_metadata": {"note": "a\u0000b"}, "sdk_version": "x"})
+    nul_json = httpx.post(
+        f"{URL}/api/v1/create_session",
+        headers={"X-API-Key": key},
+        json={"tags": [], "user_metadata": {"note": "a\u0000b"}, "sdk_version": "x"},
+    )
     assert nul_json.status_code == 400 and "NUL" in nul_json.text
     nul_path = httpx.get(f"{URL}/api/v1/samplers/session-x%00:sample:0", headers={"X-API-Key": key})
     assert nul_path.status_code in (400, 404) and "Traceback" not in nul_path.text
-    huge_seq = httpx.post(f"{URL}/api/v1/optim_step", headers={"X-API-Key": key},
-                          json={"model_id": model_id, "seq_id": 2**40, "adam_params": {"learning_rate": 1e-4}})
+    huge_seq = httpx.post(
+        f"{URL}/api/v1/optim_step",
+        headers={"X-API-Key": key},
+        json={"model_id": model_id, "seq_id": 2**40, "adam_params": {"learning_rate": 1e-4}},
+    )
     assert huge_seq.status_code == 400, huge_seq.text
 
 
@@ -161,7 +182,9 @@ def test_sample_requests_are_taken_in_turns_of_their_keys():
     """One key's queue of sample requests does not hold another key's back."""
     from streamrl.training_service.executor import interleaved_by_key
 
-    rows = [{"request_id": f"sample-key-{key}-{i:032x}"} for key, i in
-            (("aa11", 1), ("aa11", 2), ("aa11", 3), ("bb22", 4), ("aa11", 5), ("cc33", 6))]
+    rows = [
+        {"request_id": f"sample-key-{key}-{i:032x}"}
+        for key, i in (("aa11", 1), ("aa11", 2), ("aa11", 3), ("bb22", 4), ("aa11", 5), ("cc33", 6))
+    ]
     order = [r["request_id"].split("-")[2] + r["request_id"][-1] for r in interleaved_by_key(rows)]
     assert order == ["aa111", "bb224", "cc336", "aa112", "aa113", "aa115"]

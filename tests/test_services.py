@@ -59,8 +59,11 @@ def external_database():
 
 
 def test_external_postgres_by_url(stack, external_database, tmp_path, run_id):
-    env = {"STREAMRL_HOME": str(tmp_path / "ext"), "STREAMRL_DATABASE_URL": external_database,
-           "STREAMRL_KAFKA_BOOTSTRAP": stack.kafka_bootstrap}
+    env = {
+        "STREAMRL_HOME": str(tmp_path / "ext"),
+        "STREAMRL_DATABASE_URL": external_database,
+        "STREAMRL_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
+    }
     up = run_cli("up", env=env, check=True)
     assert "postgres: external" in up.stdout and "kafka: external" in up.stdout
     assert f"migrated to revision {head_revision()}" in up.stdout
@@ -79,6 +82,7 @@ def test_external_postgres_by_url(stack, external_database, tmp_path, run_id):
     assert counted.stdout.splitlines() == ["n", "50"]
     # users' SQL runs as the reader role there too
     from tests.test_sql_cli import superuser_attacks
+
     with psycopg.connect(db.psycopg_url(external_database), autocommit=True) as conn:
         for statement, expected in superuser_attacks(conn):
             refused = run_cli("sql", statement, env=env)
@@ -99,13 +103,16 @@ def test_migrations_match_the_models(stack):
         pytest.fail(str(exc))
 
 
-@pytest.mark.parametrize("url, shown", [
-    # a password that is also the start of the scheme: the scheme stays whole
-    ("postgresql://app:post@db.example:5432/ledger", "postgresql://app:***@db.example:5432/ledger"),
-    # a password that is also the port: the port stays
-    ("postgresql://app:5432@db.example:5432/ledger", "postgresql://app:***@db.example:5432/ledger"),
-    ("postgresql+psycopg://app@db.example/ledger", "postgresql+psycopg://app@db.example/ledger"),
-])
+@pytest.mark.parametrize(
+    "url, shown",
+    [
+        # a password that is also the start of the scheme: the scheme stays whole
+        ("postgresql://app:post@db.example:5432/ledger", "postgresql://app:***@db.example:5432/ledger"),
+        # a password that is also the port: the port stays
+        ("postgresql://app:5432@db.example:5432/ledger", "postgresql://app:***@db.example:5432/ledger"),
+        ("postgresql+psycopg://app@db.example/ledger", "postgresql+psycopg://app@db.example/ledger"),
+    ],
+)
 def test_redact_hides_only_the_password(url, shown):
     from streamrl.runtime.services import redact
 

@@ -13,8 +13,19 @@ from streamrl.runtime.topic_admin import create_run_topics
 from tests.conftest import REPO, SinkThread, count_rows, run_cli, wait_for
 from tests.test_ledger_sink import publish
 
-LEDGER_TABLES = ["runs", "run_events", "tasks", "trajectories", "evaluations", "samples", "train_steps",
-                 "weight_versions", "dead_letters", "consumer_offsets", "blobs"]
+LEDGER_TABLES = [
+    "runs",
+    "run_events",
+    "tasks",
+    "trajectories",
+    "evaluations",
+    "samples",
+    "train_steps",
+    "weight_versions",
+    "dead_letters",
+    "consumer_offsets",
+    "blobs",
+]
 
 
 @pytest.fixture
@@ -30,16 +41,19 @@ def table_counts(conn):
     return {t: conn.execute(f"select count(*) from {t}").fetchone()[0] for t in LEDGER_TABLES}
 
 
-@pytest.mark.parametrize("statement, expected", [
-    ("drop table runs", "DROP is not allowed"),
-    ("insert into runs (run_id) values ('intruder')", "INSERT is not allowed"),
-    ("update runs set status = 'hacked'", "UPDATE is not allowed"),
-    ("delete from tasks", "DELETE is not allowed"),
-    ("select 1; delete from runs", "exactly one statement"),
-    ("with gone as (delete from tasks returning 1) select count(*) from gone", "read-only"),
-    ("explain analyze delete from tasks", "read-only"),
-    ("  -- a comment first\n TRUNCATE tasks", "TRUNCATE is not allowed"),
-])
+@pytest.mark.parametrize(
+    "statement, expected",
+    [
+        ("drop table runs", "DROP is not allowed"),
+        ("insert into runs (run_id) values ('intruder')", "INSERT is not allowed"),
+        ("update runs set status = 'hacked'", "UPDATE is not allowed"),
+        ("delete from tasks", "DELETE is not allowed"),
+        ("select 1; delete from runs", "exactly one statement"),
+        ("with gone as (delete from tasks returning 1) select count(*) from gone", "read-only"),
+        ("explain analyze delete from tasks", "read-only"),
+        ("  -- a comment first\n TRUNCATE tasks", "TRUNCATE is not allowed"),
+    ],
+)
 def test_writes_and_multiple_statements_are_refused(loaded_run, ledger, statement, expected):
     before = table_counts(ledger)
     result = run_cli("sql", statement)
@@ -84,8 +98,10 @@ def superuser_attacks(conn) -> list[tuple[str, str]]:
     return [
         ("select pg_read_file('/etc/hostname')", "permission denied for function pg_read_file"),
         ("select * from pg_ls_dir('/')", "permission denied for function pg_ls_dir"),
-        (f"select pg_terminate_backend({pid})",  # the wording differs between PostgreSQL 15 and 16
-         "(permission denied to terminate process|must be a superuser to terminate superuser process)"),
+        (
+            f"select pg_terminate_backend({pid})",  # the wording differs between PostgreSQL 15 and 16
+            "(permission denied to terminate process|must be a superuser to terminate superuser process)",
+        ),
         (f"select set_config('role', '{user}', false)", "permission denied to set role"),
         ("select lo_export(lo_from_bytea(0, 'x'::bytea), '/tmp/streamrl-lo-export')", "permission denied for function lo_export"),
         ("select dblink('dbname=postgres', 'select 1')", "function dblink"),
@@ -100,8 +116,15 @@ def superuser_attacks(conn) -> list[tuple[str, str]]:
 
 
 def test_users_sql_runs_as_the_least_privileged_reader(loaded_run, ledger):
-    assert run_cli("sql", "select current_user as u, pg_has_role(current_user, 'pg_read_server_files', 'member') "
-                          "as files", "--csv", check=True).stdout.splitlines()[1] == "streamrl_reader,False"
+    assert (
+        run_cli(
+            "sql",
+            "select current_user as u, pg_has_role(current_user, 'pg_read_server_files', 'member') as files",
+            "--csv",
+            check=True,
+        ).stdout.splitlines()[1]
+        == "streamrl_reader,False"
+    )
     before = table_counts(ledger)
     for statement, expected in superuser_attacks(ledger):
         result = run_cli("sql", statement)
@@ -111,6 +134,7 @@ def test_users_sql_runs_as_the_least_privileged_reader(loaded_run, ledger):
     assert ledger.execute("select 1").fetchone() == (1,)  # not terminated
     assert table_counts(ledger) == before
     import os
+
     assert not os.path.exists("/tmp/streamrl-lo-export") and not os.path.exists("/tmp/streamrl-copy")
     slept = run_cli("sql", "select pg_sleep(600)", "--timeout", "2", timeout=60)
     assert slept.returncode == 1 and "statement timed out after 2 s" in slept.stderr
@@ -119,15 +143,20 @@ def test_users_sql_runs_as_the_least_privileged_reader(loaded_run, ledger):
 def test_ledger_text_is_printed_as_text_not_markup(stack):
     result = run_cli("sql", "select '[/bold]' as markup, ':train: [red]x[/red]' as emoji")
     assert result.returncode == 0, result.stderr
-    assert "[/bold]" in result.stdout and ":train: [red]x[/red]" in result.stdout and "\U0001F686" not in result.stdout
+    assert "[/bold]" in result.stdout and ":train: [red]x[/red]" in result.stdout and "\U0001f686" not in result.stdout
 
 
-@pytest.mark.parametrize("attack", [
-    "true) union all select key_sha256 from service_api_keys --",  # closes the parenthesis, ends the statement
-    "E'\\'' ) union select 1 -- '",  # an escape string where a simple lexer and PostgreSQL's part
-    "$$'$$) or (true",  # dollar quoting, likewise
-    "true; select 1", "true /* ) */", "(true",
-])
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "true) union all select key_sha256 from service_api_keys --",  # closes the parenthesis, ends the statement
+        "E'\\'' ) union select 1 -- '",  # an escape string where a simple lexer and PostgreSQL's part
+        "$$'$$) or (true",  # dollar quoting, likewise
+        "true; select 1",
+        "true /* ) */",
+        "(true",
+    ],
+)
 def test_the_rollout_filter_cannot_leave_its_condition(stack, attack):
     from streamrl.ui.queries import FilterRefused, Ledger
 
@@ -138,8 +167,7 @@ def test_the_rollout_filter_cannot_leave_its_condition(stack, attack):
 def test_a_filter_that_is_one_condition_runs_and_the_reader_cannot_read_service_secrets(stack):
     from streamrl.ui.queries import Ledger
 
-    assert Ledger(stack.readonly_database_url).rollouts("no-such-run", where="t.response_text like '%)%' "
-                                                         "and e.reward >= 0") == []
+    assert Ledger(stack.readonly_database_url).rollouts("no-such-run", where="t.response_text like '%)%' and e.reward >= 0") == []
     for table in ("service_api_keys", "service_requests"):
         result = run_cli("sql", f"select count(*) from {table}")
         assert result.returncode == 1 and "permission denied" in result.stderr, result.stderr
@@ -150,9 +178,21 @@ def test_a_ten_million_row_query_stops_at_its_limit_in_bounded_memory(stack, tmp
     Before, every row was fetched first (a 10^9-row query took the client to 5.3 GB)."""
     import psutil
 
-    process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "sql", "select g, repeat('x', 20) as pad "
-                                "from generate_series(1, 10000000) g", "--max-rows", "50000", "--json"], cwd=REPO,
-                               stdout=open(tmp_path / "out.json", "w"), stderr=open(tmp_path / "err.txt", "w"))
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "sql",
+            "select g, repeat('x', 20) as pad from generate_series(1, 10000000) g",
+            "--max-rows",
+            "50000",
+            "--json",
+        ],
+        cwd=REPO,
+        stdout=open(tmp_path / "out.json", "w"),
+        stderr=open(tmp_path / "err.txt", "w"),
+    )
     watched, peak = psutil.Process(process.pid), 0
     while process.poll() is None:
         try:

@@ -17,12 +17,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from streamrl.orchestrate import child_env
 from streamrl.producers.publisher import create_run
 from streamrl.runtime import services
 from streamrl.runtime.bus import EventPublisher
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.settings import Settings
-from streamrl.orchestrate import child_env
 from streamrl.supervise import RestartPolicy, RunFailed, Supervisor
 from tests.conftest import REPO, free_port, wait_for
 
@@ -44,8 +44,9 @@ def supervise(stack, tmp_path, policy: RestartPolicy, args: list[str], timeout_s
 
 def test_a_crashing_process_is_restarted_with_backoff_then_given_up(stack, tmp_path):
     # a query that fails: the command exits 1, as a crash does
-    message, said, child = supervise(stack, tmp_path, RestartPolicy(max_restarts=2, window_s=60, backoff_s=0.2),
-                                     ["sql", "select 1/0"])
+    message, said, child = supervise(
+        stack, tmp_path, RestartPolicy(max_restarts=2, window_s=60, backoff_s=0.2), ["sql", "select 1/0"]
+    )
     assert "crasher crashed 3 times within 60 s (at most 2 restarts allowed): giving up" in message
     assert "division by zero" in message  # the child's last log lines come with it
     assert child.restarts == 2
@@ -62,8 +63,7 @@ def test_bad_usage_is_not_retried(stack, tmp_path):
 def test_an_optional_process_that_keeps_crashing_is_left_stopped_and_the_run_goes_on(stack, tmp_path):
     """The trackers' feed: where a needed process would end the run, it is given up alone."""
     said = []
-    supervisor = Supervisor(tmp_path, child_env(stack), RestartPolicy(max_restarts=1, window_s=60, backoff_s=0.1),
-                            said.append)
+    supervisor = Supervisor(tmp_path, child_env(stack), RestartPolicy(max_restarts=1, window_s=60, backoff_s=0.1), said.append)
     tracker = supervisor.spawn("tracker", ["sql", "select 1/0"], optional="export back-fills it")
     needed = supervisor.spawn("needed", ["sql", "select pg_sleep(30)"])
     try:
@@ -72,8 +72,9 @@ def test_an_optional_process_that_keeps_crashing_is_left_stopped_and_the_run_goe
             supervisor.check()  # never raises RunFailed for the optional child
             time.sleep(0.05)
         assert tracker.given_up and tracker.restarts == 1
-        assert said[-1].startswith("tracker is stopped and the run goes on without it: export back-fills it; "
-                                   "tracker crashed 2 times within 60 s")
+        assert said[-1].startswith(
+            "tracker is stopped and the run goes on without it: export back-fills it; tracker crashed 2 times within 60 s"
+        )
         supervisor.check()
         assert needed.process.poll() is None and len(said) == 2  # said once; the needed child untouched
     finally:
@@ -83,18 +84,20 @@ def test_an_optional_process_that_keeps_crashing_is_left_stopped_and_the_run_goe
 def test_a_killed_supervisor_takes_its_children_with_it(stack, tmp_path):
     """`streamrl run` SIGKILLed (the OOM killer, a timeout) leaves no process of its run
     behind: each child, in a session of its own, is sent SIGTERM when its parent dies."""
-    script = (f"import sys, time; from pathlib import Path; from streamrl.supervise import Supervisor, RestartPolicy\n"
-              f"s = Supervisor(Path({str(tmp_path)!r}), dict(__import__('os').environ), RestartPolicy(), print)\n"
-              f"c = s.spawn('sleeper', ['sql', 'select pg_sleep(120)']); print(c.process.pid, flush=True)\n"
-              f"time.sleep(300)")
-    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=child_env(stack), stdout=subprocess.PIPE,
-                              text=True)
+    script = (
+        f"import sys, time; from pathlib import Path; from streamrl.supervise import Supervisor, RestartPolicy\n"
+        f"s = Supervisor(Path({str(tmp_path)!r}), dict(__import__('os').environ), RestartPolicy(), print)\n"
+        f"c = s.spawn('sleeper', ['sql', 'select pg_sleep(120)']); print(c.process.pid, flush=True)\n"
+        f"time.sleep(300)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=child_env(stack), stdout=subprocess.PIPE, text=True)
     child = psutil.Process(int(parent.stdout.readline()))
     wait_for(lambda: "sql" in " ".join(child.cmdline()), timeout=30, what="the child to start")
     parent.kill()
     parent.wait(timeout=10)
-    wait_for(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, timeout=30,
-             what="the orphaned child to end")
+    wait_for(
+        lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, timeout=30, what="the orphaned child to end"
+    )
 
 
 @pytest.fixture
@@ -113,8 +116,9 @@ def settled(pid: int, broker_port: int) -> bool:
     """Whether process `pid` is connected to the broker and has gone quiet (a started
     processor waits for events: under load its start-up can take far longer than usual)."""
     process = psutil.Process(pid)
-    if not any(c.raddr and c.raddr.port == broker_port and c.status == psutil.CONN_ESTABLISHED
-               for c in process.net_connections("tcp")):
+    if not any(
+        c.raddr and c.raddr.port == broker_port and c.status == psutil.CONN_ESTABLISHED for c in process.net_connections("tcp")
+    ):
         return False
     before = sum(process.cpu_times()[:2])
     time.sleep(1.0)
@@ -127,17 +131,25 @@ def test_a_lost_broker_ends_a_process_with_one_sentence(own_broker, run_id, debu
     with EventPublisher(settings) as publisher:
         create_run(settings, run_id, Recipe(), publisher)
     env = {**os.environ, "STREAMRL_SERVICE_WAIT_S": "3"}
-    processor = subprocess.Popen([sys.executable, "-m", "streamrl.cli", *(["--debug"] if debug else []),
-                                  "processor", run_id], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: processor.poll() is not None or settled(processor.pid, int(state["bootstrap"].rsplit(":", 1)[1])), timeout=180,
-             what="the processor to start reading")  # the broker goes while it reads, not while it starts
+    processor = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", *(["--debug"] if debug else []), "processor", run_id],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(
+        lambda: processor.poll() is not None or settled(processor.pid, int(state["bootstrap"].rsplit(":", 1)[1])),
+        timeout=180,
+        what="the processor to start reading",
+    )  # the broker goes while it reads, not while it starts
     assert processor.poll() is None, processor.communicate()
     os.kill(state["pid"], signal.SIGKILL)
-    out, err = processor.communicate(timeout=60)
+    _out, err = processor.communicate(timeout=60)
     assert processor.returncode == 3
     sentence = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(sentence) == 1, err
-    assert (f"the Kafka broker at {state['bootstrap']} did not answer for" in " ".join(err.split()))
+    assert f"the Kafka broker at {state['bootstrap']} did not answer for" in " ".join(err.split())
     assert f"`streamrl run --resume {run_id}`" in " ".join(err.split())
     assert ("Traceback" in err) is debug

@@ -22,8 +22,10 @@ def recipe_with(sync_mode="fully-async", workers=1, ranks=1, backend="embedded",
         weight=dataclasses.replace(recipe.weight, sync_mode=sync_mode),
         rollout_worker=dataclasses.replace(recipe.rollout_worker, num_workers=workers, num_threads=worker),
         trainer=dataclasses.replace(recipe.trainer, nproc_per_node=ranks, num_threads=learner),
-        service=dataclasses.replace(recipe.service, inference_service=dataclasses.replace(
-            recipe.service.inference_service, backend=backend)))
+        service=dataclasses.replace(
+            recipe.service, inference_service=dataclasses.replace(recipe.service.inference_service, backend=backend)
+        ),
+    )
 
 
 def test_in_sync_mode_the_learner_and_workers_take_turns_so_each_gets_every_core():
@@ -43,8 +45,12 @@ def test_workers_that_sample_on_a_server_elsewhere_leave_the_cores_to_the_learne
     import streamrl.runtime.threads
 
     recipe = recipe_with("fully-async", workers=2, backend="sglang")
-    external = dataclasses.replace(recipe, service=dataclasses.replace(recipe.service, inference_service=dataclasses.replace(
-        recipe.service.inference_service, url="http://127.0.0.1:30000")))
+    external = dataclasses.replace(
+        recipe,
+        service=dataclasses.replace(
+            recipe.service, inference_service=dataclasses.replace(recipe.service.inference_service, url="http://127.0.0.1:30000")
+        ),
+    )
     assert learner_threads(external, cores=8) == 8
     # managed servers on a CPU-only machine sample beside the learner: one share each
     monkeypatch.setattr(streamrl.runtime.threads, "cuda_present", lambda: False)

@@ -71,16 +71,17 @@ def test_every_byte_of_every_built_in_recipes_texts_survives_encode_and_decode()
     models' tokenizers: nothing unknown, no whitespace lost."""
     from transformers import AutoTokenizer
 
-    from streamrl.runtime.recipe import prepare_recipe
     from streamrl.runtime.dataset import read_rows
+    from streamrl.runtime.recipe import prepare_recipe
     from tests.conftest import REPO
 
     for recipe_file in ("arith/recipe.yaml", "kv_agent/recipe.yaml", "byo_math/recipe.yaml"):
         recipe = prepare_recipe(REPO / "recipes" / recipe_file)  # runs the set-up script
         tokenizer = AutoTokenizer.from_pretrained(recipe.rollout_worker.model_path)
         files = recipe.data.data_files + recipe.validate.data.data_files
-        rows = read_rows(recipe.data.data_files, recipe.data.type) + read_rows(recipe.validate.data.data_files,
-                                                                               recipe.validate.data.type)
+        rows = read_rows(recipe.data.data_files, recipe.data.type) + read_rows(
+            recipe.validate.data.data_files, recipe.validate.data.type
+        )
         checked = 0
         for text in {t for row in rows for t in texts_of(row)}:
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -105,8 +106,13 @@ def test_a_generated_model_of_an_older_version_is_rebuilt(tmp_path):
     shutil.copy(REPO / "recipes" / "byo_math" / "setup.py", tmp_path / "setup.py")
 
     def run():
-        subprocess.run([sys.executable, str(tmp_path / "setup.py")], check=True, capture_output=True,
-                       env={**os.environ, "BYO_TRAIN_ROWS": "50", "PYTHONPATH": str(REPO)})
+        subprocess.run(
+            [sys.executable, str(tmp_path / "setup.py")],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "BYO_TRAIN_ROWS": "50", "PYTHONPATH": str(REPO)},
+        )
+
     run()
     stamp, weights = tmp_path / "generated" / "model" / STAMP_FILE, tmp_path / "generated" / "model" / "model.safetensors"
     assert json.loads(stamp.read_text())["version"] == BUILTIN_MODEL_VERSION

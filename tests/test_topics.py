@@ -9,13 +9,12 @@ def test_topic_names_round_trip():
     assert parse_topic("streamrl.run-1.trajectories") == ("run-1", "trajectories")
     assert parse_topic("streamrl.run-1.unknown_kind") is None
     assert parse_topic("other.topic") is None
-    assert set(run_topics("r")) == {"tasks", "trajectories", "evaluations", "samples", "steps", "weights",
-                                    "runs", "dead_letters"}
+    assert set(run_topics("r")) == {"tasks", "trajectories", "evaluations", "samples", "steps", "weights", "runs", "dead_letters"}
 
 
 @pytest.mark.parametrize("bad", ["", "has.dot", "space here", "-leading", "x" * 201, "ünï"])
 def test_bad_run_ids_are_refused_with_the_rule(bad):
-    with pytest.raises(TopicNameError, match="run id .* is not valid"):
+    with pytest.raises(TopicNameError, match=r"run id .* is not valid"):
         topic_name(bad, "tasks")
 
 
@@ -37,8 +36,7 @@ def test_a_rotating_runs_events_go_to_the_window_of_their_step():
     set_window_steps("rot", 5)
     try:
         # steps 0-4 are window 0, 5-9 window 1; run-level kinds keep their one topic
-        assert topic_for(Sample(run_id="rot", trajectory_id="t", group_id="g", step=4)) == \
-            ("streamrl.rot.samples.w000000", 0)
+        assert topic_for(Sample(run_id="rot", trajectory_id="t", group_id="g", step=4)) == ("streamrl.rot.samples.w000000", 0)
         assert topic_for(TrainStep(run_id="rot", step=5)) == ("streamrl.rot.steps.w000001", 1)
         assert topic_for(WeightVersion(run_id="rot", version=7)) == ("streamrl.rot.weights", None)
         assert topic_for(TrainStep(run_id="other", step=5)) == ("streamrl.other.steps", None)
@@ -58,8 +56,12 @@ def test_readers_hold_the_newest_four_windows_and_the_learner_those_it_has_not_t
     from streamrl.learner.recorded_steps import holds_untrained
     from streamrl.schema.topics import run_pattern, windows_to_hold
 
-    listed = ["streamrl.r.samples", "streamrl.r2.samples.w000009", "streamrl.r.tasks.w000009",
-              *[f"streamrl.r.samples.w{w:06d}" for w in range(8)]]
+    listed = [
+        "streamrl.r.samples",
+        "streamrl.r2.samples.w000009",
+        "streamrl.r.tasks.w000009",
+        *[f"streamrl.r.samples.w{w:06d}" for w in range(8)],
+    ]
     samples = re.compile(run_pattern("r", ["samples"]))
     assert windows_to_hold(listed, samples) == [f"streamrl.r.samples.w{w:06d}" for w in (4, 5, 6, 7)]
     # a learner that trained step 22 with windows of 5 steps still needs window 4 (steps 20-24)

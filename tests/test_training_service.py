@@ -29,9 +29,13 @@ ARITH_MODEL = REPO / "recipes" / "arith" / "generated" / "last_digit" / "model"
 def start_service(models: dict, port: int = PORT) -> subprocess.Popen:
     """`streamrl serve-training` as a user starts it, once it answers on `port`."""
     args = [arg for name, folder in models.items() for arg in ("--model", f"{name}={folder}")]
-    process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "serve-training", *args, "--port", str(port),
-                                "--device", "cpu"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", "serve-training", *args, "--port", str(port), "--device", "cpu"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -49,8 +53,7 @@ def start_service(models: dict, port: int = PORT) -> subprocess.Popen:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     tiny = build_tiny_model(tmp_path_factory.mktemp("service") / "tiny")
-    subprocess.run([sys.executable, str(REPO / "recipes" / "arith" / "setup.py")], check=True, cwd=REPO,
-                   capture_output=True)
+    subprocess.run([sys.executable, str(REPO / "recipes" / "arith" / "setup.py")], check=True, cwd=REPO, capture_output=True)
     return {"tiny": str(tiny), "arith": str(ARITH_MODEL)}
 
 
@@ -81,14 +84,17 @@ def datums(tokenizer, types):
         old = np.linspace(-3.0, -2.0, n).astype(np.float32)  # a sampler's logprobs, made up
         advantages = np.array([0.0] * (n - 2) + [0.5, -0.25], np.float32)
         data.append((ids, weights, old, advantages))
-    wire = [types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                        loss_fn_inputs={"target_tokens": np.array(ids[1:], np.int64), "weights": w, "logprobs": o,
-                                        "advantages": a}) for ids, w, o, a in data]
+    wire = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(ids[:-1]),
+            loss_fn_inputs={"target_tokens": np.array(ids[1:], np.int64), "weights": w, "logprobs": o, "advantages": a},
+        )
+        for ids, w, o, a in data
+    ]
     return data, wire
 
 
-def test_the_tinker_client_trains_samples_and_gets_streamrls_losses(stack, models, service, api_key, ledger,
-                                                                     tinker_clients):
+def test_the_tinker_client_trains_samples_and_gets_streamrls_losses(stack, models, service, api_key, ledger, tinker_clients):
     from tinker import types
     from transformers import AutoModelForCausalLM
 
@@ -121,16 +127,20 @@ def test_the_tinker_client_trains_samples_and_gets_streamrls_losses(stack, model
         trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     after = trainer.forward(wire, "cross_entropy").result().metrics["loss:sum"]
     assert after < before - 0.5, (before, after)
-    steps = scalar(ledger, "select count(*) from service_requests where model_id = %s and kind = 'optim_step' "
-                           "and status = 'complete' and runs = 1", trainer.model_id)
+    steps = scalar(
+        ledger,
+        "select count(*) from service_requests where model_id = %s and kind = 'optim_step' and status = 'complete' and runs = 1",
+        trainer.model_id,
+    )
     assert steps == 4
 
     # sampler weights, then sampling from them: token ids with their logprobs
     path = trainer.save_weights_for_sampler(name="trained").result().path
     sampler = client.create_sampling_client(model_path=path).result()
     prompt = types.ModelInput.from_ints(tokenizer("12+34=")["input_ids"])
-    result = sampler.sample(prompt=prompt, num_samples=3,
-                            sampling_params=types.SamplingParams(max_tokens=4, temperature=1.0, seed=3)).result()
+    result = sampler.sample(
+        prompt=prompt, num_samples=3, sampling_params=types.SamplingParams(max_tokens=4, temperature=1.0, seed=3)
+    ).result()
     assert len(result.sequences) == 3
     for sequence in result.sequences:
         assert 1 <= len(sequence.tokens) <= 4 and len(sequence.logprobs) == len(sequence.tokens)
@@ -143,13 +153,15 @@ def test_the_tinker_client_trains_samples_and_gets_streamrls_losses(stack, model
 
 
 def test_requests_without_a_valid_key_or_with_a_bad_datum_are_refused_and_change_nothing(
-        stack, service, api_key, ledger, tinker_clients):
+    stack, service, api_key, ledger, tinker_clients
+):
     import tinker
     from tinker import types
 
     for headers in ({}, {"X-API-Key": "tml-not-a-key"}):
-        response = httpx.post(f"{URL}/api/v1/create_session", headers=headers,
-                              json={"tags": [], "user_metadata": None, "sdk_version": "x"})
+        response = httpx.post(
+            f"{URL}/api/v1/create_session", headers=headers, json={"tags": [], "user_metadata": None, "sdk_version": "x"}
+        )
         assert response.status_code == 401, response.text
     with pytest.raises(tinker.AuthenticationError):
         tinker.ServiceClient(base_url=URL, api_key="tml-wrong").create_lora_training_client(base_model="tiny", rank=4)
@@ -159,23 +171,37 @@ def test_requests_without_a_valid_key_or_with_a_bad_datum_are_refused_and_change
     client = tinker_clients(URL, api_key)
     trainer = client.create_lora_training_client(base_model="tiny", rank=4).result()
     ids = [5, 6, 7, 8]
-    good = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                       loss_fn_inputs={"target_tokens": np.array(ids[1:]), "weights": np.ones(3, np.float32)})
+    good = types.Datum(
+        model_input=types.ModelInput.from_ints(ids[:-1]),
+        loss_fn_inputs={"target_tokens": np.array(ids[1:]), "weights": np.ones(3, np.float32)},
+    )
     loss = trainer.forward([good], "cross_entropy").result().metrics["loss:sum"]
     requests = scalar(ledger, "select count(*) from service_requests where model_id = %s", trainer.model_id)
-    bad = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                      loss_fn_inputs={"target_tokens": np.array(ids[1:]), "weights": np.ones(5, np.float32)})
+    bad = types.Datum(
+        model_input=types.ModelInput.from_ints(ids[:-1]),
+        loss_fn_inputs={"target_tokens": np.array(ids[1:]), "weights": np.ones(5, np.float32)},
+    )
     with pytest.raises(Exception, match=r"data\[0\]\.loss_fn_inputs\.weights: 5 values for 3 input tokens"):
         trainer.forward_backward([bad], "cross_entropy").result()
-    unknown = httpx.post(f"{URL}/api/v1/create_model", headers={"X-API-Key": api_key},
-                         json={"session_id": "nope", "model_seq_id": 0, "base_model": "tiny"})
+    unknown = httpx.post(
+        f"{URL}/api/v1/create_model",
+        headers={"X-API-Key": api_key},
+        json={"session_id": "nope", "model_seq_id": 0, "base_model": "tiny"},
+    )
     assert unknown.status_code == 404 and "session_id" in unknown.text
     assert scalar(ledger, "select count(*) from service_requests where model_id = %s", trainer.model_id) == requests
     # a run whose training service is down stops before it starts, with one sentence
-    result = run_cli("run", RECIPE, "--mode", "training-service", "trainer.type=remote_api_grpo",
-                     "trainer.warmup_until_accuracy=null",  # a remote warm-up runs its fixed count
-                     "service.train_service.backend=tinker", "service.train_service.url=http://127.0.0.1:9",
-                     f"service.tinker_service.api_key={api_key}")
+    result = run_cli(
+        "run",
+        RECIPE,
+        "--mode",
+        "training-service",
+        "trainer.type=remote_api_grpo",
+        "trainer.warmup_until_accuracy=null",  # a remote warm-up runs its fixed count
+        "service.train_service.backend=tinker",
+        "service.train_service.url=http://127.0.0.1:9",
+        f"service.tinker_service.api_key={api_key}",
+    )
     said = " ".join(result.stderr.split())
     assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "the training service at http://127.0.0.1:9 did not answer after 3 tries" in said
@@ -189,26 +215,47 @@ STEPS = 16
 WARMUP = 650
 
 
-def test_the_built_in_recipe_learns_through_the_service_killed_mid_run(stack, service, models, api_key, ledger,
-                                                                       run_id, tmp_path):
+def test_the_built_in_recipe_learns_through_the_service_killed_mid_run(stack, service, models, api_key, ledger, run_id, tmp_path):
     """remote_api_grpo against serve-training, full fine-tuning (lora_rank 0): the recipe's
     cross-entropy warm-up and its GRPO steps run on the service, which is SIGKILLed after
     step 6 and started again; after step 10 the remote trainer is SIGKILLed too. The run
     finishes, no optimizer step is applied twice, the ledger is exact, and held-out
     accuracy rises from the untrained model's (measured by the service's own sampler) to
     the final validation's."""
-    overrides = ["trainer.type=remote_api_grpo", "trainer.warmup_until_accuracy=null",  # its fixed count
-                 "service.train_service.backend=tinker",
-                 f"service.train_service.url={URL}", "service.train_service.base_model=arith",
-                 "service.tinker_service.lora_rank=0", f"service.tinker_service.api_key={api_key}",
-                 # a snapshot of the service's state every step: the killed trainer resumes from
-                 # it (re-training recorded steps after a snapshot: tests/test_rl_loop.py)
-                 "trainer.save_freq=1"]
-    env = {**os.environ, **small_run_env(ARITH_STEPS=str(STEPS), ARITH_WARMUP_STEPS=str(WARMUP),
-                                         ARITH_VALIDATE_EVERY=str(STEPS))}
-    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", RECIPE, *overrides, "--mode",
-                            "training-service", "--run", run_id, "--out", str(tmp_path)], cwd=REPO, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    overrides = [
+        "trainer.type=remote_api_grpo",
+        "trainer.warmup_until_accuracy=null",  # its fixed count
+        "service.train_service.backend=tinker",
+        f"service.train_service.url={URL}",
+        "service.train_service.base_model=arith",
+        "service.tinker_service.lora_rank=0",
+        f"service.tinker_service.api_key={api_key}",
+        # a snapshot of the service's state every step: the killed trainer resumes from
+        # it (re-training recorded steps after a snapshot: tests/test_rl_loop.py)
+        "trainer.save_freq=1",
+    ]
+    env = {**os.environ, **small_run_env(ARITH_STEPS=str(STEPS), ARITH_WARMUP_STEPS=str(WARMUP), ARITH_VALIDATE_EVERY=str(STEPS))}
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "run",
+            RECIPE,
+            *overrides,
+            "--mode",
+            "training-service",
+            "--run",
+            run_id,
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 400
         while scalar(ledger, "select count(*) from train_steps where run_id = %s", run_id) < 6:
@@ -234,35 +281,45 @@ def test_the_built_in_recipe_learns_through_the_service_killed_mid_run(stack, se
     # the loop runs as the remote trainer, a process that holds no model
     assert (tmp_path / "logs" / "remote-trainer.log").exists() and not (tmp_path / "logs" / "learner.log").exists()
 
-    assert [r[0] for r in ledger.execute("select step from train_steps where run_id = %s order by step",
-                                         (run_id,))] == list(range(1, STEPS + 1))
+    assert [r[0] for r in ledger.execute("select step from train_steps where run_id = %s order by step", (run_id,))] == list(
+        range(1, STEPS + 1)
+    )
     assert_ledger_consistent(ledger, run_id, STEPS, 1)
     # one model (full fine-tuning), 60 warm-up + STEPS optimizer steps, each applied once
-    started = scalar(ledger, "select details from run_events where run_id = %s and kind = 'started' "
-                             "and name = 'learner'", run_id)
+    started = scalar(ledger, "select details from run_events where run_id = %s and kind = 'started' and name = 'learner'", run_id)
     model_id = started["service_model"]
-    assert scalar(ledger, "select user_metadata->>'streamrl_run' from service_sessions s join service_models m "
-                          "using (session_id) where m.model_id = %s", model_id) == run_id
+    assert (
+        scalar(
+            ledger,
+            "select user_metadata->>'streamrl_run' from service_sessions s join service_models m "
+            "using (session_id) where m.model_id = %s",
+            model_id,
+        )
+        == run_id
+    )
     # full fine-tuning; the warm-up trains one model, RL a second one loaded from its weights
     # (a fresh optimizer), the resumed trainer a third one from its last checkpoint's state.
     # The service's kill applied no step twice: every optim_step ran once, in sequence.
-    optim = ledger.execute("""
+    optim = ledger.execute(
+        """
         select count(*), count(distinct (r.model_id, r.seq_id)), max(r.runs), count(distinct r.model_id)
         from service_requests r join service_models m using (model_id) join service_sessions s using (session_id)
         where s.user_metadata->>'streamrl_run' = %s and r.kind = 'optim_step' and r.status = 'complete'""",
-                           (run_id,)).fetchone()
+        (run_id,),
+    ).fetchone()
     resumed_after = scalar(ledger, "select sequence from run_events where run_id = %s and kind = 'resumed'", run_id)
     assert 10 <= resumed_after < STEPS and optim[2] == 1 and optim[3] == 3
     # the killed trainer may have had one step applied that its checkpoint did not record:
     # the resumed one trains that step again from the checkpoint's state, not on top of it
     assert optim[0] == optim[1] and WARMUP + STEPS <= optim[0] <= WARMUP + STEPS + 1
-    assert scalar(ledger, "select count(*) from service_requests where model_id = %s and kind = 'optim_step'",
-                  model_id) >= resumed_after
+    assert (
+        scalar(ledger, "select count(*) from service_requests where model_id = %s and kind = 'optim_step'", model_id)
+        >= resumed_after
+    )
     # held-out accuracy: the untrained model's (greedy, by the service's sampler) vs the
     # rollout workers' final validation (observed: 0.0 before, 0.9 and more after)
     before = started["val_accuracy_before_warmup"]
-    after = scalar(ledger, "select avg(reward) from evaluations where run_id = %s and is_val and step = %s",
-                   run_id, STEPS)
+    after = scalar(ledger, "select avg(reward) from evaluations where run_id = %s and is_val and step = %s", run_id, STEPS)
     print(f"held-out accuracy {before:.3f} -> {after:.3f}")
     assert after >= before + 0.5, f"held-out accuracy {before:.3f} -> {after:.3f}"
 
@@ -275,16 +332,16 @@ def test_a_checkpoint_name_is_a_name_never_a_path(stack, service, api_key, ledge
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep.txt").write_text("mine")
-    trainer = tinker_clients(URL, api_key).create_lora_training_client(
-        base_model="tiny", rank=4).result()
+    trainer = tinker_clients(URL, api_key).create_lora_training_client(base_model="tiny", rank=4).result()
     before = scalar(ledger, "select count(*) from service_requests where model_id = %s", trainer.model_id)
     attacks = [str(victim), "../../../../../../../../" + str(victim).lstrip("/"), "..", "a/b", ".hidden", "x" * 200]
     for request_type in (types.SaveWeightsRequest, types.SaveWeightsForSamplerRequest):
         for name in attacks:
             body = request_type(model_id=trainer.model_id, path=name, seq_id=before + 1).model_dump_json()
             kind = "save_weights" if request_type is types.SaveWeightsRequest else "save_weights_for_sampler"
-            response = httpx.post(f"{URL}/api/v1/{kind}", headers={"X-API-Key": api_key,
-                                                                  "Content-Type": "application/json"}, content=body)
+            response = httpx.post(
+                f"{URL}/api/v1/{kind}", headers={"X-API-Key": api_key, "Content-Type": "application/json"}, content=body
+            )
             assert response.status_code == 400, (name, response.text)
             assert f"{request_type.__name__}.path" in response.json()["detail"]
     assert (victim / "keep.txt").read_text() == "mine" and sorted(p.name for p in victim.iterdir()) == ["keep.txt"]
@@ -294,8 +351,7 @@ def test_a_checkpoint_name_is_a_name_never_a_path(stack, service, api_key, ledge
     assert saved.path == f"tinker://{trainer.model_id}/weights/step-1.ok"
 
 
-def test_another_keys_models_sessions_weights_and_futures_are_not_found(stack, service, api_key, ledger,
-                                                                         tinker_clients):
+def test_another_keys_models_sessions_weights_and_futures_are_not_found(stack, service, api_key, ledger, tinker_clients):
     """Key B, on every route that names something of key A's: the same 404 (or 400 for a
     sampler path) as for something that does not exist, and nothing of A's changes."""
     from tinker import types
@@ -305,11 +361,11 @@ def test_another_keys_models_sessions_weights_and_futures_are_not_found(stack, s
     trainer = owner.create_lora_training_client(base_model="tiny", rank=4).result()
     sampler_path = trainer.save_weights_for_sampler("for-a").result().path
     sampling = owner.create_sampling_client(model_path=sampler_path)
-    future = sampling.sample(types.ModelInput.from_ints([5, 6, 7]), 1,
-                             types.SamplingParams(max_tokens=2, temperature=1.0))
+    future = sampling.sample(types.ModelInput.from_ints([5, 6, 7]), 1, types.SamplingParams(max_tokens=2, temperature=1.0))
     future.result()
-    sample_request = scalar(ledger, "select request_id from service_requests where kind = 'sample' "
-                                    "order by created_at desc limit 1")
+    sample_request = scalar(
+        ledger, "select request_id from service_requests where kind = 'sample' order by created_at desc limit 1"
+    )
     session_of_a = trainer.model_id.split(":")[0]
     headers = {"X-API-Key": other}
 
@@ -317,16 +373,27 @@ def test_another_keys_models_sessions_weights_and_futures_are_not_found(stack, s
         return httpx.post(f"{URL}/api/v1/{route}", headers=headers, json=body)
 
     missing = post("get_info", {"model_id": "session-nope:train:0"})
-    for response in (post("get_info", {"model_id": trainer.model_id}), missing,
-                     post("retrieve_future", {"request_id": sample_request}),
-                     post("retrieve_future", {"request_id": f"{trainer.model_id}:0"}),
-                     httpx.get(f"{URL}/api/v1/samplers/{session_of_a}:sample:0", headers=headers)):
+    for response in (
+        post("get_info", {"model_id": trainer.model_id}),
+        missing,
+        post("retrieve_future", {"request_id": sample_request}),
+        post("retrieve_future", {"request_id": f"{trainer.model_id}:0"}),
+        httpx.get(f"{URL}/api/v1/samplers/{session_of_a}:sample:0", headers=headers),
+    ):
         assert response.status_code == 404, response.text
     assert "for this API key" in post("get_info", {"model_id": trainer.model_id}).text
     session_of_b = post("create_session", {"tags": [], "user_metadata": None, "sdk_version": "x"}).json()["session_id"]
-    stolen = post("create_sampling_session", {"session_id": session_of_b, "sampling_session_seq_id": 0,
-                                              "model_path": sampler_path})
+    stolen = post(
+        "create_sampling_session", {"session_id": session_of_b, "sampling_session_seq_id": 0, "model_path": sampler_path}
+    )
     assert stolen.status_code == 400 and "model_path" in stolen.text
-    sample = post("asample", {"num_samples": 1, "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5]}]},
-                              "sampling_params": {"max_tokens": 1}, "model_path": sampler_path})
+    sample = post(
+        "asample",
+        {
+            "num_samples": 1,
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5]}]},
+            "sampling_params": {"max_tokens": 1},
+            "model_path": sampler_path,
+        },
+    )
     assert sample.status_code == 400 and "model_path" in sample.text

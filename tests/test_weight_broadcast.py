@@ -16,7 +16,7 @@ from streamrl.algos.losses import token_logprobs_and_entropy
 from streamrl.learner.checkpoint import write_weight_version
 from streamrl.learner.weight_broadcast import WeightBroadcaster
 from streamrl.producers.inference import SamplingParams
-from streamrl.producers.sglang_engine import SGLangEngine, Server
+from streamrl.producers.sglang_engine import Server, SGLangEngine
 from tests.conftest import REPO, run_cli
 from tests.test_rl_loop import assert_ledger_consistent
 
@@ -43,7 +43,7 @@ def scored(model, prompt: list[int], response: list[int]) -> list[float]:
     tokens = torch.tensor([prompt + response])
     with torch.no_grad():
         logprobs, _ = token_logprobs_and_entropy(model(input_ids=tokens).logits, tokens, 1.0)
-    return logprobs[0, len(prompt):].tolist()
+    return logprobs[0, len(prompt) :].tolist()
 
 
 def test_a_broadcast_version_is_served_without_a_folder(engine, model_dir, tmp_path):
@@ -99,13 +99,22 @@ def test_the_sglang_recipe_trains_on_broadcast_versions(stack, ledger, run_id, t
     # batches; a version every 2 steps
     sync_every = 2
     env = {"ARITH_STEPS": "4", "ARITH_WARMUP_STEPS": "150", "ARITH_VALIDATE_EVERY": "4", "ARITH_SYNC_MODE": "sync"}
-    result = run_cli("run", str(REPO / "recipes" / "arith" / "sglang.yaml"), "--run", run_id, "--out", str(tmp_path),
-                     "weight.transport=distributed", f"weight.sync_every={sync_every}", env=env, timeout=600)
+    result = run_cli(
+        "run",
+        str(REPO / "recipes" / "arith" / "sglang.yaml"),
+        "--run",
+        run_id,
+        "--out",
+        str(tmp_path),
+        "weight.transport=distributed",
+        f"weight.sync_every={sync_every}",
+        env=env,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # staleness counts versions: sync's 0 versions behind is up to 1 step with a version every 2
     assert_ledger_consistent(ledger, run_id, steps=4, staleness_threshold=1)
-    versions = [r[0] for r in ledger.execute("select version from weight_versions where run_id = %s order by version",
-                                             (run_id,))]
+    versions = [r[0] for r in ledger.execute("select version from weight_versions where run_id = %s order by version", (run_id,))]
     assert versions == list(range(0, 5, sync_every))
     server_log = "".join(p.read_text() for p in stack.home.glob(f"runs/{run_id}/logs/sglang-*.log"))
     assert server_log.count("POST /update_weights_from_distributed") == len(versions) - 1

@@ -30,21 +30,34 @@ def pid_of(run_id: str, *needles: str) -> int | None:
 
 
 def test_a_worker_joins_mid_run_and_the_first_one_dies(stack, ledger, run_id, tmp_path):
-    env = {**os.environ, **small_run_env(ARITH_STEPS=str(STEPS), ARITH_SYNC_MODE="sync", ARITH_VALIDATE_EVERY="12"),
-           "STREAMRL_PARTITION_ASSIGNMENT": "group"}
-    run = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--workers", "1",
-                            "--out", str(tmp_path)], cwd=REPO, env=env, stdout=open(tmp_path / "run.log", "wb"),
-                           stderr=subprocess.STDOUT)
+    env = {
+        **os.environ,
+        **small_run_env(ARITH_STEPS=str(STEPS), ARITH_SYNC_MODE="sync", ARITH_VALIDATE_EVERY="12"),
+        "STREAMRL_PARTITION_ASSIGNMENT": "group",
+    }
+    run = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--workers", "1", "--out", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        stdout=open(tmp_path / "run.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
     extra = None
     try:
         steps = lambda: scalar(ledger, "select count(*) from train_steps where run_id = %s", run_id)  # noqa: E731
         wait_for(lambda: steps() >= 1, 300, what="step 1")
-        extra = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "worker", run_id, "--name", "extra"],
-                                 cwd=REPO, env=env, stdout=open(tmp_path / "extra.log", "wb"),
-                                 stderr=subprocess.STDOUT)
-        wait_for(lambda: scalar(ledger, "select count(*) from trajectories where run_id = %s "
-                                        "and worker_id like '%%-extra'", run_id), 120,
-                 what="a task rolled out by the worker started by hand")
+        extra = subprocess.Popen(
+            [sys.executable, "-m", "streamrl.cli", "worker", run_id, "--name", "extra"],
+            cwd=REPO,
+            env=env,
+            stdout=open(tmp_path / "extra.log", "wb"),
+            stderr=subprocess.STDOUT,
+        )
+        wait_for(
+            lambda: scalar(ledger, "select count(*) from trajectories where run_id = %s and worker_id like '%%-extra'", run_id),
+            120,
+            what="a task rolled out by the worker started by hand",
+        )
         os.kill(pid_of(run_id, "worker", "--name worker-0"), signal.SIGKILL)  # streamrl run restarts it
         assert run.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-3000:]
     finally:
@@ -53,8 +66,12 @@ def test_a_worker_joins_mid_run_and_the_first_one_dies(stack, ledger, run_id, tm
                 process.send_signal(signal.SIGTERM)
                 process.wait(timeout=60)
     assert_ledger_consistent(ledger, run_id, steps=STEPS, staleness_threshold=0)
-    by_worker = dict(ledger.execute("select split_part(worker_id, '-', -1), count(*) from trajectories "
-                                    "where run_id = %s and not is_val group by 1", (run_id,)).fetchall())
+    by_worker = dict(
+        ledger.execute(
+            "select split_part(worker_id, '-', -1), count(*) from trajectories where run_id = %s and not is_val group by 1",
+            (run_id,),
+        ).fetchall()
+    )
     assert by_worker.keys() == {"0", "extra"} and min(by_worker.values()) > 0, by_worker
     assert "worker-0 exited with signal 9; restarting it" in (tmp_path / "logs" / "supervisor.log").read_text()
 

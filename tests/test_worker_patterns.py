@@ -15,9 +15,9 @@ from streamrl.producers.evaluator import ExactMatchEvaluator
 from streamrl.producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams
 from streamrl.producers.rollout import InferenceClient
 from streamrl.recipes.patterns import workers
-from streamrl.schema.events import Task, unpack_float32, unpack_int32, unpack_mask
 from streamrl.runtime.chat_template import encode
 from streamrl.runtime.tiny_lm import build_tiny_model
+from streamrl.schema.events import Task, unpack_float32, unpack_int32, unpack_mask
 
 
 def chatml_user(client, text: str) -> list[int]:
@@ -57,8 +57,10 @@ def test_multi_step_worker_trains_only_the_answer_in_the_context_it_was_sampled_
     reasoning, answer = completions
     tokens = unpack_int32(trajectory.tokens).tolist()
     assert tokens == answer.prompt_token_ids + answer.response_token_ids
-    assert tokens[:len(reasoning.prompt_token_ids) + len(reasoning.response_token_ids)] == \
-        reasoning.prompt_token_ids + reasoning.response_token_ids
+    assert (
+        tokens[: len(reasoning.prompt_token_ids) + len(reasoning.response_token_ids)]
+        == reasoning.prompt_token_ids + reasoning.response_token_ids
+    )
     ids, logprobs = trained(trajectory)
     assert ids == answer.response_token_ids
     np.testing.assert_allclose(logprobs, answer.logprobs, rtol=1e-6)
@@ -86,15 +88,15 @@ def test_external_api_context(client):
     server = ThreadingHTTPServer(("127.0.0.1", 0), Api)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        trajectory, _, completions = run(workers.ExternalContextWorker, client,
-                                         {"api_url": f"http://127.0.0.1:{server.server_address[1]}/ctx"})
+        trajectory, _, completions = run(
+            workers.ExternalContextWorker, client, {"api_url": f"http://127.0.0.1:{server.server_address[1]}/ctx"}
+        )
     finally:
         server.shutdown()
     expected = chatml_user(client, "Context: five is 5\nQ: 2+3\nA:")
     assert completions[0].prompt_token_ids == expected
     assert trajectory.extra_fields["context"] == "five is 5"
-    down, evaluation, _ = run(workers.ExternalContextWorker, client, {"api_url": "http://127.0.0.1:9/ctx",
-                                                                      "api_timeout_s": 1})
+    down, evaluation, _ = run(workers.ExternalContextWorker, client, {"api_url": "http://127.0.0.1:9/ctx", "api_timeout_s": 1})
     assert "URLError" in down.error and evaluation.reward == 0.0  # recorded, not lost
 
 
@@ -104,8 +106,7 @@ def test_marker_mask_trains_only_after_the_marker(client):
     response = tok("12=34", add_special_tokens=False)["input_ids"]
     assert worker.get_train_loss_mask([{"response_tokens": response}]) == [0, 0, 0, 1, 1]
     no_marker = tok("34", add_special_tokens=False)["input_ids"]
-    assert worker.get_train_loss_mask([{"response_tokens": no_marker}, {"response_tokens": response}]) == \
-        [1, 1, 0, 0, 0, 1, 1]
+    assert worker.get_train_loss_mask([{"response_tokens": no_marker}, {"response_tokens": response}]) == [1, 1, 0, 0, 0, 1, 1]
     trajectory, _, completions = run(workers.MarkerMaskWorker, client, {"marker": "="})
     assert set(trained(trajectory)[0]) <= set(completions[0].response_token_ids)
 
@@ -114,8 +115,7 @@ def test_conditional_evaluation_routes_by_task_type(client):
     for kind in ("exact", "contains", "similarity", "unknown"):
         trajectory, evaluation, completions = run(workers.ConditionalEvalWorker, client, type=kind)
         response = completions[0].response_text
-        expected = {"exact": float(response.strip() == "5"), "contains": float("5" in response),
-                    "unknown": 0.0}.get(kind)
+        expected = {"exact": float(response.strip() == "5"), "contains": float("5" in response), "unknown": 0.0}.get(kind)
         assert trajectory.extra_fields["task_type"] == kind
         if expected is not None:
             assert evaluation.reward == expected

@@ -34,8 +34,9 @@ def arith_rows(count: int, seed: int, variant: str = "last_digit", max_operand: 
     return [arith_row(rng.randint(0, max_operand), rng.randint(0, max_operand), variant, width) for _ in range(count)]
 
 
-def split_rows(count: int, val_count: int, seed: int, variant: str = "last_digit",
-               max_operand: int = 99) -> tuple[list[dict], list[dict]]:
+def split_rows(
+    count: int, val_count: int, seed: int, variant: str = "last_digit", max_operand: int = 99
+) -> tuple[list[dict], list[dict]]:
     """Train and held-out validation rows with no prompt in common."""
     rows = arith_rows(count + 4 * val_count, seed, variant, max_operand)
     seen, train, val = set(), [], []

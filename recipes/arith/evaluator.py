@@ -12,5 +12,6 @@ class ArithEvaluator(Evaluator):
         truth = str(data["answer"]).strip()
         output = evaluation_target.final_answer.strip()
         correct = float(output == truth)
-        return EvaluationRunResult(reward=correct, ground_truth=truth,
-                                   metrics={"accuracy": correct, "well_formed": float(output.isdigit())})
+        return EvaluationRunResult(
+            reward=correct, ground_truth=truth, metrics={"accuracy": correct, "well_formed": float(output.isdigit())}
+        )

@@ -18,12 +18,16 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "agent_workspace"))
 
 from kv_data import make_row  # noqa: E402
+
 from streamrl.api import generated_is_current  # noqa: E402
 
 
 def main() -> None:
-    settings = {"train_rows": int(os.environ.get("KV_TRAIN_ROWS", "4000")),
-                "val_rows": int(os.environ.get("KV_VAL_ROWS", "200")), "seed": int(os.environ.get("KV_SEED", "1"))}
+    settings = {
+        "train_rows": int(os.environ.get("KV_TRAIN_ROWS", "4000")),
+        "val_rows": int(os.environ.get("KV_VAL_ROWS", "200")),
+        "seed": int(os.environ.get("KV_SEED", "1")),
+    }
     out = HERE / "generated"
     if generated_is_current(out, settings):
         return

@@ -22,6 +22,8 @@ class ShiftEvaluator(Evaluator):
     def evaluate(self, data, evaluation_target):
         truth = str(data["answer"]).strip()
         output = evaluation_target.final_answer.strip()
-        return EvaluationRunResult(reward=letters_right(output, truth), ground_truth=truth,
-                                   metrics={"accuracy": float(output == truth),
-                                            "answer_length": float(len(output))})
+        return EvaluationRunResult(
+            reward=letters_right(output, truth),
+            ground_truth=truth,
+            metrics={"accuracy": float(output == truth), "answer_length": float(len(output))},
+        )

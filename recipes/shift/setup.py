@@ -12,7 +12,6 @@ settings changes nothing.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -28,9 +27,11 @@ def main() -> None:
         "val_rows": int(os.environ.get("SHIFT_VAL_ROWS", "100")),
         "seed": int(os.environ.get("SHIFT_SEED", "1")),
     }
-    write_generated(HERE / "generated" / f"len{settings['length']}", settings,
-                    lambda: split_rows(settings["train_rows"], settings["val_rows"], settings["seed"],
-                                       settings["length"]))
+    write_generated(
+        HERE / "generated" / f"len{settings['length']}",
+        settings,
+        lambda: split_rows(settings["train_rows"], settings["val_rows"], settings["seed"], settings["length"]),
+    )
 
 
 if __name__ == "__main__":

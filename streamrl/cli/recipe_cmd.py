@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from streamrl.cli.common import UsageError, cli_command, console
 
-recipe_app = typer.Typer(help="Recipes: YAML with defaults: composition and ${oc.env:VAR,default}.",
-                         no_args_is_help=True, rich_markup_mode=None)
+recipe_app = typer.Typer(
+    help="Recipes: YAML with defaults: composition and ${oc.env:VAR,default}.", no_args_is_help=True, rich_markup_mode=None
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -24,8 +25,10 @@ def register(app: typer.Typer) -> None:
 def recipe_new(
     name: Annotated[str, typer.Argument(help="The recipe's name (letters, digits, underscores).")],
     directory: Annotated[Path, typer.Option("--dir", help="Where to create the recipe's folder.")] = Path("recipes"),
-    template: Annotated[str, typer.Option("--template", help="agent (a tool-using agent) or single-turn (one "
-                                                              "completion of a chat-message prompt).")] = "agent",
+    template: Annotated[
+        str,
+        typer.Option("--template", help="agent (a tool-using agent) or single-turn (one completion of a chat-message prompt)."),
+    ] = "agent",
 ) -> None:
     """Scaffold a recipe folder, ready to run: common.yaml, NAME.yaml, NAME.env.sh,
     setup.py, and an agent_workspace/ (agent config, tools, evaluator, a custom worker)
@@ -43,7 +46,7 @@ def recipe_new(
 
 def recipe_copy(
     name: Annotated[str, typer.Argument(help="A built-in recipe (`streamrl recipe list`).")],
-    destination: Annotated[Optional[Path], typer.Argument(help="The folder to write (default: ./NAME).")] = None,
+    destination: Annotated[Path | None, typer.Argument(help="The folder to write (default: ./NAME).")] = None,
 ) -> None:
     """Write out a recipe StreamRL ships, to read, change and run: `streamrl recipe copy
     arith` then `streamrl run arith/recipe.yaml`. (`streamrl run builtin:arith` runs it
@@ -80,16 +83,27 @@ def check_inference_url(url: str) -> None:
 
 def recipe_validate(
     file: Annotated[Path, typer.Argument(help="The recipe YAML, or builtin:NAME.")],
-    overrides: Annotated[Optional[list[str]], typer.Argument(
-        help="Overrides, key.path=value, as `streamrl run` takes them.", show_default=False)] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="Overrides, key.path=value, as `streamrl run` takes them.", show_default=False)
+    ] = None,
     show: Annotated[bool, typer.Option("--show", help="Print the fully resolved recipe.")] = False,
-    mode: Annotated[Optional[str], typer.Option("--mode", "-m", help="As `streamrl run -m`: self-hosted or "
-                                                "training-service; refused when the trainer is not that kind.")] = None,
-    inference_url: Annotated[Optional[list[str]], typer.Option(
-        "--inference-url", help="As `streamrl run --inference-url`: refused unless the backend is sglang or "
-                                "openai.")] = None,
-    check_services: Annotated[bool, typer.Option("--check-services", help="Also check that the training "
-                                                 "service and the inference URLs answer now.")] = False,
+    mode: Annotated[
+        str | None,
+        typer.Option(
+            "--mode",
+            "-m",
+            help="As `streamrl run -m`: self-hosted or training-service; refused when the trainer is not that kind.",
+        ),
+    ] = None,
+    inference_url: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--inference-url", help="As `streamrl run --inference-url`: refused unless the backend is sglang or openai."
+        ),
+    ] = None,
+    check_services: Annotated[
+        bool, typer.Option("--check-services", help="Also check that the training service and the inference URLs answer now.")
+    ] = False,
 ) -> None:
     """Check a recipe exactly as `streamrl run` does before it starts anything: its
     environment and set-up scripts, unknown keys, wrong types, refused values, missing
@@ -112,6 +126,9 @@ def recipe_validate(
             check_inference_url(url)
     if show:
         console.print(yaml.safe_dump(recipe.to_dict(), sort_keys=False), highlight=False, markup=False)
-    console.print(f"{file}: valid ({recipe.project_name}/{recipe.experiment_name}, "
-                  f"trainer {recipe.trainer.type}, {recipe.algorithm.type} advantages, "
-                  f"{recipe.weight.sync_mode} weight sync)", highlight=False)
+    console.print(
+        f"{file}: valid ({recipe.project_name}/{recipe.experiment_name}, "
+        f"trainer {recipe.trainer.type}, {recipe.algorithm.type} advantages, "
+        f"{recipe.weight.sync_mode} weight sync)",
+        highlight=False,
+    )

@@ -14,10 +14,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from streamrl.learner.batching import TrainItem  # noqa: E402
-from streamrl.learner.policy import Policy  # noqa: E402
-from streamrl.learner.trainers import GRPOTrainer  # noqa: E402
-from streamrl.runtime.config import Recipe  # noqa: E402
+from streamrl.learner.batching import TrainItem
+from streamrl.learner.policy import Policy
+from streamrl.learner.trainers import GRPOTrainer
+from streamrl.runtime.config import Recipe
 
 
 def step_items(step: int) -> list[TrainItem]:
@@ -28,8 +28,16 @@ def step_items(step: int) -> list[TrainItem]:
         tokens = rng.integers(4, 60, n).astype(np.int32)
         mask = np.array([0] * 3 + [1] * (n - 3), dtype=np.uint8)
         behaviour = np.log(rng.uniform(0.2, 0.9, n)).astype(np.float32) * mask
-        items.append(TrainItem(tokens=tokens, mask=mask, behaviour_logprobs=behaviour,
-                               advantage=float(rng.normal()), trajectory_id=f"s{step}-{i}", group_id=f"g{step}"))
+        items.append(
+            TrainItem(
+                tokens=tokens,
+                mask=mask,
+                behaviour_logprobs=behaviour,
+                advantage=float(rng.normal()),
+                trajectory_id=f"s{step}-{i}",
+                group_id=f"g{step}",
+            )
+        )
     return items
 
 
@@ -38,16 +46,25 @@ def main(model: str, work: str, mode: str) -> None:
     work.mkdir(parents=True, exist_ok=True)
     rows = '{"prompt": "12+34=", "answer": "6"}\n{"prompt": "5+5=", "answer": "0"}\n{"prompt": "7+1=", "answer": "8"}\n'
     (work / "val.jsonl").write_text(rows)
-    recipe = Recipe.from_dict({"rollout_worker": {"model_path": model, "temperature": 1.0, "max_response_length": 4},
-                               "data": {"data_files": [str(work / "val.jsonl")]},
-                               "validate": {"data": {"data_files": [str(work / "val.jsonl")]}},
-                               "trainer": {"lr": 1e-3, "micro_batch_tokens": 24, "warmup_cross_entropy_steps": 3,
-                                           "warmup_batch_size": 4,
-                                           "device": os.environ.get("STREAMRL_TEST_DEVICE", "cpu"),
-                                           "dtype": os.environ.get("STREAMRL_TEST_DTYPE", "float32"),
-                                           # STREAMRL_TEST_LORA=RANK: a LoRA adapter of that rank trains
-                                           "lora": {"rank": int(os.environ["STREAMRL_TEST_LORA"]), "alpha": 8.0}
-                                           if os.environ.get("STREAMRL_TEST_LORA") else None}})
+    recipe = Recipe.from_dict(
+        {
+            "rollout_worker": {"model_path": model, "temperature": 1.0, "max_response_length": 4},
+            "data": {"data_files": [str(work / "val.jsonl")]},
+            "validate": {"data": {"data_files": [str(work / "val.jsonl")]}},
+            "trainer": {
+                "lr": 1e-3,
+                "micro_batch_tokens": 24,
+                "warmup_cross_entropy_steps": 3,
+                "warmup_batch_size": 4,
+                "device": os.environ.get("STREAMRL_TEST_DEVICE", "cpu"),
+                "dtype": os.environ.get("STREAMRL_TEST_DTYPE", "float32"),
+                # STREAMRL_TEST_LORA=RANK: a LoRA adapter of that rank trains
+                "lora": {"rank": int(os.environ["STREAMRL_TEST_LORA"]), "alpha": 8.0}
+                if os.environ.get("STREAMRL_TEST_LORA")
+                else None,
+            },
+        }
+    )
     policy = Policy(recipe, GRPOTrainer, work / "checkpoints")
     steps = [1, 2, 3] if mode == "train" else [4]
     if policy.is_main:
@@ -73,6 +90,7 @@ def main(model: str, work: str, mode: str) -> None:
 
 def save_params(folder: Path, path: Path) -> None:
     from transformers import AutoModelForCausalLM
+
     saved = AutoModelForCausalLM.from_pretrained(folder)
     torch.save({k: v.clone() for k, v in saved.state_dict().items()}, path)
 

@@ -24,8 +24,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 SUFFIX = " Provide a numerical answer without units, written inside \\boxed{}."
 STRAWBERRY = [
     {"role": "user", "content": "How many r's are in strawberry?" + SUFFIX},
-    {"role": "assistant", "content": "Let's spell the word out and number all the letters: 1) s 2) t 3) r 4) a 5) w "
-                                     "6) b 7) e 8) r 9) r 10) y. We have r's at positions 3, 8, and 9. \\boxed{3}"},
+    {
+        "role": "assistant",
+        "content": "Let's spell the word out and number all the letters: 1) s 2) t 3) r 4) a 5) w "
+        "6) b 7) e 8) r 9) r 10) y. We have r's at positions 3, 8, and 9. \\boxed{3}",
+    },
 ]
 
 
@@ -41,8 +44,10 @@ def write_datasets(folder: Path, rows: int, seed: int = 0) -> tuple[Path, Path]:
     with chat.open("w") as chat_file, gsm8k.open("w") as gsm8k_file:
         for _ in range(rows):
             digit = rng.randint(0, 9)
-            messages = [{"role": "user", "content": question(digit) + SUFFIX},
-                        {"role": "assistant", "content": f"\\boxed{{{digit}}}"}]
+            messages = [
+                {"role": "user", "content": question(digit) + SUFFIX},
+                {"role": "assistant", "content": f"\\boxed{{{digit}}}"},
+            ]
             chat_file.write(json.dumps({"messages": messages}) + "\n")
             gsm8k_file.write(json.dumps({"question": question(digit), "answer": f"It is {digit}.\n#### {digit}"}) + "\n")
     return chat, gsm8k
@@ -50,9 +55,11 @@ def write_datasets(folder: Path, rows: int, seed: int = 0) -> tuple[Path, Path]:
 
 def warm_up(model_folder: Path, out: Path, steps: int, seed: int = 0) -> Path:
     """Fine-tune `model_folder` on the RL loop's prompts answered `\\boxed{d}`; write `out`."""
+
     def examples(rng: random.Random) -> list[tuple[list[dict], str]]:
         digits = [rng.randint(0, 9) for _ in range(8)]
         return [([*STRAWBERRY, {"role": "user", "content": question(d) + SUFFIX}], f"\\boxed{{{d}}}") for d in digits]
+
     return fine_tune(model_folder, out, examples, steps, seed=seed)
 
 
@@ -67,18 +74,21 @@ def fine_tune(model_folder: Path, out: Path, examples, steps: int, lr: float = 3
     model.train()
     for _ in range(steps):
         batch = examples(rng)
-        prompt_ids = [tokenizer(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
-                                add_special_tokens=False)["input_ids"] for messages, _ in batch]
-        answer_ids = [tokenizer(answer + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
-                      for _, answer in batch]
+        prompt_ids = [
+            tokenizer(
+                tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), add_special_tokens=False
+            )["input_ids"]
+            for messages, _ in batch
+        ]
+        answer_ids = [tokenizer(answer + tokenizer.eos_token, add_special_tokens=False)["input_ids"] for _, answer in batch]
         width = max(len(p) + len(a) for p, a in zip(prompt_ids, answer_ids))
         ids = torch.full((len(batch), width), tokenizer.pad_token_id)
         labels = torch.full((len(batch), width), -100)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
         for row, (p, a) in enumerate(zip(prompt_ids, answer_ids)):
-            ids[row, :len(p) + len(a)] = torch.tensor(p + a)
-            labels[row, len(p):len(p) + len(a)] = torch.tensor(a)
-            mask[row, :len(p) + len(a)] = 1
+            ids[row, : len(p) + len(a)] = torch.tensor(p + a)
+            labels[row, len(p) : len(p) + len(a)] = torch.tensor(a)
+            mask[row, : len(p) + len(a)] = 1
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()

@@ -28,10 +28,17 @@ def record(out, partition: int, offset: int, started: float, first: list) -> Non
 def kafka_python_member(bootstrap: str, topic: str, group: str, out, instance_id: str | None, started: float) -> None:
     from kafka import KafkaConsumer
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, group_instance_id=instance_id,
-                             enable_auto_commit=False, auto_offset_reset="earliest",
-                             session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=1000,
-                             fetch_max_wait_ms=100, metadata_max_age_ms=3000)
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        group_instance_id=instance_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=SESSION_TIMEOUT_MS,
+        heartbeat_interval_ms=1000,
+        fetch_max_wait_ms=100,
+        metadata_max_age_ms=3000,
+    )
     consumer.subscribe([topic])
     first: list = []
     while True:
@@ -48,10 +55,18 @@ def kafka_python_member(bootstrap: str, topic: str, group: str, out, instance_id
 def faust_member(bootstrap: str, topic: str, group: str, out, instance_id: str | None, started: float) -> None:
     import faust
 
-    app = faust.App(group, broker=f"kafka://{bootstrap}", store="memory://", web_enabled=False,
-                    datadir=tempfile.mkdtemp(prefix="streamrl-faust-member-"),  # not `<group>-data/` in the checkout
-                    consumer_group_instance_id=instance_id, broker_session_timeout=SESSION_TIMEOUT_MS / 1000,
-                    broker_heartbeat_interval=1.0, consumer_auto_offset_reset="earliest", topic_partitions=4)
+    app = faust.App(
+        group,
+        broker=f"kafka://{bootstrap}",
+        store="memory://",
+        web_enabled=False,
+        datadir=tempfile.mkdtemp(prefix="streamrl-faust-member-"),  # not `<group>-data/` in the checkout
+        consumer_group_instance_id=instance_id,
+        broker_session_timeout=SESSION_TIMEOUT_MS / 1000,
+        broker_heartbeat_interval=1.0,
+        consumer_auto_offset_reset="earliest",
+        topic_partitions=4,
+    )
     source = app.topic(topic, value_serializer="raw", key_serializer="raw")
     first: list = []
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from kafka import KafkaProducer
 
-from streamrl.runtime.topic_admin import create_topics
 from streamrl.runtime.settings import Settings
+from streamrl.runtime.topic_admin import create_topics
 
 MEMBER = Path(__file__).resolve().parent / "group_member.py"
 PARTITIONS = 4
@@ -34,8 +34,8 @@ class Trial:
     static: bool
     kill_after_s: float
     finished: bool
-    seconds: float           # from the first start to the last record read
-    rejoin_s: float | None   # the restarted member: process start to its first record
+    seconds: float  # from the first start to the last record read
+    rejoin_s: float | None  # the restarted member: process start to its first record
 
 
 def produce(settings: Settings, topic: str, records: int) -> None:
@@ -64,12 +64,21 @@ def read_back(paths: list[Path]) -> tuple[set[tuple[int, int]], list[float]]:
 
 def start_member(settings: Settings, client: str, topic: str, group: str, out: Path, instance: str | None):
     args = [sys.executable, str(MEMBER), client, settings.kafka_bootstrap, topic, group, str(out)]
-    return subprocess.Popen(args + ([instance] if instance else []), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        args + ([instance] if instance else []), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
 
 
-def run_trial(settings: Settings, workdir: Path, client: str, static: bool, topic: str, records: int,
-              kill_after_s: float, timeout_s: float = 60.0) -> Trial:
+def run_trial(
+    settings: Settings,
+    workdir: Path,
+    client: str,
+    static: bool,
+    topic: str,
+    records: int,
+    kill_after_s: float,
+    timeout_s: float = 60.0,
+) -> Trial:
     """Members a and b start together; a is SIGKILLed `kill_after_s` later (while the
     group forms, or mid-read) and restarted under the same name."""
     group = f"wedge-{uuid.uuid4().hex[:8]}"
@@ -89,8 +98,9 @@ def run_trial(settings: Settings, workdir: Path, client: str, static: bool, topi
             time.sleep(0.2)
         seen, _ = read_back(list(outs.values()))
         _, rejoin = read_back([outs["a2"]])
-        return Trial(client, static, kill_after_s, len(seen) >= records, time.monotonic() - started,
-                     rejoin[0] if rejoin else None)
+        return Trial(
+            client, static, kill_after_s, len(seen) >= records, time.monotonic() - started, rejoin[0] if rejoin else None
+        )
     finally:
         for member in members:
             if member.poll() is None:
@@ -98,8 +108,16 @@ def run_trial(settings: Settings, workdir: Path, client: str, static: bool, topi
             member.wait()
 
 
-def run_trials(settings: Settings, workdir: Path, client: str, static: bool, trials: int, records: int = 3000,
-               seed: int = 0, concurrent: int = 1) -> list[Trial]:
+def run_trials(
+    settings: Settings,
+    workdir: Path,
+    client: str,
+    static: bool,
+    trials: int,
+    records: int = 3000,
+    seed: int = 0,
+    concurrent: int = 1,
+) -> list[Trial]:
     """`trials` trials on one topic (each its own group, `concurrent` at a time), kill
     times drawn from 0.3-4 s: a member joins in about 3.5 s here (the broker answers a
     JoinGroup after half the session timeout), so most kills land in the join, the rest

@@ -21,8 +21,8 @@ def leveldb_records(data: bytes, start: int = HEADER):
         if left_in_block < 7:  # block trailer: padding
             position += left_in_block
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[position:position + 7])
-        body = data[position + 7:position + 7 + length]
+        _crc, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        body = data[position + 7 : position + 7 + length]
         position += 7 + length
         if kind == FULL:
             yield body
@@ -68,8 +68,7 @@ def mlflow_metrics(tracking_uri: str, run_id: str) -> dict[str, dict[int, float]
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
-    found = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                               f"tags.`streamrl.run_id` = '{run_id}'")
+    found = client.search_runs([e.experiment_id for e in client.search_experiments()], f"tags.`streamrl.run_id` = '{run_id}'")
     assert len(found) == 1, f"{len(found)} MLflow runs for {run_id}"
     keys = found[0].data.metrics
     return {key: {m.step: m.value for m in client.get_metric_history(found[0].info.run_id, key)} for key in keys}
