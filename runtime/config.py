@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 import enum
 import math
+import types
 import typing
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -383,7 +384,7 @@ def _type_name(tp) -> str:
 
 def _check_value(value, tp, key: str) -> list[str]:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Union:  # Optional[X], Union[X, Y]: the value fits one of them
+    if origin in (typing.Union, types.UnionType):  # Optional[X], Union[X, Y]: the value fits one of them
         if value is None and type(None) in args:
             return []
         found = [_check_value(value, a, key) for a in args if a is not type(None)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import types
 import typing
 from dataclasses import MISSING, field
 
@@ -72,7 +73,7 @@ def out_of_range(value, bounds: dict) -> bool:
 
 def _scalar_type(tp):
     """`Optional[X]` -> X; a Union of several -> None; anything else as it is."""
-    if typing.get_origin(tp) is typing.Union:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return args[0] if len(args) == 1 else None
     return tp

@@ -40,7 +40,7 @@ def test_regex_and_tag_extraction():
     assert malformed.reward == 0.0 and malformed.metrics["format_ok"] == 0.0
     last, _ = score("builtin:regex", "x=1, then x=3", {"pattern": r"x=(\d+)", "last": True}, answer="3")
     assert last.reward == 1.0
-    with pytest.raises(Exception, match=re.escape("unterminated|missing")):
+    with pytest.raises(Exception, match=r"unterminated|missing"):
         make_evaluator("builtin:regex", {"pattern": "(unclosed"})
 
 

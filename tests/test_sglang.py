@@ -142,7 +142,7 @@ def test_a_request_the_server_refuses_fails_that_rollout_only(engine):
     """A prompt longer than the model's context (128 tokens): the server refuses or aborts
     it; the completion raises ValueError (the rollout fails and is recorded), not an
     inference-service error that would stop the worker, and does not retry forever."""
-    with pytest.raises(ValueError, match=re.escape("inference server (refused|aborted) the request")):
+    with pytest.raises(ValueError, match=r"inference server (refused|aborted) the request"):
         engine.complete([5] * 300, SamplingParams(max_new_tokens=8, temperature=1.0))
     prompt = engine.tokenizer("1+1=")["input_ids"]
     assert engine.complete(prompt, SamplingParams(max_new_tokens=2, temperature=0.0)).response_token_ids

@@ -8,12 +8,9 @@ import functools
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated, Any
 
 import typer
-
-if TYPE_CHECKING:
-    from streamrl.report import RunSummary
 
 from streamrl.cli.common import (
     CommandFailed,
@@ -134,7 +131,7 @@ def run_recipe(
         bool, typer.Option("--run-nexrl", "-r", help="With -c: start the run now; without it, -c only prints what would run.")
     ] = False,
     tag: Tag = None,
-) -> tuple[str, RunSummary] | None:
+) -> tuple[str, Any] | None:  # (run id, RunSummary); typer reads this annotation at start
     """Train a recipe end to end on this machine: start the services if needed, then the
     ledger sink, stream processor, learner, rollout workers and publisher as processes,
     with progress bars; at the end a summary table and a reward-curve PNG. The guide's
