@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench install clean sglang-env cookbook-env browser
+.PHONY: run test test-fast lint typecheck bench install clean sglang-env cookbook-env browser
 
 # SGLang serves rollouts from its own virtual environment (it pins its own torch and CUDA
 # packages); StreamRL only talks HTTP to it. Built once per machine, outside the checkout,
@@ -91,14 +91,22 @@ ifeq ($(STREAMRL_COOKBOOK_PYTHON),)
 	@$(MAKE) --no-print-directory cookbook-env || echo "could not build the tinker-cookbook environment (the error is above): its tests will be skipped"
 endif
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The tests that need no service (no broker, PostgreSQL, SGLang or browser): a few minutes.
 test-fast: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -m "not services"
 
+# ruff (lint and format) gates `make test`; mypy runs over the installed layout
+# (tools/typecheck.py) and reports its count until it is at zero (docs/decisions.md)
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) tools/typecheck.py
+
+typecheck: $(STAMP)
+	$(PY) tools/typecheck.py
 
 bench: $(BENCH_STAMP)
 	$(PY) bench/codec_bench.py

@@ -213,6 +213,7 @@ SERVICE_MODULES = {
     "test_observability",
     "test_demo",
     "test_sql_cli",
+    "test_wheel",
     "test_scaffold",
     "test_fault_matrix",
     "test_group_wedge",

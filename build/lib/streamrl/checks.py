@@ -9,23 +9,23 @@ recipe's own plugins register into them when loaded.
 from __future__ import annotations
 
 # Importing the components fills their registries.
-import streamrl.algos.advantages  # noqa: F401
-import streamrl.algos.kl  # noqa: F401
-import streamrl.algos.losses  # noqa: F401
-import streamrl.algos.lr_schedule  # noqa: F401
-import streamrl.learner.batch_trainers  # noqa: F401
-import streamrl.learner.remote_trainers  # noqa: F401
-import streamrl.learner.trainers  # noqa: F401
-import streamrl.producers.inference  # noqa: F401
+import streamrl.algos.advantages
+import streamrl.algos.kl
+import streamrl.algos.losses
+import streamrl.algos.lr_schedule
+import streamrl.learner.batch_trainers
+import streamrl.learner.remote_trainers
+import streamrl.learner.trainers
+import streamrl.producers.inference
 import streamrl.producers.worker_loop  # noqa: F401
-from streamrl.runtime.config_reads import undeclared_keys
+from streamrl.data_checks import data_problems
 from streamrl.producers.rollout import ROLLOUT_WORKERS
 from streamrl.runtime.config import Recipe
+from streamrl.runtime.config_reads import undeclared_keys
 from streamrl.runtime.inert_keys import inert_key_problems
+from streamrl.runtime.registry import registry_problems
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.topic_retention import topic_configs
-from streamrl.runtime.registry import registry_problems
-from streamrl.data_checks import data_problems
 
 
 def recipe_code_problems(recipe: Recipe) -> list[str]:
@@ -45,12 +45,13 @@ def recipe_code_problems(recipe: Recipe) -> list[str]:
             load_agent_setup(worker.worker_config())
 
     problems = []
-    checks = [("rollout_worker.evaluator_module_path", lambda: make_evaluator(recipe)),
-              ("rollout_worker.custom_rollout_worker_module_path", lambda: custom_worker and worker_class(recipe)),
-              ("rollout_worker.agent_config_path", agent_setup),
-              ("trainer.custom_trainer_module_path", lambda: custom_trainer and trainer_class(recipe)),
-              ("algorithm.custom_advantage_module_path",
-               lambda: load_custom_advantages(recipe.algorithm.custom_advantage_module_path))]
+    checks = [
+        ("rollout_worker.evaluator_module_path", lambda: make_evaluator(recipe)),
+        ("rollout_worker.custom_rollout_worker_module_path", lambda: custom_worker and worker_class(recipe)),
+        ("rollout_worker.agent_config_path", agent_setup),
+        ("trainer.custom_trainer_module_path", lambda: custom_trainer and trainer_class(recipe)),
+        ("algorithm.custom_advantage_module_path", lambda: load_custom_advantages(recipe.algorithm.custom_advantage_module_path)),
+    ]
     for key, check in checks:
         try:
             check()
@@ -62,12 +63,16 @@ def recipe_code_problems(recipe: Recipe) -> list[str]:
         problems += estimator_problems(recipe)
     if custom_worker and not problems:  # a worker class that declares its keys: the others are refused
         cls = worker_class(recipe)
-        problems += [f"rollout_worker.{key}: not one of {cls.__name__}.config_keys ({', '.join(cls.config_keys)})"
-                     for key in undeclared_keys(cls, worker.extra)]
+        problems += [
+            f"rollout_worker.{key}: not one of {cls.__name__}.config_keys ({', '.join(cls.config_keys)})"
+            for key in undeclared_keys(cls, worker.extra)
+        ]
     if custom_trainer and not problems:  # the same for a trainer class's own algorithm keys
         cls = trainer_class(recipe)
-        problems += [f"algorithm.{key}: not one of {cls.__name__}.config_keys ({', '.join(cls.config_keys)})"
-                     for key in undeclared_keys(cls, recipe.algorithm.extra)]
+        problems += [
+            f"algorithm.{key}: not one of {cls.__name__}.config_keys ({', '.join(cls.config_keys)})"
+            for key in undeclared_keys(cls, recipe.algorithm.extra)
+        ]
     try:  # the broker this command would use (an external Kafka, or the embedded one)
         topic_configs(recipe.service.broker, Settings.from_env())
     except ValueError as exc:
@@ -88,18 +93,24 @@ def estimator_problems(recipe: Recipe) -> list[str]:
     if algorithm.credit_assignment != "turn":
         return []
     if algorithm.type not in GROUP_BASELINES:
-        return [f"algorithm.credit_assignment: turn needs an estimator with a baseline form "
-                f"({', '.join(sorted(GROUP_BASELINES))}); {algorithm.type!r} has none"]
+        return [
+            f"algorithm.credit_assignment: turn needs an estimator with a baseline form "
+            f"({', '.join(sorted(GROUP_BASELINES))}); {algorithm.type!r} has none"
+        ]
     if worker.type == "single_turn" and not worker.custom_rollout_worker_module_path:
-        return ["algorithm.credit_assignment: turn acts on multi-turn episodes; the single_turn worker's "
-                "rollouts have one assistant turn (use rollout_worker.type agent, or a worker that records turns)"]
+        return [
+            "algorithm.credit_assignment: turn acts on multi-turn episodes; the single_turn worker's "
+            "rollouts have one assistant turn (use rollout_worker.type agent, or a worker that records turns)"
+        ]
     try:
         trainer = trainer_class(recipe)
     except (ValueError, KeyError):
         return []  # reported with the trainer's own key
     if issubclass(trainer, (RemoteApiGrpoTrainer, SelfHostedTrainer)):
-        return [f"algorithm.credit_assignment: turn is not kept by trainer {trainer.__name__}, which recomputes "
-                "one advantage per episode from the rewards (the guide's form); use trainer.type grpo"]
+        return [
+            f"algorithm.credit_assignment: turn is not kept by trainer {trainer.__name__}, which recomputes "
+            "one advantage per episode from the rewards (the guide's form); use trainer.type grpo"
+        ]
     return []
 
 
@@ -111,6 +122,9 @@ def tracker_problems(recipe: Recipe) -> list[str]:
     process later."""
     import importlib.util
 
-    return [f"logger.backends: {name} needs the {package} package (pip install 'streamrl[trackers]')"
-            for name in recipe.logger.trackers()
-            for package in [TRACKER_PACKAGES[name]] if importlib.util.find_spec(package) is None]
+    return [
+        f"logger.backends: {name} needs the {package} package (pip install 'streamrl[trackers]')"
+        for name in recipe.logger.trackers()
+        for package in [TRACKER_PACKAGES[name]]
+        if importlib.util.find_spec(package) is None
+    ]

@@ -19,8 +19,9 @@ def data_problems(recipe: Recipe) -> list[str]:
         sections.append(("validate.data", recipe.validate.data))
     for name, section in sections:
         try:
-            rows = read_rows(section.data_files, section.type, (answer_key,) if answer_key else (),
-                             prompt_keys=(section.prompt_key,))
+            rows = read_rows(
+                section.data_files, section.type, (answer_key,) if answer_key else (), prompt_keys=(section.prompt_key,)
+            )
         except DatasetError as exc:
             problems.append(f"{name}.data_files: {exc}")
             continue
@@ -53,8 +54,10 @@ def template_problems(recipe: Recipe, name: str, section: Data, rows: list[dict]
     model_path = recipe.rollout_worker.model_path
     if recipe.data.chat_template or not model_path or not Path(model_path).is_dir() or saved_chat_template(model_path):
         return []
-    return [f"{where}: holds chat messages, and the tokenizer in {model_path} has no chat template "
-            "(set data.chat_template to a .jinja file)"]
+    return [
+        f"{where}: holds chat messages, and the tokenizer in {model_path} has no chat template "
+        "(set data.chat_template to a .jinja file)"
+    ]
 
 
 def warmup_tool_listing_problems(recipe: Recipe) -> list[str]:
@@ -67,7 +70,9 @@ def warmup_tool_listing_problems(recipe: Recipe) -> list[str]:
     except (AgentConfigError, TypeError):
         return []  # reported with the agent config's own key
     if config.get("tools") and config.get("tools_in_system_prompt", True):
-        return ["trainer.warmup_messages_key: demonstrations are rendered without the tool listing, and the agent "
-                "lists its tools in the prompt (tools_in_system_prompt); set it false, or warm up without "
-                "demonstrations"]
+        return [
+            "trainer.warmup_messages_key: demonstrations are rendered without the tool listing, and the agent "
+            "lists its tools in the prompt (tools_in_system_prompt); set it false, or warm up without "
+            "demonstrations"
+        ]
     return []

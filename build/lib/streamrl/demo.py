@@ -9,13 +9,21 @@ from rich.progress import Progress
 from streamrl.consumers.ledger_sink import LedgerSink
 from streamrl.producers.synthetic import synthetic_events
 from streamrl.runtime.bus import EventPublisher
-from streamrl.runtime.topic_admin import create_run_topics
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.sql import QueryResult, run_readonly
+from streamrl.runtime.topic_admin import create_run_topics
 from streamrl.schema.events import RunEvent
 
-LEDGER_TABLES = ("tasks", "trajectories", "evaluations", "samples", "train_steps", "weight_versions",
-                 "run_events", "dead_letters")
+LEDGER_TABLES = (
+    "tasks",
+    "trajectories",
+    "evaluations",
+    "samples",
+    "train_steps",
+    "weight_versions",
+    "run_events",
+    "dead_letters",
+)
 
 
 def run_demo(settings: Settings, database_url: str, run: str, rollouts: int, console: Console) -> QueryResult:
@@ -37,6 +45,7 @@ def run_demo(settings: Settings, database_url: str, run: str, rollouts: int, con
                 progress.update(written, completed=worker.stats.rows + worker.stats.dead_letters)
         finally:
             worker.close()
-    query = " union all ".join(f"select '{table}' as table_name, count(*) as rows from {table} where run_id = %(run)s"
-                               for table in LEDGER_TABLES)
+    query = " union all ".join(
+        f"select '{table}' as table_name, count(*) as rows from {table} where run_id = %(run)s" for table in LEDGER_TABLES
+    )
     return run_readonly(database_url, query, {"run": run})

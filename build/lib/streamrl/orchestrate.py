@@ -14,14 +14,15 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import psycopg
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from streamrl.report import RunSummary, load_summary, plot_reward_curve, summary_table, val_accuracy_at
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.dataset import total_train_steps
 from streamrl.runtime.service_config import Broker
@@ -29,10 +30,9 @@ from streamrl.runtime.services import broker_memory_bytes
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.topic_retention import retire_run_topics
 from streamrl.runtime.topic_windows import windows_left
-from streamrl.report import RunSummary, load_summary, plot_reward_curve, summary_table, val_accuracy_at
 from streamrl.supervise import RestartPolicy, RunFailed, Supervisor
 
-__all__ = ["RunFailed", "RestartPolicy", "run_locally", "replay_locally"]
+__all__ = ["RestartPolicy", "RunFailed", "replay_locally", "run_locally"]
 
 
 def child_env(settings: Settings) -> dict:
@@ -82,11 +82,13 @@ class LocalRun:
         total = psutil.virtual_memory().total
         if not self.broker_warned and rss > self.broker.memory_warning_share * total:
             self.broker_warned = True
-            self.say(f"the embedded broker holds {rss / 2**30:.1f} GiB, over "
-                     f"{self.broker.memory_warning_share:.0%} of this machine's {total / 2**30:.0f} GiB: it keeps "
-                     "every event of the runs it carries in memory (a finished run's topics leave it with "
-                     "service.broker.retention: remove); for long runs, point STREAMRL_KAFKA_BOOTSTRAP at a Kafka "
-                     "cluster")
+            self.say(
+                f"the embedded broker holds {rss / 2**30:.1f} GiB, over "
+                f"{self.broker.memory_warning_share:.0%} of this machine's {total / 2**30:.0f} GiB: it keeps "
+                "every event of the runs it carries in memory (a finished run's topics leave it with "
+                "service.broker.retention: remove); for long runs, point STREAMRL_KAFKA_BOOTSTRAP at a Kafka "
+                "cluster"
+            )
         return f"broker {rss / 2**20:.0f} MB"
 
     def retire_topics(self) -> None:
@@ -95,7 +97,7 @@ class LocalRun:
             return
         try:
             self.say(retire_run_topics(self.settings, self.run_id).sentence(self.run_id))
-        except Exception as error:  # noqa: BLE001 - the run itself succeeded; say why the topics stay
+        except Exception as error:
             self.say(f"kept run {self.run_id}'s topics on the broker: removing them failed ({error})")
 
     def say(self, line: str) -> None:
@@ -104,8 +106,14 @@ class LocalRun:
         with open(self.logs / "supervisor.log", "a") as log:
             log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
 
-    def follow(self, console: Console, total_steps: int, finished: Callable[[RunSummary], bool],
-               poll_s: float = 1.0, before: Callable[[Progress], None] | None = None) -> RunSummary:
+    def follow(
+        self,
+        console: Console,
+        total_steps: int,
+        finished: Callable[[RunSummary], bool],
+        poll_s: float = 1.0,
+        before: Callable[[Progress], None] | None = None,
+    ) -> RunSummary:
         """Progress bars until `finished(summary)`; then the processes are stopped and the
         summary table and reward curve written. While the ledger does not answer, the
         line says so and the processes wait for it (they give up, and so does the run,
@@ -113,8 +121,14 @@ class LocalRun:
         started = time.monotonic()
         summary = None
         try:
-            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          TextColumn("{task.fields[status]}"), console=console) as progress:
+            with Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[status]}"),
+                console=console,
+            ) as progress:
                 if before:
                     before(progress)
                 bar = progress.add_task("training steps", total=total_steps, status="starting")
@@ -140,7 +154,7 @@ class LocalRun:
         self.retire_topics()
         wall = time.monotonic() - started
         summary = load_summary(self.settings.database_url, self.run_id)
-        png = plot_reward_curve(summary, self.out / "reward_curve.png")
+        png = reward_curve_png(summary, self.out / "reward_curve.png")
         table = summary_table(summary, wall)
         table.add_row("process restarts", self.supervisor.restarts_text())
         for key in ("val_accuracy_before_replay", "val_accuracy_after_replay"):
@@ -152,9 +166,21 @@ class LocalRun:
         return summary
 
 
+def reward_curve_png(summary: RunSummary, path: Path) -> str:
+    """The reward curve's file, or the sentence saying why none was drawn."""
+    from streamrl.runtime.extras import missing_extra
+
+    try:
+        return str(plot_reward_curve(summary, path))
+    except ModuleNotFoundError as exc:
+        missing = missing_extra(exc, "the reward curve")
+        if missing is None:
+            raise
+        return f"not drawn: {missing}"
+
+
 def status_line(summary: RunSummary) -> str:
-    latest_val = (f"val acc {summary.val_accuracy[-1]:.2f} @v{summary.val_versions[-1]}"
-                  if summary.val_accuracy else "val acc -")
+    latest_val = f"val acc {summary.val_accuracy[-1]:.2f} @v{summary.val_versions[-1]}" if summary.val_accuracy else "val acc -"
     tail = summary.reward_by_step[-10:]
     reward = f"reward {sum(tail) / len(tail):.2f}" if tail else "warming up"
     return f"{reward}  {latest_val}"
@@ -163,17 +189,30 @@ def status_line(summary: RunSummary) -> str:
 def interrupt_on_sigterm() -> None:
     """SIGTERM (a scheduler, `timeout`, `kill`) stops the run as Ctrl-C does: its
     processes are stopped and commit what they have, instead of being left running."""
+
     def interrupt(signum, frame):
         raise KeyboardInterrupt
+
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, run_id: str, workers: int,
-                out: Path | None, console: Console, final_val_timeout_s: float = 180.0,
-                resume: bool = False, reset_offsets: bool = False,
-                inference_urls: list[str] | None = None, policy: RestartPolicy = RestartPolicy(),
-                overrides: list[str] | None = None, tag: str | None = None,
-                code_check: Callable[[], None] | None = None) -> RunSummary:
+def run_locally(
+    settings: Settings,
+    recipe_file: Path | None,
+    recipe: Recipe,
+    run_id: str,
+    workers: int,
+    out: Path | None,
+    console: Console,
+    final_val_timeout_s: float = 180.0,
+    resume: bool = False,
+    reset_offsets: bool = False,
+    inference_urls: list[str] | None = None,
+    policy: RestartPolicy = RestartPolicy(),
+    overrides: list[str] | None = None,
+    tag: str | None = None,
+    code_check: Callable[[], None] | None = None,
+) -> RunSummary:
     """`code_check` (a fresh run): loads and checks the recipe's code, raising what it
     finds; it runs while the learner and workers start (their imports are most of a
     run's start), before the publisher creates the run."""
@@ -187,8 +226,7 @@ def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, ru
     # event, which the publisher writes from the same recipe and overrides (the resolved
     # config every other process reads).
     role = "remote-trainer" if recipe.service.train_service.backend != "none" else "learner"
-    learner = local.spawn(role, ["learner", run_id] + (["--reset-offsets"] if reset_offsets else []),
-                          may_finish=True)
+    learner = local.spawn(role, ["learner", run_id] + (["--reset-offsets"] if reset_offsets else []), may_finish=True)
     for i in range(workers):  # group members by name, or fixed shards (STREAMRL_PARTITION_ASSIGNMENT)
         placement = ["--name", f"worker-{i}"] if settings.partition_assignment == "group" else ["--shard", f"{i}/{workers}"]
         local.spawn(f"worker-{i}", ["worker", run_id, *placement])
@@ -198,9 +236,11 @@ def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, ru
         except BaseException:  # refused before the run exists: nothing is recorded
             local.stop()
             raise
-    publish = ["publish", "--resume", run_id] if resume else \
-        ["publish", str(recipe_file), *(overrides or []), "--run", run_id, "--checked",
-         *(["--tag", tag] if tag else [])]
+    publish = (
+        ["publish", "--resume", run_id]
+        if resume
+        else ["publish", str(recipe_file), *(overrides or []), "--run", run_id, "--checked", *(["--tag", tag] if tag else [])]
+    )
     publish += [arg for url in inference_urls or [] for arg in ("--inference-url", url)]
     # Restarted, the publisher resumes: the run exists, and tasks already done are skipped.
     local.spawn("publisher", publish, may_finish=True, restart_args=["publish", "--resume", run_id])
@@ -224,17 +264,29 @@ def run_locally(settings: Settings, recipe_file: Path | None, recipe: Recipe, ru
         return False
 
     summary = local.follow(console, total, finished)
-    console.print(f"ask the ledger: streamrl sql \"select step, metrics->>'reward_mean' as reward from train_steps "
-                  f"where run_id = '{run_id}' order by step\"", highlight=False, markup=False)
+    console.print(
+        f"ask the ledger: streamrl sql \"select step, metrics->>'reward_mean' as reward from train_steps "
+        f"where run_id = '{run_id}' order by step\"",
+        highlight=False,
+        markup=False,
+    )
     return summary
 
 
-def replay_locally(settings: Settings, run_id: str, steps: int, publish, out: Path | None,
-                   console: Console, policy: RestartPolicy = RestartPolicy(), trackers: bool = False,
-                   broker: Broker = Broker()) -> RunSummary:
+def replay_locally(
+    settings: Settings,
+    run_id: str,
+    steps: int,
+    publish,
+    out: Path | None,
+    console: Console,
+    policy: RestartPolicy = RestartPolicy(),
+    trackers: bool = False,
+    broker: Broker | None = None,
+) -> RunSummary:
     """The trainers of a replayed run (sink, processor, learner) as processes, fed by
     `publish(on_progress)` here; over when the learner has trained its last step."""
-    local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy, broker)
+    local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy, broker or Broker())
     console.print(f"replay into [bold]{run_id}[/]: logs in {local.logs}", highlight=False)
     local.spawn("sink", ["sink", "--run", run_id])
     local.spawn("processor", ["processor", run_id])

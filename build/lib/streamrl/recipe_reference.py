@@ -52,24 +52,40 @@ def cell(text: str) -> str:
 
 
 def render() -> str:
-    lines = ["# Recipe reference", "",
-             "Generated from the typed recipe (`runtime/config.py`; `python -m streamrl.recipe_reference >",
-             "docs/recipe.md`). A key outside its range, of the wrong type or unknown is refused by",
-             "`streamrl recipe validate` with its path; a key a registry serves takes a registered name (a",
-             "recipe's own plugins add more).", "", "## top level", "",
-             "| key | type | default | range | description |", "|---|---|---|---|---|"]
+    lines = [
+        "# Recipe reference",
+        "",
+        "Generated from the typed recipe (`runtime/config.py`; `python -m streamrl.recipe_reference >",
+        "docs/recipe.md`). A key outside its range, of the wrong type or unknown is refused by",
+        "`streamrl recipe validate` with its path; a key a registry serves takes a registered name (a",
+        "recipe's own plugins add more).",
+        "",
+        "## top level",
+        "",
+        "| key | type | default | range | description |",
+        "|---|---|---|---|---|",
+    ]
     for key, tp, spec in rows(Recipe):
         if tp is None:
-            lines += ["", f"## `{key}`", "", cell(spec.metadata.get("help", "")), "",
-                      "| key | type | default | range | description |", "|---|---|---|---|---|"]
+            lines += [
+                "",
+                f"## `{key}`",
+                "",
+                cell(spec.metadata.get("help", "")),
+                "",
+                "| key | type | default | range | description |",
+                "|---|---|---|---|---|",
+            ]
             continue
         description = spec.metadata.get("help", "")
         registry = REGISTRIES.get(key)
         if registry is not None:
             description += f" (registered: {', '.join(registry.names())})"
         bounds = spec.metadata.get("range")
-        lines.append(f"| `{key}` | {cell(type_name(tp))} | {cell(default_of(spec))} | "
-                     f"{describe_range(bounds) if bounds else ''} | {cell(description)} |")
+        lines.append(
+            f"| `{key}` | {cell(type_name(tp))} | {cell(default_of(spec))} | "
+            f"{describe_range(bounds) if bounds else ''} | {cell(description)} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 
 from kafka import TopicPartition
 
-from streamrl.schema.events import Evaluation, GroupFiltered, RunEvent, Sample, Trajectory
-from streamrl.schema.ledger import query_events
-from streamrl.schema.topics import run_pattern, set_window_steps, topic_name
 from streamrl.runtime.bus import EventPublisher, make_consumer
-from streamrl.runtime.topic_admin import create_run_topics
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.db import connect
 from streamrl.runtime.settings import Settings
+from streamrl.runtime.topic_admin import create_run_topics
 from streamrl.runtime.topic_retention import delete_run_topics, topic_configs
+from streamrl.schema.events import Evaluation, GroupFiltered, RunEvent, Sample, Trajectory
+from streamrl.schema.ledger import query_events
+from streamrl.schema.topics import run_pattern, set_window_steps, topic_name
 
 
 @dataclass
@@ -59,8 +59,9 @@ def run_topics_intact(settings: Settings, run_id: str) -> bool:
         consumer.close()
 
 
-def group_plan(filtered: set[str], sample_counts: dict[str, tuple[int, int]], rollout_groups: dict[str, int],
-               trained_step: int) -> dict[str, str]:
+def group_plan(
+    filtered: set[str], sample_counts: dict[str, tuple[int, int]], rollout_groups: dict[str, int], trained_step: int
+) -> dict[str, str]:
     """For each training group in the ledger, what to re-publish: 'filtered', 'samples',
     'rollouts', or nothing (left out). Pure.
 
@@ -96,26 +97,45 @@ def rebuild_from_ledger(settings: Settings, run_id: str, trained_step: int) -> R
             create_run_topics(settings, run_id, configs=topic_configs(broker, settings))
             conn.execute("delete from consumer_offsets where topic ~ %s", (run_pattern(run_id),))  # windows too
             rebuilt.topics_recreated = True
-        filtered = {r[0] for r in conn.execute("select group_id from filtered_groups where run_id = %s "
-                                                "and reason <> 'late'", (run_id,))}
-        sample_counts = {g: (int(n), int(size)) for g, n, size in conn.execute(
-            "select group_id, count(*), max(group_size) from samples where run_id = %s group by group_id", (run_id,))}
-        rollout_groups = {g: s for g, s in conn.execute(
-            "select group_id, min(step) from trajectories where run_id = %s and not is_val group by group_id", (run_id,))}
+        filtered = {
+            r[0] for r in conn.execute("select group_id from filtered_groups where run_id = %s and reason <> 'late'", (run_id,))
+        }
+        sample_counts = {
+            g: (int(n), int(size))
+            for g, n, size in conn.execute(
+                "select group_id, count(*), max(group_size) from samples where run_id = %s group by group_id", (run_id,)
+            )
+        }
+        rollout_groups = {
+            g: s
+            for g, s in conn.execute(
+                "select group_id, min(step) from trajectories where run_id = %s and not is_val group by group_id", (run_id,)
+            )
+        }
         plan = group_plan(filtered, sample_counts, rollout_groups, trained_step)
         chosen = {kind: [g for g, k in plan.items() if k == kind] for kind in ("filtered", "samples", "rollouts")}
         with EventPublisher(settings, stage="recovery") as publisher:
             publisher.publish(created[0])
             batches = [
-                (GroupFiltered, "select * from filtered_groups where run_id = %s and group_id = any(%s) "
-                                "and reason <> 'late'", chosen["filtered"]),
+                (
+                    GroupFiltered,
+                    "select * from filtered_groups where run_id = %s and group_id = any(%s) and reason <> 'late'",
+                    chosen["filtered"],
+                ),
                 (Sample, "select * from samples where run_id = %s and group_id = any(%s)", chosen["samples"]),
-                (Trajectory, "select t.* from trajectories t join evaluations e on e.run_id = t.run_id "
-                             "and e.trajectory_id = t.trajectory_id where t.run_id = %s and t.group_id = any(%s)",
-                 chosen["rollouts"]),
-                (Evaluation, "select e.* from evaluations e join trajectories t on t.run_id = e.run_id "
-                             "and t.trajectory_id = e.trajectory_id where e.run_id = %s and e.group_id = any(%s) "
-                             "and not e.is_val", chosen["rollouts"]),
+                (
+                    Trajectory,
+                    "select t.* from trajectories t join evaluations e on e.run_id = t.run_id "
+                    "and e.trajectory_id = t.trajectory_id where t.run_id = %s and t.group_id = any(%s)",
+                    chosen["rollouts"],
+                ),
+                (
+                    Evaluation,
+                    "select e.* from evaluations e join trajectories t on t.run_id = e.run_id "
+                    "and t.trajectory_id = e.trajectory_id where e.run_id = %s and e.group_id = any(%s) "
+                    "and not e.is_val",
+                    chosen["rollouts"],
+                ),
             ]
             for event_type, query, groups in batches:
                 if not groups:
@@ -131,9 +151,14 @@ def rebuild_from_ledger(settings: Settings, run_id: str, trained_step: int) -> R
 def finished_task_ids(database_url: str, run_id: str) -> set[str]:
     """Tasks whose rollout and evaluation are both in the ledger: not to be done again."""
     with connect(database_url, autocommit=True) as conn:
-        return {r[0] for r in conn.execute(
-            "select t.task_id from trajectories t join evaluations e on e.run_id = t.run_id "
-            "and e.trajectory_id = t.trajectory_id where t.run_id = %s", (run_id,))}
+        return {
+            r[0]
+            for r in conn.execute(
+                "select t.task_id from trajectories t join evaluations e on e.run_id = t.run_id "
+                "and e.trajectory_id = t.trajectory_id where t.run_id = %s",
+                (run_id,),
+            )
+        }
 
 
 @dataclass
@@ -144,8 +169,11 @@ class Resume:
     partition_assignment: str | None = None  # as the run was started (None: not recorded)
 
     def describe(self, run_id: str) -> str:
-        what = (f"topics re-created; re-published {self.rebuilt.events} events from the ledger ({self.rebuilt.groups})"
-                if self.rebuilt.topics_recreated else "the broker still holds the run's topics")
+        what = (
+            f"topics re-created; re-published {self.rebuilt.events} events from the ledger ({self.rebuilt.groups})"
+            if self.rebuilt.topics_recreated
+            else "the broker still holds the run's topics"
+        )
         return f"resuming {run_id} after step {self.trained_step}: {what}"
 
 
@@ -156,12 +184,10 @@ def prepare_resume(settings: Settings, run_id: str) -> Resume:
     from streamrl.learner.loop import run_dir
 
     with connect(settings.database_url, autocommit=True) as conn:
-        row = conn.execute("select config, details from run_events where run_id = %s and kind = 'created'",
-                           (run_id,)).fetchone()
+        row = conn.execute("select config, details from run_events where run_id = %s and kind = 'created'", (run_id,)).fetchone()
     if row is None:
         raise LookupError(f"--resume: run {run_id!r} is not in the ledger")
     recipe = Recipe.from_dict(row[0])
     checkpoint = latest_checkpoint(run_dir(settings, run_id, recipe.trainer.checkpoint_path))
     trained = load_state(checkpoint)["step"] if checkpoint else 0
-    return Resume(recipe, trained, rebuild_from_ledger(settings, run_id, trained),
-                  (row[1] or {}).get("partition_assignment"))
+    return Resume(recipe, trained, rebuild_from_ledger(settings, run_id, trained), (row[1] or {}).get("partition_assignment"))

@@ -7,11 +7,12 @@ processes here (`orchestrate.replay_locally`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 
+from streamrl.orchestrate import RestartPolicy, replay_locally
 from streamrl.producers import replay as rp
 from streamrl.producers.publisher import create_run
 from streamrl.runtime.bus import EventPublisher
@@ -19,7 +20,6 @@ from streamrl.runtime.config import ConfigError, Recipe
 from streamrl.runtime.db import connect
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.sql import SqlFailed, SqlRefused
-from streamrl.orchestrate import RestartPolicy, replay_locally
 
 
 @dataclass
@@ -35,15 +35,14 @@ class ReplayOptions:
     recompute_advantages: str | None = None
     rescore: str | None = None
     out: Path | None = None
-    policy: RestartPolicy = RestartPolicy()
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
 
 
 def replay_run(settings: Settings, options: ReplayOptions, console: Console) -> None:
     """Select, plan, create the new run, re-publish and train. ReplayError for bad input."""
     url = settings.database_url
     with connect(url, autocommit=True) as conn:
-        row = conn.execute("select config from run_events where run_id = %s and kind = 'created'",
-                           (options.source,)).fetchone()
+        row = conn.execute("select config from run_events where run_id = %s and kind = 'created'", (options.source,)).fetchone()
         taken = conn.execute("select 1 from run_events where run_id = %s limit 1", (options.into,)).fetchone()
     if row is None:
         raise rp.ReplayError(f"run {options.source!r} is not in the ledger (streamrl runs lists the runs)")
@@ -54,19 +53,31 @@ def replay_run(settings: Settings, options: ReplayOptions, console: Console) -> 
     except ConfigError as exc:
         raise rp.ReplayError(f"run {options.source!r}: its recorded config is not a recipe of this version ({exc})") from None
     try:
-        selected = rp.select_rollouts(settings.readonly_database_url, options.source, rp.parse_steps(options.steps),
-                                      options.where)
+        selected = rp.select_rollouts(
+            settings.readonly_database_url, options.source, rp.parse_steps(options.steps), options.where
+        )
     except (SqlRefused, SqlFailed) as exc:
         raise rp.ReplayError(f"--where: {exc}") from None
     groups_per_step = (options.recipe or source_config).trajectory_pool.batch_size
     plan = rp.plan_steps(selected, groups_per_step)
     if plan.steps == 0:
-        raise rp.ReplayError(f"the selection holds {len({g for _, g in selected})} groups, fewer than one step's "
-                             f"{groups_per_step} (trajectory_pool.batch_size)")
-    config = rp.replay_config(source_config, options.recipe, source_run=options.source, plan=plan,
-                              source=options.read_from, steps=options.steps, where=options.where,
-                              correction=options.correction, recompute_advantages=options.recompute_advantages,
-                              rescore=options.rescore, rate=options.rate)
+        raise rp.ReplayError(
+            f"the selection holds {len({g for _, g in selected})} groups, fewer than one step's "
+            f"{groups_per_step} (trajectory_pool.batch_size)"
+        )
+    config = rp.replay_config(
+        source_config,
+        options.recipe,
+        source_run=options.source,
+        plan=plan,
+        source=options.read_from,
+        steps=options.steps,
+        where=options.where,
+        correction=options.correction,
+        recompute_advantages=options.recompute_advantages,
+        rescore=options.rescore,
+        rate=options.rate,
+    )
     evaluator = rp.make_rescorer(options.rescore) if options.rescore else None  # a bad spec fails before reading
     trajectories, evaluations, origin = rp.load_rollouts(settings, options.source, plan.order, options.read_from)
     rescorer = None
@@ -74,16 +85,27 @@ def replay_run(settings: Settings, options: ReplayOptions, console: Console) -> 
         task_ids = sorted({t.task_id for t in trajectories.values()})
         rescorer = (evaluator, options.rescore, rp.task_data(url, options.source, task_ids))
     config.replay.read_from = origin
-    console.print(f"replaying {len(plan.order)} rollouts in {len(plan.group_size_of)} groups as {plan.steps} steps "
-                  f"(kafka: {origin['kafka']}, ledger: {origin['ledger']}; left out: {plan.left_out_groups} groups "
-                  f"of a partial step); correction {config.algorithm.policy_loss}, "
-                  f"advantages {config.algorithm.type}", highlight=False)
+    console.print(
+        f"replaying {len(plan.order)} rollouts in {len(plan.group_size_of)} groups as {plan.steps} steps "
+        f"(kafka: {origin['kafka']}, ledger: {origin['ledger']}; left out: {plan.left_out_groups} groups "
+        f"of a partial step); correction {config.algorithm.policy_loss}, "
+        f"advantages {config.algorithm.type}",
+        highlight=False,
+    )
     with EventPublisher(settings, stage="app") as publisher:
         create_run(settings, options.into, config, publisher, parent_run_id=options.source)
 
     def publish(on_progress) -> int:
-        return rp.publish_replay(settings, options.into, plan, trajectories, evaluations, rescorer, options.rate,
-                                 on_progress)
+        return rp.publish_replay(settings, options.into, plan, trajectories, evaluations, rescorer, options.rate, on_progress)
 
-    replay_locally(settings, options.into, plan.steps, publish, options.out, console, options.policy,
-                   trackers=bool(config.logger.trackers()), broker=config.service.broker)
+    replay_locally(
+        settings,
+        options.into,
+        plan.steps,
+        publish,
+        options.out,
+        console,
+        options.policy,
+        trackers=bool(config.logger.trackers()),
+        broker=config.service.broker,
+    )

@@ -46,23 +46,27 @@ def load_summary(database_url: str, run_id: str, with_counts: bool = True) -> Ru
     summary = RunSummary(run_id)
     with connect(database_url, autocommit=True) as conn:
         rows = conn.execute(
-            "select step, (metrics->>'reward_mean')::float from train_steps where run_id = %s order by step",
-            (run_id,)).fetchall()
+            "select step, (metrics->>'reward_mean')::float from train_steps where run_id = %s order by step", (run_id,)
+        ).fetchall()
         summary.steps = [r[0] for r in rows]
         summary.reward_by_step = [r[1] or 0.0 for r in rows]
         rows = conn.execute(
             # an evaluator's `accuracy` metric where it reports one (shaped rewards), else the reward
             "select step, avg(coalesce((metrics->>'accuracy')::float, reward)), count(*) from evaluations "
             "where run_id = %s and is_val "
-            "group by step order by step", (run_id,)).fetchall()
+            "group by step order by step",
+            (run_id,),
+        ).fetchall()
         summary.val_versions = [r[0] for r in rows]
         summary.val_accuracy = [float(r[1]) for r in rows]
         summary.val_counts = [r[2] for r in rows]
-        row = conn.execute("select details from run_events where run_id = %s and kind = 'started' and name = 'learner'",
-                           (run_id,)).fetchone()
+        row = conn.execute(
+            "select details from run_events where run_id = %s and kind = 'started' and name = 'learner'", (run_id,)
+        ).fetchone()
         summary.warmup = (row[0] or {}) if row else {}
-        row = conn.execute("select details from run_events where run_id = %s and kind = 'finished' and name = 'learner'",
-                           (run_id,)).fetchone()
+        row = conn.execute(
+            "select details from run_events where run_id = %s and kind = 'finished' and name = 'learner'", (run_id,)
+        ).fetchone()
         summary.finish = (row[0] or {}) if row else None
         if with_counts:
             summary.counts = dict(conn.execute(COUNT_QUERY, {"run": run_id}).fetchall())
@@ -70,9 +74,18 @@ def load_summary(database_url: str, run_id: str, with_counts: bool = True) -> Ru
                 "select sum(seconds), sum(tokens), sum(samples), avg((staleness->>'mean')::float), "
                 "max((staleness->>'max')::float), sum((staleness->>'dropped')::float), "
                 "extract(epoch from max(created_at) - min(created_at)) "
-                "from train_steps where run_id = %s", (run_id,)).fetchone()
-            keys = ("learner seconds", "trained tokens", "trained samples", "mean staleness",
-                    "max staleness", "dropped stale samples", "first to last step (s)")
+                "from train_steps where run_id = %s",
+                (run_id,),
+            ).fetchone()
+            keys = (
+                "learner seconds",
+                "trained tokens",
+                "trained samples",
+                "mean staleness",
+                "max staleness",
+                "dropped stale samples",
+                "first to last step (s)",
+            )
             summary.totals = {k: float(v) for k, v in zip(keys, row) if v is not None}
     return summary
 
@@ -95,9 +108,10 @@ def smooth(values: list[float], window: int) -> list[float]:
 
 
 def plot_reward_curve(summary: RunSummary, path: Path) -> Path:
-    import matplotlib  # noqa: PLC0415  (matplotlib is slow to import; only reports need it)
+    import matplotlib
+
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     if summary.steps:
@@ -111,7 +125,7 @@ def plot_reward_curve(summary: RunSummary, path: Path) -> Path:
 
 def save_plot(fig, ax, path: Path, title: str, xlabel: str, ylabel: str, legend: str = "best") -> Path:
     """Labels, grid and legend, written as a PNG at `path`."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -130,18 +144,25 @@ def plot_logprob_gap(database_url: str, run_id: str, path: Path) -> Path | None:
     weights being trained, where a gap is inference/training mismatch), log scale; None
     when the run recorded no gap."""
     with connect(database_url, autocommit=True) as conn:
-        rows = conn.execute("select step, gap_mean, gap_max, gap_mean_lag0, gap_mean_lag1 from logprob_gaps "
-                            "where run_id = %s order by step", (run_id,)).fetchall()
+        rows = conn.execute(
+            "select step, gap_mean, gap_max, gap_mean_lag0, gap_mean_lag1 from logprob_gaps where run_id = %s order by step",
+            (run_id,),
+        ).fetchall()
     if not rows:
         return None
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
+
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     steps = [r[0] for r in rows]
-    for column, label, style in ((1, "mean, all trained tokens", "-"), (2, "max, all trained tokens", ":"),
-                                 (3, "mean, lag 0 (same weights)", "-"), (4, "mean, lag 1", "--")):
+    for column, label, style in (
+        (1, "mean, all trained tokens", "-"),
+        (2, "max, all trained tokens", ":"),
+        (3, "mean, lag 0 (same weights)", "-"),
+        (4, "mean, lag 1", "--"),
+    ):
         points = [(s, r[column]) for s, r in zip(steps, rows) if r[column] is not None and r[column] > 0]
         if points:
             ax.plot(*zip(*points), style, label=label)
@@ -180,23 +201,36 @@ STORY_QUERIES = {
 
 def run_config(database_url: str, run_id: str) -> tuple[dict, str | None]:
     with connect(database_url, autocommit=True) as conn:
-        row = conn.execute("select config, parent_run_id from run_events where run_id = %s and kind = 'created'",
-                           (run_id,)).fetchone()
+        row = conn.execute(
+            "select config, parent_run_id from run_events where run_id = %s and kind = 'created'", (run_id,)
+        ).fetchone()
     return (row[0] or {}, row[1]) if row else ({}, None)
 
 
 def config_highlights(config: dict, parent: str | None) -> list[tuple[str, str]]:
     """The settings a reader of a run's story wants first."""
+
     def get(path: str):
         value = config
         for key in path.split("."):
             value = value.get(key) if isinstance(value, dict) else None
         return value
 
-    keys = ["experiment_name", "rollout_worker.model_path", "rollout_worker.rollout_repeat_n", "trajectory_pool.batch_size",
-            "algorithm.type", "algorithm.policy_loss", "trainer.type", "trainer.lr", "trainer.lr_schedule",
-            "trainer.total_train_steps", "trainer.warmup_cross_entropy_steps", "weight.sync_mode",
-            "weight.staleness_threshold"]
+    keys = [
+        "experiment_name",
+        "rollout_worker.model_path",
+        "rollout_worker.rollout_repeat_n",
+        "trajectory_pool.batch_size",
+        "algorithm.type",
+        "algorithm.policy_loss",
+        "trainer.type",
+        "trainer.lr",
+        "trainer.lr_schedule",
+        "trainer.total_train_steps",
+        "trainer.warmup_cross_entropy_steps",
+        "weight.sync_mode",
+        "weight.staleness_threshold",
+    ]
     rows = [("parent run", parent)] if parent else []
     rows += [(key, get(key)) for key in keys if get(key) is not None]
     replay = config.get("replay")
@@ -223,8 +257,9 @@ def summary_table(summary: RunSummary, wall_s: float) -> Table:
         before = summary.warmup.get("val_accuracy_before_warmup")  # null where only workers can validate
         if before is not None:
             table.add_row("validation accuracy, untrained model", f"{before:.3f}")
-        table.add_row(f"cross-entropy warm-up ({summary.warmup['warmup_steps']} steps)",
-                      f"{summary.warmup['warmup_seconds']:.0f} s")
+        table.add_row(
+            f"cross-entropy warm-up ({summary.warmup['warmup_steps']} steps)", f"{summary.warmup['warmup_seconds']:.0f} s"
+        )
     if summary.val_accuracy:
         table.add_row("validation accuracy, first", f"{summary.val_accuracy[0]:.3f} (version {summary.val_versions[0]})")
         table.add_row("validation accuracy, last", f"{summary.val_accuracy[-1]:.3f} (version {summary.val_versions[-1]})")
@@ -239,8 +274,9 @@ def summary_table(summary: RunSummary, wall_s: float) -> Table:
     return table
 
 
-def write_story(database_url: str, run_id: str, config: dict, parent: str | None, out: Path,
-                width: int) -> tuple[Path, list[Path], str]:
+def write_story(
+    database_url: str, run_id: str, config: dict, parent: str | None, out: Path, width: int
+) -> tuple[Path, list[Path], str]:
     """`streamrl show`: the story as report.html (with its plots) and the plots as PNGs
     under `out` (reward curve; logprob gap when recorded); returns their paths and the
     story as terminal text."""
@@ -257,16 +293,16 @@ def write_story(database_url: str, run_id: str, config: dict, parent: str | None
             section.add_column(Text(column))
         for row in rows:
             cells = [plain_value(v) for v in row]
-            section.add_row(*(Text("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v))
-                              for v in cells))
+            section.add_row(*(Text("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)) for v in cells))
         if not rows:
             section.caption = "none"
         recorder.print(section)
     pngs = [plot_reward_curve(summary, out / "reward_curve.png")]
     pngs += [p for p in [plot_logprob_gap(database_url, run_id, out / "logprob_gap.png")] if p]
     html = recorder.export_html(inline_styles=True)
-    images = "".join(f'<img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
-                     for p in pngs)
+    images = "".join(
+        f'<img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">' for p in pngs
+    )
     html = html.replace("</body>", f"{images}</body>")
     (out / "report.html").write_text(html)
     return out / "report.html", pngs, recorder.export_text(styles=True)

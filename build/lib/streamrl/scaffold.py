@@ -109,7 +109,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "agent_workspace"))
 
 from text_utils import reverse_text  # noqa: E402
-from streamrl.runtime.builtin_families import is_current  # noqa: E402  (the model is rebuilt when stale)
+from streamrl.api import is_current  # noqa: E402  (the model is rebuilt when stale)
 
 
 def row(rng):
@@ -126,7 +126,7 @@ def main():
     out = HERE / "generated"
     if is_current(out / "model"):
         return
-    from streamrl.runtime.tiny_lm import build_tiny_model  # torch only when there is a model to build
+    from streamrl.api import build_tiny_model  # torch only when there is a model to build
 
     out.mkdir(exist_ok=True)
     rng = random.Random(0)
@@ -180,16 +180,16 @@ def reverse(text: str) -> str:
     return reverse_text(text)
 '''
 
-TEXT_UTILS = '''\
+TEXT_UTILS = """\
 def reverse_text(text: str) -> str:
     return text[::-1]
-'''
+"""
 
 EVALUATOR = '''\
 """The reward: 1 for the right answer. See producers/evaluator_builtins.py for built-ins
 (exact match, tags, fuzzy, math, code, weighted, LLM judge)."""
 
-from streamrl.producers.evaluator import EvaluationRunResult, Evaluator
+from streamrl.api import EvaluationRunResult, Evaluator
 
 
 class {class_prefix}Evaluator(Evaluator):
@@ -201,7 +201,7 @@ class {class_prefix}Evaluator(Evaluator):
 WORKER = '''\
 """A custom worker to start from: the agent worker with its override points."""
 
-from streamrl.producers.agent_worker import AgentRolloutWorker
+from streamrl.api import AgentRolloutWorker
 
 
 class {class_prefix}Worker(AgentRolloutWorker):
@@ -281,7 +281,7 @@ def row(rng):
 
 
 def main():
-    from streamrl.runtime.builtin_families import is_current
+    from streamrl.api import is_current
 
     out = HERE / "generated"
     if is_current(out / "model"):
@@ -289,7 +289,7 @@ def main():
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from streamrl.runtime.tiny_lm import build_tiny_model  # torch only when there is a model to build
+    from streamrl.api import build_tiny_model  # torch only when there is a model to build
 
     out.mkdir(exist_ok=True)
     rng = random.Random(0)
@@ -314,16 +314,28 @@ def scaffold_recipe(name: str, parent: Path, template: str = "agent") -> Path:
     folder = parent / name
     if folder.exists():
         raise FileExistsError(f"{folder} already exists")
-    fields = {"name": name, "class_prefix": "".join(part.title() for part in name.split("_")),
-              "env_prefix": name.upper()}
+    fields = {"name": name, "class_prefix": "".join(part.title() for part in name.split("_")), "env_prefix": name.upper()}
     if template == "single-turn":
-        files = {"common.yaml": SINGLE_TURN_COMMON, f"{name}.yaml": RECIPE, f"{name}.env.sh": ENV,
-                 "setup.py": SINGLE_TURN_SETUP, "evaluator.py": EVALUATOR}
+        files = {
+            "common.yaml": SINGLE_TURN_COMMON,
+            f"{name}.yaml": RECIPE,
+            f"{name}.env.sh": ENV,
+            "setup.py": SINGLE_TURN_SETUP,
+            "evaluator.py": EVALUATOR,
+        }
     else:
-        files = {"common.yaml": COMMON, f"{name}.yaml": RECIPE, f"{name}.env.sh": ENV, "setup.py": SETUP,
-                 "agent_workspace/agent_config.yaml": AGENT_CONFIG, "agent_workspace/tools.yaml": TOOLS_YAML,
-                 "agent_workspace/tools.py": TOOLS_PY, "agent_workspace/text_utils.py": TEXT_UTILS,
-                 "agent_workspace/evaluator.py": EVALUATOR, "agent_workspace/my_worker.py": WORKER}
+        files = {
+            "common.yaml": COMMON,
+            f"{name}.yaml": RECIPE,
+            f"{name}.env.sh": ENV,
+            "setup.py": SETUP,
+            "agent_workspace/agent_config.yaml": AGENT_CONFIG,
+            "agent_workspace/tools.yaml": TOOLS_YAML,
+            "agent_workspace/tools.py": TOOLS_PY,
+            "agent_workspace/text_utils.py": TEXT_UTILS,
+            "agent_workspace/evaluator.py": EVALUATOR,
+            "agent_workspace/my_worker.py": WORKER,
+        }
     for relative, template in files.items():
         path = folder / relative
         path.parent.mkdir(parents=True, exist_ok=True)

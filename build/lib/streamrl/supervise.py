@@ -28,11 +28,11 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-EXIT_USAGE = 2    # the CLI's codes (streamrl.cli.common), repeated here to keep the CLI unimported
+EXIT_USAGE = 2  # the CLI's codes (streamrl.cli.common), repeated here to keep the CLI unimported
 EXIT_SERVICE = 3
 NOT_RETRIED = {EXIT_USAGE: "bad usage or input", EXIT_SERVICE: "a service it needs was lost"}
 
@@ -59,14 +59,15 @@ def ends_with_parent(parent_pid: int) -> Callable[[], None] | None:
         _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent_pid:  # it died before the line above
             os.kill(os.getpid(), signal.SIGTERM)
+
     return arm
 
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    max_restarts: int = 5       # crashes of one process tolerated within the window; 0: no restarts
+    max_restarts: int = 5  # crashes of one process tolerated within the window; 0: no restarts
     window_s: float = 600.0
-    backoff_s: float = 1.0      # the first delay, doubled for each further crash in the window
+    backoff_s: float = 1.0  # the first delay, doubled for each further crash in the window
     max_backoff_s: float = 30.0
 
     def delay_s(self, crashes_in_window: int) -> float:
@@ -79,10 +80,10 @@ class RestartPolicy:
 @dataclass
 class Child:
     name: str
-    args: list[str]             # after `python -m streamrl.cli`
+    args: list[str]  # after `python -m streamrl.cli`
     log_path: Path
     process: subprocess.Popen | None = None
-    may_finish: bool = False    # a clean exit is the end of its work (publisher, learner), not a crash
+    may_finish: bool = False  # a clean exit is the end of its work (publisher, learner), not a crash
     restart_args: list[str] | None = None  # how it resumes, when that differs from how it started
     restarts: int = 0
     crashes: deque = field(default_factory=deque)  # monotonic times of recent crashes
@@ -108,19 +109,29 @@ class Supervisor:
         self.logs, self.env, self.policy, self.say = logs, env, policy, say
         self.children: list[Child] = []
 
-    def spawn(self, name: str, args: list[str], may_finish: bool = False,
-              restart_args: list[str] | None = None, optional: str | None = None) -> Child:
-        child = Child(name, args, self.logs / f"{name}.log", may_finish=may_finish, restart_args=restart_args,
-                      optional=optional)
+    def spawn(
+        self,
+        name: str,
+        args: list[str],
+        may_finish: bool = False,
+        restart_args: list[str] | None = None,
+        optional: str | None = None,
+    ) -> Child:
+        child = Child(name, args, self.logs / f"{name}.log", may_finish=may_finish, restart_args=restart_args, optional=optional)
         self._start(child, args)
         self.children.append(child)
         return child
 
     def _start(self, child: Child, args: list[str]) -> None:
         with open(child.log_path, "ab") as handle:
-            child.process = subprocess.Popen([sys.executable, "-m", "streamrl.cli", *args], stdout=handle,
-                                             stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
-                                             preexec_fn=ends_with_parent(os.getpid()))
+            child.process = subprocess.Popen(
+                [sys.executable, "-m", "streamrl.cli", *args],
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=ends_with_parent(os.getpid()),
+            )
 
     def check(self) -> None:
         """Notice exits, schedule and perform restarts; RunFailed when one must not go on."""
@@ -149,23 +160,27 @@ class Supervisor:
         if child.optional is None:
             raise RunFailed(why)
         child.given_up, child.restart_at = True, None
-        self.say(f"{child.name} is stopped and the run goes on without it: {child.optional}; "
-                 f"{why.splitlines()[0]}")
+        self.say(f"{child.name} is stopped and the run goes on without it: {child.optional}; {why.splitlines()[0]}")
 
     def _crashed(self, child: Child, code: int, now: float) -> None:
         child.crashes.append(now)
         while child.crashes and now - child.crashes[0] > self.policy.window_s:
             child.crashes.popleft()
         if len(child.crashes) > self.policy.max_restarts:
-            return self._fail(child, f"{child.name} crashed {len(child.crashes)} times within "
-                                     f"{self.policy.window_s:.0f} s (at most {self.policy.max_restarts} restarts "
-                                     f"allowed): giving up. " + child.failure(code))
+            return self._fail(
+                child,
+                f"{child.name} crashed {len(child.crashes)} times within "
+                f"{self.policy.window_s:.0f} s (at most {self.policy.max_restarts} restarts "
+                f"allowed): giving up. " + child.failure(code),
+            )
         delay = self.policy.delay_s(len(child.crashes))
         child.restart_at = now + delay
         how = f"signal {-code}" if code < 0 else f"code {code}"
-        self.say(f"{child.name} exited with {how}; restarting it in {delay:.3g} s "
-                 f"(crash {len(child.crashes)} of at most {self.policy.max_restarts + 1} in "
-                 f"{self.policy.window_s:.0f} s; log {child.log_path})")
+        self.say(
+            f"{child.name} exited with {how}; restarting it in {delay:.3g} s "
+            f"(crash {len(child.crashes)} of at most {self.policy.max_restarts + 1} in "
+            f"{self.policy.window_s:.0f} s; log {child.log_path})"
+        )
 
     def finished(self, child: Child) -> bool:
         return child.restart_at is None and child.process.poll() == 0

@@ -31,7 +31,8 @@ against the same baseline and scale as the episode's.
 
 from __future__ import annotations
 
-from typing import Callable, Literal, Sequence
+from collections.abc import Callable, Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -53,9 +54,11 @@ WHITEN_EPSILON = 1e-8  # verl's masked_whiten
 
 def register_batch_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
     """Register a batch-scope estimator: fn(group_rewards, group_token_counts) -> advantages."""
+
     def add(fn: AdvantageFn) -> AdvantageFn:
         fn.advantage_scope = "batch"
         return register_advantage(name)(fn)
+
     return add
 
 
@@ -74,6 +77,7 @@ def _as_rewards(rewards) -> np.ndarray:
 
 
 # --- group scope: the (r - b) / s form and the estimators built on it ---------------------
+
 
 def grpo_baseline(rewards: np.ndarray, epsilon: float = GRPO_EPSILON) -> tuple[np.ndarray, float]:
     rewards = _as_rewards(rewards)
@@ -97,8 +101,7 @@ def no_baseline(rewards: np.ndarray) -> tuple[np.ndarray, float]:
     return np.zeros(len(rewards)), 1.0
 
 
-GROUP_BASELINES.update(grpo=grpo_baseline, dr_grpo=mean_baseline, rloo=leave_one_out_baseline,
-                       reinforce=no_baseline)
+GROUP_BASELINES.update(grpo=grpo_baseline, dr_grpo=mean_baseline, rloo=leave_one_out_baseline, reinforce=no_baseline)
 
 
 @register_advantage("grpo")
@@ -141,13 +144,13 @@ def is_zero_variance(rewards: Sequence[float]) -> bool:
 
 # --- turn-level credit for multi-turn episodes -------------------------------------------
 
+
 def returns_to_go(turn_rewards: Sequence[float]) -> np.ndarray:
     """G_k = r_k + r_{k+1} + ... (gamma = 1): the return from each assistant turn on."""
     return np.cumsum(np.asarray(turn_rewards, dtype=np.float64)[::-1])[::-1].copy()
 
 
-def turn_advantages(group_turn_rewards: list[Sequence[float]], estimator: str,
-                    epsilon: float = GRPO_EPSILON) -> list[np.ndarray]:
+def turn_advantages(group_turn_rewards: list[Sequence[float]], estimator: str, epsilon: float = GRPO_EPSILON) -> list[np.ndarray]:
     """Per sample of one group, the advantage of each assistant turn: (G_ik - b_i) / s,
     with G_ik the sample's return from turn k on and b_i, s the estimator's baseline and
     scale over the group's episode returns G_i0. The first turn's advantage is the
@@ -155,19 +158,24 @@ def turn_advantages(group_turn_rewards: list[Sequence[float]], estimator: str,
     before it. Each sample's rewards are by assistant turn, the last turn's including the
     evaluator's outcome reward."""
     if estimator not in GROUP_BASELINES:
-        raise ValueError(f"turn-level credit needs an estimator of the (r - b) / s form "
-                         f"({', '.join(sorted(GROUP_BASELINES))}), not {estimator!r}")
+        raise ValueError(
+            f"turn-level credit needs an estimator of the (r - b) / s form "
+            f"({', '.join(sorted(GROUP_BASELINES))}), not {estimator!r}"
+        )
     returns = [returns_to_go(rewards) for rewards in group_turn_rewards]
     episode_returns = np.array([g[0] if len(g) else 0.0 for g in returns])
-    baselines, scale = (grpo_baseline(episode_returns, epsilon) if estimator == "grpo"
-                        else GROUP_BASELINES[estimator](episode_returns))
+    baselines, scale = (
+        grpo_baseline(episode_returns, epsilon) if estimator == "grpo" else GROUP_BASELINES[estimator](episode_returns)
+    )
     return [(g - b) / scale for g, b in zip(returns, baselines)]
 
 
 # --- batch scope: over every group of a step ---------------------------------------------
 
-def token_weighted_whiten(values: list[np.ndarray], token_counts: list[np.ndarray],
-                          epsilon: float = WHITEN_EPSILON) -> list[np.ndarray]:
+
+def token_weighted_whiten(
+    values: list[np.ndarray], token_counts: list[np.ndarray], epsilon: float = WHITEN_EPSILON
+) -> list[np.ndarray]:
     """(v - mu) / sqrt(var + epsilon), mu and var over the step's trained *tokens*: each
     sample's value counted once per token it trains, var with Bessel's correction (verl's
     `masked_whiten` on a sequence-level value broadcast over the response mask). One token
@@ -184,16 +192,16 @@ def token_weighted_whiten(values: list[np.ndarray], token_counts: list[np.ndarra
 
 
 @register_batch_advantage("reinforce_plus_plus")
-def reinforce_plus_plus_advantages(group_rewards: list[np.ndarray],
-                                   group_token_counts: list[np.ndarray]) -> list[np.ndarray]:
+def reinforce_plus_plus_advantages(group_rewards: list[np.ndarray], group_token_counts: list[np.ndarray]) -> list[np.ndarray]:
     """REINFORCE++ (Hu 2025): the return (the outcome reward on every token, gamma = 1),
     whitened over the step's trained tokens; no group baseline."""
     return token_weighted_whiten([_as_rewards(r) for r in group_rewards], group_token_counts)
 
 
 @register_batch_advantage("reinforce_plus_plus_baseline")
-def reinforce_plus_plus_baseline_advantages(group_rewards: list[np.ndarray],
-                                            group_token_counts: list[np.ndarray]) -> list[np.ndarray]:
+def reinforce_plus_plus_baseline_advantages(
+    group_rewards: list[np.ndarray], group_token_counts: list[np.ndarray]
+) -> list[np.ndarray]:
     """REINFORCE++-baseline: r_i - mean of its group (a group of one keeps its reward, as
     verl does), then whitened over the step's trained tokens."""
     centred = []
@@ -205,8 +213,14 @@ def reinforce_plus_plus_baseline_advantages(group_rewards: list[np.ndarray],
 
 # --- one helper for every caller that holds rows of several groups -----------------------
 
-def advantages_by_group(group_ids: Sequence[str], rewards: Sequence[float], token_counts: Sequence[float],
-                        estimator: str, std_epsilon: float = GRPO_EPSILON) -> np.ndarray:
+
+def advantages_by_group(
+    group_ids: Sequence[str],
+    rewards: Sequence[float],
+    token_counts: Sequence[float],
+    estimator: str,
+    std_epsilon: float = GRPO_EPSILON,
+) -> np.ndarray:
     """One advantage per row, rows grouped by `group_ids` (in first-seen order), by the
     estimator `estimator` of either scope: a group estimator on each group's rewards, a
     batch estimator on all of them at once (`token_counts`: each row's trained tokens)."""
@@ -217,8 +231,7 @@ def advantages_by_group(group_ids: Sequence[str], rewards: Sequence[float], toke
     counts = np.asarray(token_counts, dtype=np.float64)
     groups = list(rows_of.values())
     if advantage_scope(estimator) == "batch":
-        values = get_advantage_estimator(estimator)([rewards[rows] for rows in groups],
-                                                    [counts[rows] for rows in groups])
+        values = get_advantage_estimator(estimator)([rewards[rows] for rows in groups], [counts[rows] for rows in groups])
     else:
         values = [group_advantages(estimator, rewards[rows], std_epsilon) for rows in groups]
     advantages = np.zeros(len(rewards))

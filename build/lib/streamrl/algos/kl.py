@@ -1,16 +1,16 @@
 """KL to a frozen reference policy: estimators and coefficient controllers.
 
-    KL_ESTIMATORS (`algorithm.kl_estimator`), one signature:
-        fn(log_ratio) -> per-token KL estimate,   log_ratio = log pi - log pi_ref
-    KL_CONTROLLERS (`algorithm.kl_ctrl.type`), one signature:
-        cls(config) with `.kl_coef` and `.update(current_kl, n_steps)`;
-        `config` is the recipe's `algorithm.kl_ctrl` section.
+KL_ESTIMATORS (`algorithm.kl_estimator`), one signature:
+    fn(log_ratio) -> per-token KL estimate,   log_ratio = log pi - log pi_ref
+KL_CONTROLLERS (`algorithm.kl_ctrl.type`), one signature:
+    cls(config) with `.kl_coef` and `.update(current_kl, n_steps)`;
+    `config` is the recipe's `algorithm.kl_ctrl` section.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -25,6 +25,7 @@ register_kl_controller = KL_CONTROLLERS.register
 
 
 # --- estimators of KL(pi || pi_ref) from samples of pi (Schulman's k1, k2, k3) ----------
+
 
 @register_kl_estimator("k1")
 def kl_k1(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -82,13 +83,14 @@ def kl_reward_to_go(token_kl, mask):
 
 # --- coefficient controllers (Ziegler et al. 2019) ---------------------------------------
 
+
 @register_kl_controller("fixed")
 @dataclass
 class FixedKLController:
     kl_coef: float
 
     @classmethod
-    def from_config(cls, config) -> "FixedKLController":
+    def from_config(cls, config) -> FixedKLController:
         return cls(config.kl_coef)
 
     def update(self, current_kl: float, n_steps: int) -> None:
@@ -105,7 +107,7 @@ class AdaptiveKLController:
     horizon: int
 
     @classmethod
-    def from_config(cls, config) -> "AdaptiveKLController":
+    def from_config(cls, config) -> AdaptiveKLController:
         return cls(config.kl_coef, config.target_kl, config.horizon)
 
     def update(self, current_kl: float, n_steps: int) -> None:

@@ -10,7 +10,7 @@ same rate from the checkpointed step alone.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from streamrl.runtime.registry import Registry
 
@@ -33,8 +33,9 @@ def cosine_decay(progress: float) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def learning_rate_at(step: int, total_steps: int, base_lr: float, schedule: str = "constant",
-                     min_lr_ratio: float = 0.0, warmup_steps: int = 0) -> float:
+def learning_rate_at(
+    step: int, total_steps: int, base_lr: float, schedule: str = "constant", min_lr_ratio: float = 0.0, warmup_steps: int = 0
+) -> float:
     """Rate for training step `step` (1-based): a linear ramp over `warmup_steps`, then
     `schedule` from `base_lr` down to `base_lr * min_lr_ratio` at `total_steps`."""
     if schedule not in LR_SCHEDULES:

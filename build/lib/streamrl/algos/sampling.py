@@ -34,8 +34,9 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
-def draw_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = -1,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def draw_tokens(
+    logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = -1, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of `logits` [B, V] (float32), and its logprob (see the module's
     docstring). temperature 0: greedy."""
     if temperature == 0:
@@ -69,9 +70,19 @@ class Decoded:
 
 
 @torch.no_grad()
-def decode(model, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, top_p: float = 1.0,
-           top_k: int = -1, stop_ids: set[int] = frozenset(), stop_text=None, pad_id: int = 0,
-           generator: torch.Generator | None = None) -> list[Decoded]:
+def decode(
+    model,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float = 1.0,
+    top_k: int = -1,
+    stop_ids: set[int] = frozenset(),
+    stop_text=None,
+    pad_id: int = 0,
+    generator: torch.Generator | None = None,
+) -> list[Decoded]:
     """Sample up to `max_new_tokens` after each prompt. A row stops after a token of
     `stop_ids` (kept in its output) or when `stop_text(tokens)` says so.
 
@@ -83,17 +94,22 @@ def decode(model, prompts: list[list[int]], *, max_new_tokens: int, temperature:
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(prompts), width + max_new_tokens), dtype=torch.long)
     for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt):] = torch.tensor(prompt)
-        attention[row, width - len(prompt):width] = 1
+        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        attention[row, width - len(prompt) : width] = 1
     input_ids, attention = input_ids.to(device), attention.to(device)
     step_positions = (attention[:, :width].cumsum(-1) - 1).clamp(min=0)
     rows = [Decoded() for _ in prompts]
     finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     cache, step_ids, filled = static_cache(model, width + max_new_tokens), input_ids, width
     for _ in range(max_new_tokens):
-        out = model(input_ids=step_ids, attention_mask=attention[:, :filled], position_ids=step_positions,
-                    past_key_values=cache, cache_position=torch.arange(filled - step_ids.shape[1], filled,
-                                                                       device=device), use_cache=True)
+        out = model(
+            input_ids=step_ids,
+            attention_mask=attention[:, :filled],
+            position_ids=step_positions,
+            past_key_values=cache,
+            cache_position=torch.arange(filled - step_ids.shape[1], filled, device=device),
+            use_cache=True,
+        )
         sampled, sampled_logprobs = draw_tokens(out.logits[:, -1].float(), temperature, top_p, top_k, generator)
         chosen, chosen_logprobs, done = sampled.tolist(), sampled_logprobs.tolist(), finished.tolist()  # one copy a step
         for index, row in enumerate(rows):

@@ -19,7 +19,7 @@ clip, so the two paths train the same objective.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -55,8 +55,14 @@ def ppo_loss(target_logprobs: torch.Tensor, inputs: dict, config: dict) -> torch
     """PPO-clip against the sampler's logprobs, the ratio clipped to [low, high]."""
     low = float(config.get("clip_low_threshold", 0.8))
     high = float(config.get("clip_high_threshold", 1.2))
-    loss, _ = ppo_clip_token_loss(target_logprobs, inputs["logprobs"], inputs["advantages"],
-                                  clip_ratio_low=1.0 - low, clip_ratio_high=high - 1.0, clip_ratio_c=None)
+    loss, _ = ppo_clip_token_loss(
+        target_logprobs,
+        inputs["logprobs"],
+        inputs["advantages"],
+        clip_ratio_low=1.0 - low,
+        clip_ratio_high=high - 1.0,
+        clip_ratio_c=None,
+    )
     return loss
 
 

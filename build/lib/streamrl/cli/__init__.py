@@ -14,14 +14,8 @@ codes in one place (`common.cli_command`).
 from __future__ import annotations
 
 import os
-import sys
 
-from streamrl.layout import layer_problems
-
-if layer_problems():  # before any layer is imported: a clash would fail far from its cause
-    sys.exit("error: " + "\nerror: ".join(layer_problems()))
-
-from streamrl.runtime.quiet import quiet_library_progress  # noqa: E402
+from streamrl.runtime.quiet import quiet_library_progress
 
 quiet_library_progress()
 
@@ -31,8 +25,12 @@ from streamrl.cli import ledger_cmd, model_cmd, observe_cmd, recipe_cmd, service
 
 # rich_markup_mode=None: help texts are plain text, so "A:B:" never becomes an emoji and
 # "[...]" is never taken for markup.
-app = typer.Typer(help="StreamRL: event-sourced RL post-training for LLMs.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, rich_markup_mode=None)
+app = typer.Typer(
+    help="StreamRL: event-sourced RL post-training for LLMs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
 
 
 def print_version(value: bool) -> None:
@@ -44,10 +42,14 @@ def print_version(value: bool) -> None:
 
 
 @app.callback()
-def main(debug: bool = typer.Option(False, "--debug", help="On an error, print its traceback as well as its "
-                                                           "message (the run's processes inherit it)."),
-         show_version: bool = typer.Option(False, "--version", callback=print_version, is_eager=True,
-                                           help="Print StreamRL's version and exit.")) -> None:
+def main(
+    debug: bool = typer.Option(
+        False, "--debug", help="On an error, print its traceback as well as its message (the run's processes inherit it)."
+    ),
+    show_version: bool = typer.Option(
+        False, "--version", callback=print_version, is_eager=True, help="Print StreamRL's version and exit."
+    ),
+) -> None:
     if debug:
         os.environ["STREAMRL_DEBUG"] = "1"
 

@@ -67,6 +67,7 @@ def as_cli_error(exc: Exception) -> CliError | None:
     """The CLI meaning of an error raised by the layers below, or None (a bug: re-raised)."""
     from streamrl.runtime.config import ConfigError
     from streamrl.runtime.dataset import DatasetError
+    from streamrl.runtime.extras import missing_extra
     from streamrl.runtime.outage import ServiceLost
     from streamrl.runtime.recipe import RecipeError
     from streamrl.runtime.runs import RunNotFound
@@ -76,6 +77,9 @@ def as_cli_error(exc: Exception) -> CliError | None:
 
     if isinstance(exc, CliError):
         return exc
+    missing = missing_extra(exc, f"`streamrl {command_name()}`")
+    if missing is not None:
+        return CommandFailed(str(missing), "missing extra")
     if isinstance(exc, RecipeError):
         error = UsageError(f"{exc.path}:", exc.problems)
         error.label = "invalid recipe"
@@ -117,17 +121,24 @@ def lost_service_sentence(exc: Exception) -> str | None:
     psycopg = sys.modules.get("psycopg")
     if psycopg is not None and isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return (f"PostgreSQL stopped answering ({first}): bring it back (`streamrl up` for the embedded one), "
-                "then run the command again (`streamrl run --resume RUN` for a run).")
+        return (
+            f"PostgreSQL stopped answering ({first}): bring it back (`streamrl up` for the embedded one), "
+            "then run the command again (`streamrl run --resume RUN` for a run)."
+        )
     kafka_errors = sys.modules.get("kafka.errors")
     if kafka_errors is None:
         return None
     # the error names differ between kafka-python versions
-    lost_broker = tuple(getattr(kafka_errors, name) for name in ("NoBrokersAvailable", "KafkaTimeoutError",
-                                                                 "KafkaConnectionError") if hasattr(kafka_errors, name))
+    lost_broker = tuple(
+        getattr(kafka_errors, name)
+        for name in ("NoBrokersAvailable", "KafkaTimeoutError", "KafkaConnectionError")
+        if hasattr(kafka_errors, name)
+    )
     if isinstance(exc, lost_broker):
-        return (f"the Kafka broker stopped answering ({type(exc).__name__}: {exc}): bring it back (`streamrl up` "
-                "for the embedded one), then run the command again (`streamrl run --resume RUN` for a run).")
+        return (
+            f"the Kafka broker stopped answering ({type(exc).__name__}: {exc}): bring it back (`streamrl up` "
+            "for the embedded one), then run the command again (`streamrl run --resume RUN` for a run)."
+        )
     return None
 
 
@@ -137,22 +148,28 @@ def debugging() -> bool:
 
 
 def report(error: CliError) -> None:
-    err_console.print(f"[red]{error.label}:[/] " if not error.problems else f"[red]{error.label}[/] ",
-                      end="", highlight=False)
+    err_console.print(f"[red]{error.label}:[/] " if not error.problems else f"[red]{error.label}[/] ", end="", highlight=False)
     err_console.print(str(error), highlight=False, markup=False, soft_wrap=True)
     for problem in error.problems:
         err_console.print(f"  - {problem}", highlight=False, markup=False, soft_wrap=True)
 
 
+def command_name() -> str:
+    """The command being run, as the user typed it (`recipe validate`, `ui`)."""
+    words = [word for word in sys.argv[1:3] if not word.startswith("-")]
+    return " ".join(words[:2] if words[:1] == ["recipe"] else words[:1]) or "streamrl"
+
+
 def cli_command(fn):
     """Wrap a command: errors of the layers below become one message and an exit code."""
+
     @functools.wraps(fn)
     def run(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except typer.Exit:
             raise
-        except Exception as exc:  # noqa: BLE001 - mapped below, or re-raised as a bug
+        except Exception as exc:
             error = as_cli_error(exc)
             if error is None:
                 raise
@@ -160,10 +177,12 @@ def cli_command(fn):
                 traceback.print_exc()
             report(error)
             raise typer.Exit(error.exit_code) from None
+
     return run
 
 
 # --- helpers commands share ---------------------------------------------------------------
+
 
 def settings():
     from streamrl.runtime.settings import Settings
@@ -204,8 +223,10 @@ def parse_shard(shard: str) -> tuple[int, int]:
 def sharding(current, shard: str) -> tuple[int, int]:
     """The --shard of a worker or processor, refused unless partitions are assigned by shard."""
     if current.partition_assignment != "shard" and shard != "0/1":
-        raise UsageError(f"--shard {shard}: partitions are shared by consumer groups "
-                         "(STREAMRL_PARTITION_ASSIGNMENT=group); set STREAMRL_PARTITION_ASSIGNMENT=shard to shard them")
+        raise UsageError(
+            f"--shard {shard}: partitions are shared by consumer groups "
+            "(STREAMRL_PARTITION_ASSIGNMENT=group); set STREAMRL_PARTITION_ASSIGNMENT=shard to shard them"
+        )
     return parse_shard(shard)
 
 
@@ -222,6 +243,16 @@ def checked_run_id(run_id: str, option: str) -> str:
 def new_run_id(experiment_name: str) -> str:
     name = re.sub(r"[^A-Za-z0-9_-]+", "-", experiment_name).strip("-") or "run"
     return f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def recipe_file(file: Path) -> Path:
+    """The recipe argument as a file: `builtin:NAME` copies the shipped recipe out first."""
+    from streamrl.builtin_recipes import resolve_recipe_path
+
+    try:
+        return resolve_recipe_path(file, settings().home)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def prepared_recipe(file: Path, overrides: list[str] | None = None, load_code: bool = True):
@@ -241,8 +272,8 @@ def prepared_recipe(file: Path, overrides: list[str] | None = None, load_code: b
 
 def check_recipe_code(file: Path, recipe) -> None:
     """Load the recipe's own code and check its registry keys (RecipeError naming them)."""
-    from streamrl.runtime.recipe import RecipeError
     from streamrl.checks import recipe_code_problems
+    from streamrl.runtime.recipe import RecipeError
 
     problems = recipe_code_problems(recipe)
     if problems:
@@ -256,8 +287,8 @@ def print_table(columns: list[str], rows: list[tuple]) -> None:
     for column in columns:
         table.add_column(Text(str(column)))
     for row in rows:
-        table.add_row(*(
-            Text("" if v is None else (json.dumps(v) if isinstance(v, (dict, list)) else str(plain(v))))
-            for v in row))
+        table.add_row(
+            *(Text("" if v is None else (json.dumps(v) if isinstance(v, (dict, list)) else str(plain(v)))) for v in row)
+        )
     console.print(table)
     console.print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", style="dim")

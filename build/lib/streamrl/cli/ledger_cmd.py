@@ -8,13 +8,23 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from streamrl.cli.common import (
-    CommandFailed, UsageError, checked_run_id, cli_command, console, database_url, err_console, parse_shard,
-    plain, print_table, readonly_url, settings,
+    CommandFailed,
+    UsageError,
+    checked_run_id,
+    cli_command,
+    console,
+    database_url,
+    err_console,
+    parse_shard,
+    plain,
+    print_table,
+    readonly_url,
+    settings,
 )
 
 
@@ -24,11 +34,12 @@ def register(app: typer.Typer) -> None:
 
 
 def sink(
-    run: Annotated[Optional[str], typer.Option(help="Only this run's topics (default: every run).")] = None,
+    run: Annotated[str | None, typer.Option(help="Only this run's topics (default: every run).")] = None,
     max_batch: Annotated[int, typer.Option(help="Most records written per database transaction.")] = 2000,
-    idle_exit: Annotated[Optional[float], typer.Option(help="Exit after this many seconds without messages.")] = None,
-    shard: Annotated[str, typer.Option(help="I/N: this sink writes the partitions with "
-        "crc32(topic:partition) % N == I.")] = "0/1",
+    idle_exit: Annotated[float | None, typer.Option(help="Exit after this many seconds without messages.")] = None,
+    shard: Annotated[
+        str, typer.Option(help="I/N: this sink writes the partitions with crc32(topic:partition) % N == I.")
+    ] = "0/1",
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each batch.")] = False,
 ) -> None:
     """Write every event of every run (or of --run) into the ledger, idempotently;
@@ -38,8 +49,9 @@ def sink(
     from streamrl.runtime.runs import stop_on_signals
 
     stop = stop_on_signals()  # first: a SIGTERM during start-up still ends in a clean exit
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     current = settings()
     if run:
         checked_run_id(run, "--run")
@@ -74,9 +86,12 @@ RUNS_QUERY = """
     order by r.created_at desc limit %(limit)s"""
 
 
-def runs(limit: Annotated[int, typer.Option(help="Show at most this many runs, newest first.")] = 50,
-         tag: Annotated[Optional[str], typer.Option("--tag", "-t", help="Only the runs started with this "
-                                                    "tag (`streamrl run -t TAG`).")] = None) -> None:
+def runs(
+    limit: Annotated[int, typer.Option(help="Show at most this many runs, newest first.")] = 50,
+    tag: Annotated[
+        str | None, typer.Option("--tag", "-t", help="Only the runs started with this tag (`streamrl run -t TAG`).")
+    ] = None,
+) -> None:
     """List the runs in the ledger with their status, tag and event counts."""
     from streamrl.runtime.sql import SqlFailed, run_readonly
 
@@ -98,20 +113,26 @@ def parse_params(params: list[str]) -> dict:
 
 
 def sql(
-    query: Annotated[Optional[str], typer.Argument(help="One read-only SQL statement.")] = None,
-    file: Annotated[Optional[Path], typer.Option("--file", "-f", exists=True, dir_okay=False,
-                                                 help="Read the statement from this file.")] = None,
-    param: Annotated[Optional[list[str]], typer.Option("--param", "-p", metavar="NAME=VALUE", help="Bound parameter NAME=VALUE, "
-        "used as %(NAME)s.")] = None,
+    query: Annotated[str | None, typer.Argument(help="One read-only SQL statement.")] = None,
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", exists=True, dir_okay=False, help="Read the statement from this file.")
+    ] = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option("--param", "-p", metavar="NAME=VALUE", help="Bound parameter NAME=VALUE, used as %(NAME)s."),
+    ] = None,
     as_csv: Annotated[bool, typer.Option("--csv", help="Write CSV to stdout.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Write a JSON array of objects to stdout.")] = False,
-    parquet: Annotated[Optional[Path], typer.Option("--parquet", dir_okay=False, help="Write the result to this "
-        "Parquet file.")] = None,
+    parquet: Annotated[
+        Path | None, typer.Option("--parquet", dir_okay=False, help="Write the result to this Parquet file.")
+    ] = None,
     timeout: Annotated[float, typer.Option(help="Statement timeout in seconds.")] = 30.0,
-    max_rows: Annotated[int, typer.Option(help="Rows shown at most (the table, --json, --parquet); --csv streams "
-        "them all.", min=1)] = 10_000,
-    max_bytes: Annotated[int, typer.Option(help="Bytes of rows held at most, roughly (the table, --json, --parquet).",
-                                           min=1)] = 64 * 2**20,
+    max_rows: Annotated[
+        int, typer.Option(help="Rows shown at most (the table, --json, --parquet); --csv streams them all.", min=1)
+    ] = 10_000,
+    max_bytes: Annotated[
+        int, typer.Option(help="Bytes of rows held at most, roughly (the table, --json, --parquet).", min=1)
+    ] = 64 * 2**20,
 ) -> None:
     """Run one read-only SQL statement against the ledger (a read-only transaction with a
     statement timeout; writes and multiple statements are refused). Rows come from a
@@ -134,16 +155,22 @@ def sql(
         return
     result = run_readonly(readonly_url(), text, params, timeout, max_rows=max_rows, max_bytes=max_bytes)
     if result.stopped:
-        err_console.print(f"stopped at {result.stopped} (--max-rows, --max-bytes); --csv streams every row",
-                          highlight=False, markup=False)
+        err_console.print(
+            f"stopped at {result.stopped} (--max-rows, --max-bytes); --csv streams every row", highlight=False, markup=False
+        )
     if parquet is not None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         columns = {c: [plain(row[i]) for row in result.rows] for i, c in enumerate(result.columns)}
-        columns = {c: ([None if v is None else json.dumps(v) for v in values]
-                       if any(isinstance(v, (dict, list)) for v in values) else values)
-                   for c, values in columns.items()}  # JSON columns travel as JSON text
+        columns = {
+            c: (
+                [None if v is None else json.dumps(v) for v in values]
+                if any(isinstance(v, (dict, list)) for v in values)
+                else values
+            )
+            for c, values in columns.items()
+        }  # JSON columns travel as JSON text
         pq.write_table(pa.table(columns), parquet)
         err_console.print(f"{len(result.rows)} rows -> {parquet}", highlight=False)
     elif as_json:
@@ -155,8 +182,9 @@ def sql(
 
 def show(
     run: Annotated[str, typer.Argument(help="Run id.")],
-    out: Annotated[Optional[Path], typer.Option(help="Folder for report.html and reward_curve.png "
-        "(default: STREAMRL_HOME/runs/RUN).")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Folder for report.html and reward_curve.png (default: STREAMRL_HOME/runs/RUN).")
+    ] = None,
 ) -> None:
     """A run's story from the ledger: its config, steps and validation, throughput,
     staleness, filtered groups and dead letters; in the terminal, and as an HTML report

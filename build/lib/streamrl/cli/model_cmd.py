@@ -21,9 +21,12 @@ def model_init(
     config: Annotated[str, typer.Option("--config", help="Architecture: qwen2-0.5b, qwen2-1.5b, qwen2-7b, qwen3-0.6b.")],
     out: Annotated[Path, typer.Option("--out", help="The folder to write (a Hugging Face model folder).")],
     seed: Annotated[int, typer.Option(help="Seed of the random initialisation.")] = 0,
-    match_tokenizer_vocab: Annotated[bool, typer.Option("--match-tokenizer-vocab",
-                                                        help="Shrink the vocabulary to the tokenizer's (for "
-                                                            "servers that sample every id).")] = False,
+    match_tokenizer_vocab: Annotated[
+        bool,
+        typer.Option(
+            "--match-tokenizer-vocab", help="Shrink the vocabulary to the tokenizer's (for servers that sample every id)."
+        ),
+    ] = False,
 ) -> None:
     """Write a randomly initialised model of a real architecture and size, with a
     tokenizer, loadable by from_pretrained: nothing is downloaded."""

@@ -5,12 +5,19 @@ run browser)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from streamrl.cli.common import (
-    CommandFailed, UsageError, checked_run_id, cli_command, console, database_url, readonly_url, settings,
+    CommandFailed,
+    UsageError,
+    checked_run_id,
+    cli_command,
+    console,
+    database_url,
+    readonly_url,
+    settings,
 )
 from streamrl.cli.train_cmd import run_config
 
@@ -37,16 +44,22 @@ def tracker(run: Annotated[str, typer.Argument(help="Run id.")]) -> None:
         feed.run(stop)
     finally:
         feed.close()
-    console.print(f"tracker stopped: {feed.logged_steps} steps, {feed.logged_validations} validations logged",
-                  highlight=False)
+    console.print(f"tracker stopped: {feed.logged_steps} steps, {feed.logged_validations} validations logged", highlight=False)
 
 
 def export(
     run: Annotated[str, typer.Argument(help="Run id.")],
-    to: Annotated[list[str], typer.Option("--to", help="wandb, tensorboard or mlflow (repeat for several); "
-                                                      "options from the recipe's logger section.")],
-    out: Annotated[Optional[Path], typer.Option(help="Write the local trackers here instead: W&B files in OUT/wandb, "
-                                                     "TensorBoard in OUT/tensorboard, MLflow in OUT/mlflow.db.")] = None,
+    to: Annotated[
+        list[str],
+        typer.Option("--to", help="wandb, tensorboard or mlflow (repeat for several); options from the recipe's logger section."),
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write the local trackers here instead: W&B files in OUT/wandb, "
+            "TensorBoard in OUT/tensorboard, MLflow in OUT/mlflow.db."
+        ),
+    ] = None,
 ) -> None:
     """Send RUN's train steps and validations from the ledger to trackers: a back-fill
     for a run that had none, or lost one (the same W&B / MLflow run is continued)."""
@@ -57,8 +70,8 @@ def export(
     unknown = [name for name in to if name not in TRACKERS]
     if unknown:
         raise UsageError(f"--to {unknown[0]}: expected one of {', '.join(TRACKERS)}")
-    from streamrl.runtime.config import Recipe
     from streamrl.report import run_config as ledger_run_config
+    from streamrl.runtime.config import Recipe
 
     current = settings()
     config, _ = ledger_run_config(database_url(current), checked_run_id(run, "RUN"))
@@ -83,9 +96,14 @@ def export(
 def ui(
     host: Annotated[str, typer.Option(help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8765,
-    allowed_host: Annotated[Optional[list[str]], typer.Option(
-        "--allowed-host", help="A Host name the browser answers to (repeat for several); default: the loopback "
-        "names, and --host when it is another address.")] = None,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            help="A Host name the browser answers to (repeat for several); default: the loopback "
+            "names, and --host when it is another address.",
+        ),
+    ] = None,
 ) -> None:
     """The run browser: runs and their lineage, curves (two runs overlaid), every rollout
     with its tokens, mask, logprobs and advantages, and a read-only SQL box. It reads
@@ -93,6 +111,9 @@ def ui(
     printed here."""
     import secrets
 
+    from streamrl.runtime.extras import require_extra
+
+    require_extra("ui", "`streamrl ui`")
     import uvicorn
 
     from streamrl.ui.app import LOOPBACK_HOSTS, make_app

@@ -28,10 +28,19 @@ def render() -> str:
     from streamrl.cli import app
 
     root = typer.main.get_command(app)
-    lines = ["# Command-line reference", "",
-             "Generated from the CLI (`python -m streamrl.cli.reference > docs/cli.md`); the same text",
-             "as each command's `--help`.", "", "## streamrl", "", "```", command_help(root, "streamrl").rstrip(),
-             "```", ""]
+    lines = [
+        "# Command-line reference",
+        "",
+        "Generated from the CLI (`python -m streamrl.cli.reference > docs/cli.md`); the same text",
+        "as each command's `--help`.",
+        "",
+        "## streamrl",
+        "",
+        "```",
+        command_help(root, "streamrl").rstrip(),
+        "```",
+        "",
+    ]
     for path, command in walk(root, "streamrl"):
         lines += [f"## {path}", "", "```", command_help(command, path).rstrip(), "```", ""]
     return "\n".join(lines)

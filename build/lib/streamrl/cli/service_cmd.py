@@ -4,14 +4,17 @@ API) and `streamrl training-key create | list | revoke` (its API keys)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from streamrl.cli.common import UsageError, cli_command, console, database_url, print_table, settings
 
-key_app = typer.Typer(help="API keys of `streamrl serve-training` (stored hashed in the ledger's PostgreSQL).",
-                      no_args_is_help=True, rich_markup_mode=None)
+key_app = typer.Typer(
+    help="API keys of `streamrl serve-training` (stored hashed in the ledger's PostgreSQL).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -23,8 +26,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _store():
-    from streamrl.training_service.store import ServiceStore
     from streamrl.runtime import db
+    from streamrl.training_service.store import ServiceStore
 
     url = database_url(settings())
     db.upgrade(url)
@@ -43,22 +46,36 @@ def served_models(specs: list[str]) -> dict[str, str]:
 
 
 def serve_training(
-    model: Annotated[list[str], typer.Option("--model", help="A base model clients may train: NAME=FOLDER, or "
-                                             "FOLDER (its name is the folder). Repeat for several.")],
+    model: Annotated[
+        list[str],
+        typer.Option(
+            "--model", help="A base model clients may train: NAME=FOLDER, or FOLDER (its name is the folder). Repeat for several."
+        ),
+    ],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8140,
-    root: Annotated[Optional[Path], typer.Option(help="Where states and sampler weights are written "
-                                                  "(default: STREAMRL_HOME/training-service).")] = None,
+    root: Annotated[
+        Path | None, typer.Option(help="Where states and sampler weights are written (default: STREAMRL_HOME/training-service).")
+    ] = None,
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto",
-    limit: Annotated[Optional[list[str]], typer.Option(
-        "--limit", help="A limit over its default, NAME=VALUE (repeat): max_body_bytes, max_decompressed_bytes, "
-                        "max_tokens_per_datum, max_tokens_per_request, max_sample_sequences, max_sample_tokens, "
-                        "max_models_per_key, max_sessions_per_key, max_pending_per_key.", show_default=False)] = None,
+    limit: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--limit",
+            help="A limit over its default, NAME=VALUE (repeat): max_body_bytes, max_decompressed_bytes, "
+            "max_tokens_per_datum, max_tokens_per_request, max_sample_sequences, max_sample_tokens, "
+            "max_models_per_key, max_sessions_per_key, max_pending_per_key.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve the Tinker training API on this machine's GPUs (or CPU): the official `tinker`
     client, tinker-cookbook scripts and recipes with trainer.type remote_api_* train
     here. Sessions, models, requests and checkpoints are kept in the ledger's PostgreSQL, so
     a restarted service finishes what it accepted."""
+    from streamrl.runtime.extras import require_extra
+
+    require_extra("service", "`streamrl serve-training`")
     import torch
     import uvicorn
 
@@ -80,8 +97,7 @@ def serve_training(
         executor.start()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    console.print(f"training service on http://{host}:{port} ({chosen}); models: {', '.join(base_models)}",
-                  highlight=False)
+    console.print(f"training service on http://{host}:{port} ({chosen}); models: {', '.join(base_models)}", highlight=False)
     uvicorn.run(build_app(store, executor, limits), host=host, port=port, log_level="warning")
 
 
@@ -94,8 +110,10 @@ def key_create(name: Annotated[str, typer.Argument(help="Who or what the key is 
 def key_list() -> None:
     """The keys: id, name, created, revoked."""
     rows = _store().keys()
-    print_table(["key_id", "name", "created_at", "revoked_at"], [[r[k] for k in ("key_id", "name", "created_at",
-                                                                                "revoked_at")] for r in rows])
+    print_table(
+        ["key_id", "name", "created_at", "revoked_at"],
+        [[r[k] for k in ("key_id", "name", "created_at", "revoked_at")] for r in rows],
+    )
 
 
 def key_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (from `list`).")]) -> None:

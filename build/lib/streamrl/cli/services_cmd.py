@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from streamrl.cli.common import (
-    EXIT_FAILED, EXIT_SERVICE, checked_run_id, cli_command, console, database_url, print_table, readonly_url,
+    EXIT_FAILED,
+    EXIT_SERVICE,
+    checked_run_id,
+    cli_command,
+    console,
+    database_url,
+    print_table,
+    readonly_url,
     settings,
 )
 
@@ -72,10 +79,15 @@ def db_upgrade(revision: Annotated[str, typer.Argument(help="Target Alembic revi
 
 def topics(
     run: Annotated[str, typer.Argument(help="Run id.")],
-    partitions: Annotated[Optional[int], typer.Option(help="Partitions per topic (default STREAMRL_TOPIC_PARTITIONS).")] = None,
-    remove: Annotated[bool, typer.Option(help="Remove RUN's topics instead, if the ledger holds every event they "
-                                         "carry (a finished `streamrl run` does this itself). Stop the run's "
-                                         "processes first.")] = False,
+    partitions: Annotated[int | None, typer.Option(help="Partitions per topic (default STREAMRL_TOPIC_PARTITIONS).")] = None,
+    remove: Annotated[
+        bool,
+        typer.Option(
+            help="Remove RUN's topics instead, if the ledger holds every event they "
+            "carry (a finished `streamrl run` does this itself). Stop the run's "
+            "processes first."
+        ),
+    ] = False,
 ) -> None:
     """Create RUN's topics (tasks, trajectories, ..., dead_letters) if they do not exist;
     with --remove, free them from the broker once the ledger holds everything."""
@@ -106,5 +118,9 @@ def demo(
     current = settings()
     result = run_demo(current, readonly_url(current), run, rollouts, console)
     print_table(result.columns, result.rows)
-    console.print(f"Ask the ledger yourself: streamrl sql \"select step, loss from train_steps "
-                  f"where run_id = '{run}' order by step limit 5\"", highlight=False, markup=False)
+    console.print(
+        f'Ask the ledger yourself: streamrl sql "select step, loss from train_steps '
+        f"where run_id = '{run}' order by step limit 5\"",
+        highlight=False,
+        markup=False,
+    )

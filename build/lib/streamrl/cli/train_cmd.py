@@ -8,16 +8,26 @@ import functools
 import logging
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any
 
 import typer
 
+from streamrl.cli.common import (
+    CommandFailed,
+    UsageError,
+    check_recipe_code,
+    checked_run_id,
+    cli_command,
+    console,
+    database_url,
+    new_run_id,
+    prepared_recipe,
+    recipe_file,
+    settings,
+    sharding,
+)
 from streamrl.runtime.config import ReplaySource
 from streamrl.runtime.service_config import WINDOWS_NEED_PLAIN_PROCESSOR
-from streamrl.cli.common import (
-    CommandFailed, UsageError, checked_run_id, cli_command, console, database_url, new_run_id, sharding,
-    check_recipe_code, prepared_recipe, settings,
-)
 
 
 def register(app: typer.Typer) -> None:
@@ -26,21 +36,40 @@ def register(app: typer.Typer) -> None:
         app.command()(cli_command(command))
 
 
-InferenceUrl = Annotated[Optional[list[str]], typer.Option(
-    "--inference-url", help="An existing inference server (URL or HOST:PORT; repeat for several): replaces the "
-                            "recipe's managed servers; needs service.inference_service.backend sglang or openai.")]
+InferenceUrl = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--inference-url",
+        help="An existing inference server (URL or HOST:PORT; repeat for several): replaces the "
+        "recipe's managed servers; needs service.inference_service.backend sglang or openai.",
+    ),
+]
 
 
-MaxRestarts = Annotated[int, typer.Option(
-    "--max-restarts", min=0, help="Restart a crashed process of the run up to N times within --restart-window "
-                                  "(with a backoff of 1, 2, 4 ... s); one more crash ends the run. 0: no restarts.")]
-Overrides = Annotated[Optional[list[str]], typer.Argument(
-    help="Recipe overrides after the file, key.path=value (trainer.lr=1e-4 data.seed=3), recorded in the run's "
-         "resolved config.", show_default=False)]
-Tag = Annotated[Optional[str], typer.Option("--tag", "-t", help="A label recorded on the run (the guide's -t); "
-                                            "`streamrl runs --tag TAG` lists its runs.")]
-RestartWindow = Annotated[float, typer.Option(
-    "--restart-window", min=1.0, help="Seconds over which --max-restarts counts a process's crashes.")]
+MaxRestarts = Annotated[
+    int,
+    typer.Option(
+        "--max-restarts",
+        min=0,
+        help="Restart a crashed process of the run up to N times within --restart-window "
+        "(with a backoff of 1, 2, 4 ... s); one more crash ends the run. 0: no restarts.",
+    ),
+]
+Overrides = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Recipe overrides after the file, key.path=value (trainer.lr=1e-4 data.seed=3), recorded in the run's "
+        "resolved config.",
+        show_default=False,
+    ),
+]
+Tag = Annotated[
+    str | None,
+    typer.Option("--tag", "-t", help="A label recorded on the run (the guide's -t); `streamrl runs --tag TAG` lists its runs."),
+]
+RestartWindow = Annotated[
+    float, typer.Option("--restart-window", min=1.0, help="Seconds over which --max-restarts counts a process's crashes.")
+]
 
 
 def restart_policy(max_restarts: int, window_s: float):
@@ -67,35 +96,49 @@ def run_config(current, run: str, check_assignment: bool = False):
 
 
 def run_recipe(
-    file: Annotated[Optional[Path], typer.Argument(help="The recipe YAML (not with --resume).")] = None,
+    file: Annotated[
+        Path | None, typer.Argument(help="The recipe YAML, or builtin:NAME for a recipe StreamRL ships (not with --resume).")
+    ] = None,
     overrides: Overrides = None,
-    resume: Annotated[Optional[str], typer.Option(help="Finish RUN after a crash or a broker restart: what the "
-                                                       "broker lost is rebuilt from the ledger.")] = None,
-    run: Annotated[Optional[str], typer.Option(help="Run id (default: experiment name + time).")] = None,
-    workers: Annotated[Optional[int], typer.Option(help="Rollout worker processes (default: "
-        "rollout_worker.num_workers).")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Folder for the summary and reward curve "
-        "(default: STREAMRL_HOME/runs/RUN).")] = None,
+    resume: Annotated[
+        str | None,
+        typer.Option(help="Finish RUN after a crash or a broker restart: what the broker lost is rebuilt from the ledger."),
+    ] = None,
+    run: Annotated[str | None, typer.Option(help="Run id (default: experiment name + time).")] = None,
+    workers: Annotated[int | None, typer.Option(help="Rollout worker processes (default: rollout_worker.num_workers).")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Folder for the summary and reward curve (default: STREAMRL_HOME/runs/RUN).")
+    ] = None,
     inference_url: InferenceUrl = None,
     max_restarts: MaxRestarts = 5,
     restart_window: RestartWindow = 600.0,
-    mode: Annotated[Optional[str], typer.Option("--mode", "-m", help="self-hosted (StreamRL's learner trains the "
-                                                "model here) or training-service (trainer.type remote_api_*: "
-                                                "no model here, steps go to service.train_service). Default: "
-                                                "what the recipe's trainer.type implies.")] = None,
-    train_config: Annotated[Optional[Path], typer.Option("--train-config", "-c", help="The recipe YAML, the "
-                                                         "guide's way (`-c FILE -r`); instead of FILE.")] = None,
-    run_now: Annotated[bool, typer.Option("--run-nexrl", "-r", help="With -c: start the run now; without it, "
-                                          "-c only prints what would run.")] = False,
+    mode: Annotated[
+        str | None,
+        typer.Option(
+            "--mode",
+            "-m",
+            help="self-hosted (StreamRL's learner trains the "
+            "model here) or training-service (trainer.type remote_api_*: "
+            "no model here, steps go to service.train_service). Default: "
+            "what the recipe's trainer.type implies.",
+        ),
+    ] = None,
+    train_config: Annotated[
+        Path | None,
+        typer.Option("--train-config", "-c", help="The recipe YAML, the guide's way (`-c FILE -r`); instead of FILE."),
+    ] = None,
+    run_now: Annotated[
+        bool, typer.Option("--run-nexrl", "-r", help="With -c: start the run now; without it, -c only prints what would run.")
+    ] = False,
     tag: Tag = None,
-) -> None:
+) -> tuple[str, Any] | None:  # (run id, RunSummary); typer reads this annotation at start
     """Train a recipe end to end on this machine: start the services if needed, then the
     ledger sink, stream processor, learner, rollout workers and publisher as processes,
     with progress bars; at the end a summary table and a reward-curve PNG. The guide's
     form, `-m MODE -c FILE -r -t TAG`, does the same."""
-    from streamrl.runtime import db, services
     from streamrl.orchestrate import RunFailed, run_locally
     from streamrl.recovery import prepare_resume
+    from streamrl.runtime import db, services
 
     current = settings()
     if train_config is not None:
@@ -106,6 +149,7 @@ def run_recipe(
         raise UsageError("-r/--run-nexrl goes with -c/--train-config (FILE alone runs at once)")
     if (file is None) == (resume is None):
         raise UsageError("give a recipe FILE or --resume RUN, not both or neither")
+    file = recipe_file(file) if file is not None else None
     # The recipe's own code is loaded and checked (torch imported: seconds on a small
     # machine) while the learner and workers start: run_locally calls code_check before
     # it starts the publisher, which creates the run, so a refused recipe records nothing.
@@ -119,8 +163,9 @@ def run_recipe(
         check_training_service(recipe)
         code_check = functools.partial(check_recipe_code, file, recipe)
     if resume and inference_url:
-        raise UsageError("--inference-url: a resumed run keeps its recorded servers; give it to "
-                         "`streamrl worker RUN --inference-url` instead")
+        raise UsageError(
+            "--inference-url: a resumed run keeps its recorded servers; give it to `streamrl worker RUN --inference-url` instead"
+        )
     for line in services.up(current):
         console.print(line, highlight=False)
     db.upgrade(database_url(current))
@@ -141,12 +186,25 @@ def run_recipe(
         raise UsageError(WINDOWS_NEED_PLAIN_PROCESSOR)  # asked for by name: refused, not overridden
     run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
     try:
-        run_locally(current, file, recipe, run, workers or recipe.rollout_worker.num_workers, out, console,
-                    resume=bool(resume), reset_offsets=bool(resume) and resumed.rebuilt.topics_recreated,
-                    inference_urls=inference_url, policy=restart_policy(max_restarts, restart_window),
-                    overrides=overrides, tag=tag, code_check=code_check)
+        summary = run_locally(
+            current,
+            file,
+            recipe,
+            run,
+            workers or recipe.rollout_worker.num_workers,
+            out,
+            console,
+            resume=bool(resume),
+            reset_offsets=bool(resume) and resumed.rebuilt.topics_recreated,
+            inference_urls=inference_url,
+            policy=restart_policy(max_restarts, restart_window),
+            overrides=overrides,
+            tag=tag,
+            code_check=code_check,
+        )
     except RunFailed as exc:
         raise CommandFailed(str(exc), "run failed") from None
+    return run, summary
 
 
 MODES = ("self-hosted", "training-service")
@@ -155,12 +213,20 @@ MODES = ("self-hosted", "training-service")
 def print_plan(recipe, file: Path, workers: int | None) -> None:
     """What `-c FILE` without `-r` would run (the guide's launcher prints before it starts)."""
     remote = recipe.service.train_service.backend != "none"
-    processes = ["sink", "processor", "remote-trainer" if remote else "learner",
-                 f"{workers or recipe.rollout_worker.num_workers} rollout worker(s)", "publisher"]
-    console.print(f"{file}: would run {recipe.project_name}/{recipe.experiment_name} "
-                  f"({'training-service' if remote else 'self-hosted'}; trainer {recipe.trainer.type}, "
-                  f"{recipe.trainer.total_train_steps} steps, {recipe.service.inference_service.backend} inference) "
-                  f"as {', '.join(processes)}. Add -r to start it.", highlight=False)
+    processes = [
+        "sink",
+        "processor",
+        "remote-trainer" if remote else "learner",
+        f"{workers or recipe.rollout_worker.num_workers} rollout worker(s)",
+        "publisher",
+    ]
+    console.print(
+        f"{file}: would run {recipe.project_name}/{recipe.experiment_name} "
+        f"({'training-service' if remote else 'self-hosted'}; trainer {recipe.trainer.type}, "
+        f"{recipe.trainer.total_train_steps} steps, {recipe.service.inference_service.backend} inference) "
+        f"as {', '.join(processes)}. Add -r to start it.",
+        highlight=False,
+    )
 
 
 def check_mode(mode: str | None, recipe) -> None:
@@ -173,8 +239,10 @@ def check_mode(mode: str | None, recipe) -> None:
         raise UsageError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
     remote = recipe.trainer.type in REMOTE_TRAINER_TYPES
     if remote != (mode == "training-service"):
-        raise UsageError(f"--mode {mode}: trainer.type is {recipe.trainer.type}; training-service needs "
-                         f"{' or '.join(REMOTE_TRAINER_TYPES)} (with service.train_service), self-hosted any other")
+        raise UsageError(
+            f"--mode {mode}: trainer.type is {recipe.trainer.type}; training-service needs "
+            f"{' or '.join(REMOTE_TRAINER_TYPES)} (with service.train_service), self-hosted any other"
+        )
 
 
 def check_training_service(recipe) -> None:
@@ -184,28 +252,45 @@ def check_training_service(recipe) -> None:
     service = recipe.service.train_service
     if service.backend == "tinker" and service.url:
         from streamrl.learner.remote_policy import wait_until_healthy
-        wait_until_healthy(service.url.rstrip("/"), recipe.service.tinker_service.api_key or
-                           os.environ.get("TINKER_API_KEY"), tries=3, then="then run this command again")
+
+        wait_until_healthy(
+            service.url.rstrip("/"),
+            recipe.service.tinker_service.api_key or os.environ.get("TINKER_API_KEY"),
+            tries=3,
+            then="then run this command again",
+        )
 
 
 def publish(
-    file: Annotated[Optional[Path], typer.Argument(help="The recipe YAML (not with --resume).")] = None,
+    file: Annotated[Path | None, typer.Argument(help="The recipe YAML (not with --resume).")] = None,
     overrides: Overrides = None,
-    run: Annotated[Optional[str], typer.Option(help="Run id (default: experiment name + time).")] = None,
-    resume: Annotated[Optional[str], typer.Option(help="Resume publishing RUN: its config from the ledger; tasks "
-                                                       "already rolled out and evaluated are not published again.")] = None,
+    run: Annotated[str | None, typer.Option(help="Run id (default: experiment name + time).")] = None,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            help="Resume publishing RUN: its config from the ledger; tasks "
+            "already rolled out and evaluated are not published again."
+        ),
+    ] = None,
     inference_url: InferenceUrl = None,
     tag: Tag = None,
-    checked: Annotated[bool, typer.Option("--checked", hidden=True, help="The recipe's code and registry keys "
-                                          "were checked by the `streamrl run` that starts this publisher: its "
-                                          "settings are still checked, its code is not loaded again.")] = False,
+    checked: Annotated[
+        bool,
+        typer.Option(
+            "--checked",
+            hidden=True,
+            help="The recipe's code and registry keys "
+            "were checked by the `streamrl run` that starts this publisher: its "
+            "settings are still checked, its code is not loaded again.",
+        ),
+    ] = False,
 ) -> None:
     """Create a run from a recipe (its topics, and a `created` event holding the resolved
     config) and publish its tasks, paced by the weight versions the learner publishes."""
     from streamrl.producers.publisher import create_run, run_publisher
+    from streamrl.recovery import finished_task_ids
     from streamrl.runtime.bus import EventPublisher
     from streamrl.runtime.runs import stop_on_signals
-    from streamrl.recovery import finished_task_ids
 
     current = settings()
     if (file is None) == (resume is None):
@@ -216,6 +301,7 @@ def publish(
         skip = finished_task_ids(database_url(current), run)
         console.print(f"resuming run {run}: {len(skip)} tasks already done", highlight=False)
     else:
+        file = recipe_file(file)
         recipe = with_url(prepared_recipe(file, overrides, load_code=not checked), inference_url)
         run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
         with EventPublisher(current, stage="app") as publisher:
@@ -227,11 +313,17 @@ def publish(
 
 def worker(
     run: Annotated[str, typer.Argument(help="Run id.")],
-    name: Annotated[Optional[str], typer.Option(help="This worker's name in the run's worker group (default: the "
-                                                "host name); a restart under the same name is the same member.")] = None,
-    shard: Annotated[str, typer.Option(help="I/N: serve the tasks partitions p with p % N == I "
-                                       "(STREAMRL_PARTITION_ASSIGNMENT=shard only).")] = "0/1",
-    idle_exit: Annotated[Optional[float], typer.Option(help="Exit after this many seconds without tasks.")] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            help="This worker's name in the run's worker group (default: the "
+            "host name); a restart under the same name is the same member."
+        ),
+    ] = None,
+    shard: Annotated[
+        str, typer.Option(help="I/N: serve the tasks partitions p with p % N == I (STREAMRL_PARTITION_ASSIGNMENT=shard only).")
+    ] = "0/1",
+    idle_exit: Annotated[float | None, typer.Option(help="Exit after this many seconds without tasks.")] = None,
     inference_url: InferenceUrl = None,
 ) -> None:
     """Roll out RUN's tasks: trajectories and evaluations out, offsets committed after.
@@ -255,12 +347,16 @@ def worker(
 
 def processor(
     run: Annotated[str, typer.Argument(help="Run id.")],
-    name: Annotated[Optional[str], typer.Option(help="This processor's name in the run's processor group "
-                                                "(default: the host name).")] = None,
-    shard: Annotated[str, typer.Option(help="I/N: process the partitions p with p % N == I "
-                                       "(STREAMRL_PARTITION_ASSIGNMENT=shard only).")] = "0/1",
-    idle_exit: Annotated[Optional[float], typer.Option(help="Exit after this many idle seconds with no open group "
-                                                       "(STREAMRL_PARTITION_ASSIGNMENT=shard only).")] = None,
+    name: Annotated[
+        str | None, typer.Option(help="This processor's name in the run's processor group (default: the host name).")
+    ] = None,
+    shard: Annotated[
+        str, typer.Option(help="I/N: process the partitions p with p % N == I (STREAMRL_PARTITION_ASSIGNMENT=shard only).")
+    ] = "0/1",
+    idle_exit: Annotated[
+        float | None,
+        typer.Option(help="Exit after this many idle seconds with no open group (STREAMRL_PARTITION_ASSIGNMENT=shard only)."),
+    ] = None,
 ) -> None:
     """Join RUN's trajectories with their evaluations, complete groups, compute advantages
     and emit samples (or a GroupFiltered record for a group that gives none). By default
@@ -278,8 +374,10 @@ def processor(
             raise UsageError(WINDOWS_NEED_PLAIN_PROCESSOR)
 
         if idle_exit is not None:
-            raise UsageError("--idle-exit: a processor in a consumer group runs until stopped "
-                             "(STREAMRL_PARTITION_ASSIGNMENT=shard for the plain loop that can idle out)")
+            raise UsageError(
+                "--idle-exit: a processor in a consumer group runs until stopped "
+                "(STREAMRL_PARTITION_ASSIGNMENT=shard for the plain loop that can idle out)"
+            )
         from streamrl.cli.common import debugging
 
         FaustProcessor(current, run, recipe, name or os.uname().nodename).run(tracebacks=debugging())
@@ -293,14 +391,20 @@ def processor(
         stats = stream.run(stop, idle_exit_s=idle_exit)
     finally:
         stream.close()
-    console.print(f"processor stopped: {stats.groups} groups, {stats.samples} samples, filtered {stats.filtered}",
-                  highlight=False)
+    console.print(
+        f"processor stopped: {stats.groups} groups, {stats.samples} samples, filtered {stats.filtered}", highlight=False
+    )
 
 
 def learner(
     run: Annotated[str, typer.Argument(help="Run id.")],
-    reset_offsets: Annotated[bool, typer.Option("--reset-offsets", help="Read the samples topic from its start "
-                                                "(the broker lost the topics the checkpoint's offsets refer to).")] = False,
+    reset_offsets: Annotated[
+        bool,
+        typer.Option(
+            "--reset-offsets",
+            help="Read the samples topic from its start (the broker lost the topics the checkpoint's offsets refer to).",
+        ),
+    ] = False,
 ) -> None:
     """Train RUN: batches of samples, optimizer steps, a checkpoint and a weight version
     per step. Restarted, it resumes after its last checkpointed step."""
@@ -320,8 +424,11 @@ def learner(
         trainer.start_offsets = None  # samples of checkpointed steps are skipped by step number
 
     def report(record):
-        console.print(f"step {record.step:5d}  reward {record.metrics.get('reward_mean', 0):.3f}  "
-                      f"loss {record.loss:+.4f}  samples {record.samples}  {record.seconds:.2f}s", highlight=False)
+        console.print(
+            f"step {record.step:5d}  reward {record.metrics.get('reward_mean', 0):.3f}  "
+            f"loss {record.loss:+.4f}  samples {record.samples}  {record.seconds:.2f}s",
+            highlight=False,
+        )
 
     try:
         steps = trainer.run(stop, on_step=report)
@@ -340,11 +447,22 @@ def launch_ranks_if_asked(recipe, run: str, reset_offsets: bool) -> None:
     if "WORLD_SIZE" in os.environ or (cfg.nproc_per_node == 1 and cfg.nnodes == 1):
         return
     if cfg.nnodes > 1:
-        raise UsageError(f"trainer.nnodes is {cfg.nnodes}: start the learner on every node with "
-                         f"`torchrun --nnodes {cfg.nnodes} --nproc_per_node {cfg.nproc_per_node} "
-                         f"--rdzv-backend c10d --rdzv-endpoint HOST:PORT -m streamrl.cli learner {run}`")
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={cfg.nproc_per_node}",
-            "-m", "streamrl.cli", "learner", run] + (["--reset-offsets"] if reset_offsets else [])
+        raise UsageError(
+            f"trainer.nnodes is {cfg.nnodes}: start the learner on every node with "
+            f"`torchrun --nnodes {cfg.nnodes} --nproc_per_node {cfg.nproc_per_node} "
+            f"--rdzv-backend c10d --rdzv-endpoint HOST:PORT -m streamrl.cli learner {run}`"
+        )
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={cfg.nproc_per_node}",
+        "-m",
+        "streamrl.cli",
+        "learner",
+        run,
+    ] + (["--reset-offsets"] if reset_offsets else [])
     console.print(f"learner: {cfg.nproc_per_node} processes under torchrun", highlight=False)
     sys.stdout.flush()
     os.execv(sys.executable, args)
@@ -353,19 +471,26 @@ def launch_ranks_if_asked(recipe, run: str, reset_offsets: bool) -> None:
 def replay(
     source: Annotated[str, typer.Argument(help="The recorded run to replay.")],
     into: Annotated[str, typer.Option("--into", help="Id of the new run that trains on the replayed rollouts.")],
-    recipe_file: Annotated[Optional[Path], typer.Option("--recipe", help="Train with this recipe (default: the "
-        "source run's config).")] = None,
+    recipe_file: Annotated[
+        Path | None, typer.Option("--recipe", help="Train with this recipe (default: the source run's config).")
+    ] = None,
     source_kind: Annotated[ReplaySource, typer.Option("--from", help="Where the payloads are read.")] = ReplaySource.auto,
-    steps: Annotated[Optional[str], typer.Option(help="A:B: only the source's steps A to B (inclusive).")] = None,
-    where: Annotated[Optional[str], typer.Option(help="SQL condition over t (trajectories) and e (evaluations).")] = None,
-    rate: Annotated[Optional[float], typer.Option(help="Re-publish at most N rollouts a second.")] = None,
-    correction: Annotated[Optional[str], typer.Option(help="A registered off-policy correction: truncated_is | "
-        "decoupled_ppo (default: the recipe's, else truncated_is).")] = None,
-    recompute_advantages: Annotated[Optional[str], typer.Option("--recompute-advantages", help="Advantage estimator for the new "
-        "run (e.g. dr_grpo).")] = None,
-    rescore: Annotated[Optional[str], typer.Option("--rescore", help="Re-evaluate with this evaluator, "
-        "file.py:Class or builtin:NAME.")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Folder for the summary and reward curve.")] = None,
+    steps: Annotated[str | None, typer.Option(help="A:B: only the source's steps A to B (inclusive).")] = None,
+    where: Annotated[str | None, typer.Option(help="SQL condition over t (trajectories) and e (evaluations).")] = None,
+    rate: Annotated[float | None, typer.Option(help="Re-publish at most N rollouts a second.")] = None,
+    correction: Annotated[
+        str | None,
+        typer.Option(
+            help="A registered off-policy correction: truncated_is | decoupled_ppo (default: the recipe's, else truncated_is)."
+        ),
+    ] = None,
+    recompute_advantages: Annotated[
+        str | None, typer.Option("--recompute-advantages", help="Advantage estimator for the new run (e.g. dr_grpo).")
+    ] = None,
+    rescore: Annotated[
+        str | None, typer.Option("--rescore", help="Re-evaluate with this evaluator, file.py:Class or builtin:NAME.")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Folder for the summary and reward curve.")] = None,
     max_restarts: MaxRestarts = 5,
     restart_window: RestartWindow = 600.0,
 ) -> None:
@@ -373,17 +498,26 @@ def replay(
     evaluations (behaviour logprobs and weight versions included) into a new run whose
     processor recomputes advantages and whose learner trains with an off-policy
     correction. The new run records its parent run and each source event id."""
-    from streamrl.producers.replay import ReplayError
     from streamrl.orchestrate import RunFailed
+    from streamrl.producers.replay import ReplayError
     from streamrl.replaying import ReplayOptions, replay_run
 
     current = settings()
     database_url(current)
-    options = ReplayOptions(source=source, into=checked_run_id(into, "--into"),
-                            recipe=prepared_recipe(recipe_file) if recipe_file else None,
-                            read_from=source_kind.value, steps=steps, where=where, rate=rate, correction=correction,
-                            recompute_advantages=recompute_advantages, rescore=rescore, out=out,
-                            policy=restart_policy(max_restarts, restart_window))
+    options = ReplayOptions(
+        source=source,
+        into=checked_run_id(into, "--into"),
+        recipe=prepared_recipe(recipe_file) if recipe_file else None,
+        read_from=source_kind.value,
+        steps=steps,
+        where=where,
+        rate=rate,
+        correction=correction,
+        recompute_advantages=recompute_advantages,
+        rescore=rescore,
+        out=out,
+        policy=restart_policy(max_restarts, restart_window),
+    )
     try:
         replay_run(current, options, console)
     except ReplayError as exc:

@@ -34,9 +34,10 @@ class WorkerEnding:
 
     def _watch_broker(self, worker) -> None:
         try:
-            reader = RunReader(self.settings, self.run_id, ["runs"], group_id=None, stage="processor",
-                               fetch_max_wait_ms=IDLE_FETCH_WAIT_MS)
-        except Exception as exc:  # noqa: BLE001 - the broker went before the watch started
+            reader = RunReader(
+                self.settings, self.run_id, ["runs"], group_id=None, stage="processor", fetch_max_wait_ms=IDLE_FETCH_WAIT_MS
+            )
+        except Exception as exc:
             self._stop_for(exc, worker)
             return
         try:
@@ -44,7 +45,7 @@ class WorkerEnding:
                 reader.poll(timeout_ms=1000)
                 if reader.broker_watch.problem_since is None:
                     self.broker_answered_at = time.monotonic()
-        except Exception as exc:  # noqa: BLE001 - ServiceLost, or the reader's own failure
+        except Exception as exc:
             self._stop_for(exc, worker)
         finally:
             reader.close()
@@ -60,8 +61,14 @@ class WorkerEnding:
         reports it lost, or STREAMRL_SERVICE_WAIT_S + 5 s pass); raise what it found."""
         stopped_at = time.monotonic()
         deadline = stopped_at + self.settings.service_wait_s + 5
-        while (not asked_to_stop(worker) and not self.lost and self.watch is not None and self.watch.is_alive()
-               and time.monotonic() < deadline and self.broker_answered_at < stopped_at + ANSWER_GRACE_S):
+        while (
+            not asked_to_stop(worker)
+            and not self.lost
+            and self.watch is not None
+            and self.watch.is_alive()
+            and time.monotonic() < deadline
+            and self.broker_answered_at < stopped_at + ANSWER_GRACE_S
+        ):
             time.sleep(0.2)
         if self.lost:
             raise self.lost[0] from cause
@@ -74,8 +81,7 @@ class WorkerEnding:
         if crash is not None:
             raise RuntimeError(f"the stream processor's faust worker crashed: {crash!r}") from crash
         if exit_code not in (None, 0) or not asked_to_stop(worker):
-            raise RuntimeError(f"the stream processor's faust worker stopped without being asked to "
-                               f"(exit code {exit_code})")
+            raise RuntimeError(f"the stream processor's faust worker stopped without being asked to (exit code {exit_code})")
 
     def raise_if_the_broker_was_lost(self, worker, crash: BaseException) -> None:
         """After a crash mode re-raised: the lost broker, when it was the cause."""

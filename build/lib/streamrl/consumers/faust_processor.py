@@ -36,13 +36,13 @@ from pathlib import Path
 
 import msgspec
 
+from streamrl.algos.advantages import get_advantage_estimator
 from streamrl.consumers.faust_ending import WorkerEnding
 from streamrl.consumers.faust_recovery import RecoveryStalled, RecoveryWatch
 from streamrl.consumers.open_group import OpenGroup
 from streamrl.consumers.processor import PROCESSOR_GROUP, group_outcome, load_custom_advantages
-from streamrl.algos.advantages import get_advantage_estimator
-from streamrl.runtime.bus import FRAME_OVERHEAD_BYTES, frame, unframe_record
 from streamrl.runtime.blobs import PostgresBlobStore
+from streamrl.runtime.bus import FRAME_OVERHEAD_BYTES, frame, unframe_record
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.settings import Settings
 from streamrl.schema import codec
@@ -55,6 +55,7 @@ log = logging.getLogger("streamrl.processor")
 
 class ClosedGroup(msgspec.Struct):
     """A closed GRPO group's marker in the table: the trajectories it accounted for."""
+
     step: int = 0
     group_size: int = 0
     accounted: list[str] = []
@@ -89,8 +90,11 @@ def faust_broker_options(settings: Settings) -> dict:
     context = ssl.create_default_context(cafile=settings.ssl_cafile) if protocol.endswith("SSL") else None
     if protocol.startswith("SASL"):
         options["broker_credentials"] = faust.SASLCredentials(
-            username=settings.sasl_username, password=settings.sasl_password,
-            mechanism=settings.sasl_mechanism or "PLAIN", ssl_context=context)
+            username=settings.sasl_username,
+            password=settings.sasl_password,
+            mechanism=settings.sasl_mechanism or "PLAIN",
+            ssl_context=context,
+        )
     elif protocol == "SSL":
         options["broker_credentials"] = faust.SSLCredentials(context)
     return options
@@ -139,12 +143,16 @@ class FaustProcessor:
         self.blobs: PostgresBlobStore | None = None
         static = settings.group_membership == "static"
         self.app = faust.App(
-            f"{PROCESSOR_GROUP}.{run_id}", **faust_broker_options(settings), store="memory://", web_enabled=False,
+            f"{PROCESSOR_GROUP}.{run_id}",
+            **faust_broker_options(settings),
+            store="memory://",
+            web_enabled=False,
             # faust makes `<app id>-data/` in the working directory even for memory tables:
             # a folder of its own instead, made when the worker starts, removed when it ends
             datadir=Path(tempfile.gettempdir()) / f"streamrl-faust-{uuid.uuid4().hex}",
             topic_partitions=settings.topic_partitions,
-            consumer_auto_offset_reset="earliest", broker_session_timeout=settings.session_timeout_ms / 1000,
+            consumer_auto_offset_reset="earliest",
+            broker_session_timeout=settings.session_timeout_ms / 1000,
             # No standby replicas: a memory-store standby applies changelog records into the
             # same dict the active partitions use, and after a promotion an old record
             # overwrote newer state (seen: a group's evaluations lost). Recovery on
@@ -155,26 +163,33 @@ class FaustProcessor:
             stream_wait_empty=False,
             broker_heartbeat_interval=max(0.1, min(1.0, settings.session_timeout_ms / 3000)),
             consumer_group_instance_id=f"{PROCESSOR_GROUP}.{run_id}.{name}" if static else None,
-            producer_acks=-1, producer_max_request_size=settings.max_message_bytes,
-            key_serializer="raw", value_serializer="raw",  # framed events and msgpack state, as bytes
+            producer_acks=-1,
+            producer_max_request_size=settings.max_message_bytes,
+            key_serializer="raw",
+            value_serializer="raw",  # framed events and msgpack state, as bytes
             # The embedded broker reports a partition's end offset as the base offset of its
             # last record batch + 1 (docs/decisions.md); faust's table recovery reads up to
             # that end and fails when it is short. One record per batch makes it exact.
-            **({"producer_max_batch_size": 1} if settings.embedded_kafka else {}))
+            **({"producer_max_batch_size": 1} if settings.embedded_kafka else {}),
+        )
         raw = dict(key_serializer="raw", value_serializer="raw")
         check_reads("processor", ("trajectories", "evaluations"))
         self.inputs = [topic_name(run_id, kind) for kind in ("trajectories", "evaluations")]
         source = self.app.topic(*self.inputs, **raw)
         # keyed by group id with the producer's partitioner: the same partition as the
         # group's input events, so a partition's groups move with it
-        self.closed = self.app.Table("closed_groups", partitions=settings.topic_partitions, use_partitioner=True,
-                                     key_type=bytes, value_type=bytes)  # bytes: stored raw
+        self.closed = self.app.Table(
+            "closed_groups", partitions=settings.topic_partitions, use_partitioner=True, key_type=bytes, value_type=bytes
+        )  # bytes: stored raw
         self.app.agent(source, name="join")(self._join)
         self.app.timer(interval=1.0)(self._expire)
         self.recovery_watch = RecoveryWatch(self.app)
         self.app.timer(interval=5.0)(self._watch_recovery)
         self.worker = None  # set by run()
         self.open: dict[str, OpenGroup] = {}
+        # tasks started without awaiting them: held until done (the event loop keeps only
+        # weak references, so an unheld task can be collected before it acks its inputs)
+        self.background: set[asyncio.Future] = set()
         # Samples and dead letters go out through a producer of their own that batches
         # (linger 5 ms): faust's producer sends one record per batch on the embedded
         # broker (above), so a group's samples took one produce request each and woke
@@ -238,8 +253,14 @@ class FaustProcessor:
             self.rewinding.discard(tp)
             return True
         if tp not in self.rewinding:
-            log.info("records %s-%s of %s[%d] came out of order: reading again from %s",
-                     expected, offset - 1, tp.topic, tp.partition, expected)
+            log.info(
+                "records %s-%s of %s[%d] came out of order: reading again from %s",
+                expected,
+                offset - 1,
+                tp.topic,
+                tp.partition,
+                expected,
+            )
             self.rewinding.add(tp)
             await self.app.consumer.seek(tp, expected)
         return False  # not acked: it comes again, in order
@@ -250,7 +271,7 @@ class FaustProcessor:
         owned = {tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.inputs[0]}
         self.open = {gid: group for gid, group in self.open.items() if group.partition in owned}
 
-    async def _add(self, event: Trajectory | Evaluation, hold: "AckWhenReleased", partition: int) -> None:
+    async def _add(self, event: Trajectory | Evaluation, hold: AckWhenReleased, partition: int) -> None:
         group_id = event.group_id
         marker = self.closed.get(group_id.encode())
         if marker is not None:
@@ -258,8 +279,7 @@ class FaustProcessor:
             if isinstance(event, Trajectory) and event.trajectory_id not in closed.accounted:
                 closed.accounted.append(event.trajectory_id)  # it came after the group timed out
                 self.closed[group_id.encode()] = _encode_marker(closed)
-                await asyncio.gather(*await self._send_late(group_id, event.step, event.group_size,
-                                                            [event.trajectory_id]))
+                await asyncio.gather(*await self._send_late(group_id, event.step, event.group_size, [event.trajectory_id]))
             return  # else a second copy, or the evaluation of one accounted for
         group = self.open.get(group_id)
         if group is None:
@@ -282,7 +302,7 @@ class FaustProcessor:
             await self.recovery_watch.check()
         except RecoveryStalled as exc:  # one sentence, and a restart by the supervisor
             self.ending.lost.append(exc)
-            asyncio.ensure_future(self.worker.stop())
+            self.in_background(self.worker.stop())
 
     async def _emit(self, group_id: str, group: OpenGroup, timed_out: bool = False) -> None:
         # closed before the first await: the timer and the agent interleave at each one
@@ -290,25 +310,40 @@ class FaustProcessor:
         trajectories = dict(sorted(group.trajectories.items()))
         joined = group.joined()
         algorithm = self.recipe.algorithm
-        outcome = group_outcome(self.run_id, group_id, group.step, group.group_size, joined, algorithm.type,
-                                algorithm.filter_zero_variance, timed_out, self.train_partial,
-                                std_epsilon=algorithm.grpo_std_epsilon,
-                                credit_assignment=algorithm.credit_assignment)
-        self.closed[group_id.encode()] = _encode_marker(ClosedGroup(step=group.step, group_size=group.group_size,
-                                                                    accounted=list(trajectories)))
+        outcome = group_outcome(
+            self.run_id,
+            group_id,
+            group.step,
+            group.group_size,
+            joined,
+            algorithm.type,
+            algorithm.filter_zero_variance,
+            timed_out,
+            self.train_partial,
+            std_epsilon=algorithm.grpo_std_epsilon,
+            credit_assignment=algorithm.credit_assignment,
+        )
+        self.closed[group_id.encode()] = _encode_marker(
+            ClosedGroup(step=group.step, group_size=group.group_size, accounted=list(trajectories))
+        )
         unjoined = sorted(set(trajectories) - {t.trajectory_id for t, _ in joined})
         sent = []
         if unjoined:  # their evaluations had not arrived
             sent += await self._send_late(group_id, group.step, group.group_size, unjoined)
         sent += await self._send([outcome] if isinstance(outcome, GroupFiltered) else outcome)
-        asyncio.ensure_future(self._release_when_delivered(sent, group.held))
+        self.in_background(self._release_when_delivered(sent, group.held))
 
-    async def _release_when_delivered(self, sent: list, holds: list["AckWhenReleased"]) -> None:
+    def in_background(self, awaitable) -> None:
+        task = asyncio.ensure_future(awaitable)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def _release_when_delivered(self, sent: list, holds: list[AckWhenReleased]) -> None:
         """Release a group's input records once its outputs are on the broker (faust
         commits acked offsets only). A send that fails leaves them unacked: read again."""
         try:
             await asyncio.gather(*sent)
-        except Exception as exc:  # noqa: BLE001 - the producer's retries ran out
+        except Exception as exc:
             log.warning("could not send a group's outcome (%s): its events will be read again", exc)
             return
         for hold in holds:
@@ -316,9 +351,19 @@ class FaustProcessor:
 
     async def _send_late(self, group_id: str, step: int, group_size: int, trajectory_ids: list[str]):
         log.warning("group %s closed before trajectories %s were complete: recorded as late", group_id, trajectory_ids)
-        return await self._send([GroupFiltered(run_id=self.run_id, group_id=group_id, reason="late", step=step,
-                                               group_size=group_size, received=len(trajectory_ids),
-                                               trajectory_ids=trajectory_ids)])
+        return await self._send(
+            [
+                GroupFiltered(
+                    run_id=self.run_id,
+                    group_id=group_id,
+                    reason="late",
+                    step=step,
+                    group_size=group_size,
+                    received=len(trajectory_ids),
+                    trajectory_ids=trajectory_ids,
+                )
+            ]
+        )
 
     async def _send(self, events: list[Event]) -> list[asyncio.Future]:
         """Queue `events` (of one topic and key: a group's outcome) on the output producer,
@@ -326,8 +371,9 @@ class FaustProcessor:
         if self.output_producer is None:
             from aiokafka import AIOKafkaProducer
 
-            self.output_producer = AIOKafkaProducer(**aiokafka_options(self.settings), acks="all", linger_ms=5,
-                                                    max_request_size=self.settings.max_message_bytes)
+            self.output_producer = AIOKafkaProducer(
+                **aiokafka_options(self.settings), acks="all", linger_ms=5, max_request_size=self.settings.max_message_bytes
+            )
             await self.output_producer.start()
         if not events:
             return []
@@ -370,10 +416,10 @@ class FaustProcessor:
                         handler.addFilter(drop_traceback)
 
         if not tracebacks:  # the consumer thread dies with the broker: a line, not a traceback
-            threading.excepthook = lambda hook: log.warning("%s stopped: %s: %s", hook.thread.name,
-                                                            hook.exc_type.__name__, hook.exc_value)
-        worker = self.worker = Worker(self.app, loglevel="info" if tracebacks else "warning", quiet=True,
-                                      redirect_stdouts=False)
+            threading.excepthook = lambda hook: log.warning(
+                "%s stopped: %s: %s", hook.thread.name, hook.exc_type.__name__, hook.exc_value
+            )
+        worker = self.worker = Worker(self.app, loglevel="info" if tracebacks else "warning", quiet=True, redirect_stdouts=False)
         self.ending.start_watch(worker)
         try:
             worker.execute_from_commandline()

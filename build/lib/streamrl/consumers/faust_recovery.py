@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from typing import Hashable
+from collections.abc import Hashable, Mapping
 
 log = logging.getLogger("streamrl.processor")
 
@@ -28,13 +27,16 @@ class RecoveryStalled(RuntimeError):
     """The processor's table recovery stayed stuck after it was read again: restart it."""
 
 
-def stalled_partitions(remaining: Mapping[Hashable, int], received_at: Mapping[Hashable, float],
-                       started_at: float, now: float, stall_s: float) -> list:
+def stalled_partitions(
+    remaining: Mapping[Hashable, int], received_at: Mapping[Hashable, float], started_at: float, now: float, stall_s: float
+) -> list:
     """The changelog partitions still behind their highwater (`remaining` > 0) that have
     delivered nothing for `stall_s`: since their last record, or since recovery started
     for one that has delivered none."""
-    return sorted((tp for tp, left in remaining.items()
-                   if left > 0 and now - max(started_at, received_at.get(tp, started_at)) >= stall_s), key=str)
+    return sorted(
+        (tp for tp, left in remaining.items() if left > 0 and now - max(started_at, received_at.get(tp, started_at)) >= stall_s),
+        key=str,
+    )
 
 
 class RecoveryWatch:
@@ -57,8 +59,9 @@ class RecoveryWatch:
         if started_at != self.recovery_started_at:  # a new recovery (a rebalance): a fresh start
             self.recovery_started_at, self.read_again_at = started_at, {}
         now = time.monotonic() if now is None else now
-        stalled = stalled_partitions(recovery.active_remaining(), recovery._active_events_received_at,
-                                     started_at, now, self.stall_s)
+        stalled = stalled_partitions(
+            recovery.active_remaining(), recovery._active_events_received_at, started_at, now, self.stall_s
+        )
         for tp in stalled:
             read_again_at = self.read_again_at.get(tp)
             if read_again_at is None:
@@ -68,11 +71,17 @@ class RecoveryWatch:
                 raise RecoveryStalled(
                     f"the processor's table recovery of {tp.topic}[{tp.partition}] received nothing for "
                     f"{now - started_at:.0f} s, also after reading it again: stopping, so that a restarted "
-                    "processor recovers it afresh")
+                    "processor recovers it afresh"
+                )
 
     async def _read_again(self, tp, offset: int) -> None:
-        log.warning("table recovery of %s[%d] received nothing for %.0f s: reading it again from offset %d",
-                    tp.topic, tp.partition, self.stall_s, offset)
+        log.warning(
+            "table recovery of %s[%d] received nothing for %.0f s: reading it again from offset %d",
+            tp.topic,
+            tp.partition,
+            self.stall_s,
+            offset,
+        )
         consumer = self.app.consumer
         consumer._read_offset.pop(tp, None)  # records below a stale read offset would be dropped
         await consumer.seek(tp, offset)

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import logging
 import re
-import zlib
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import psycopg
@@ -32,19 +32,19 @@ from kafka import OffsetAndMetadata, TopicPartition
 from kafka.errors import KafkaError
 from psycopg.types.json import Jsonb, set_json_dumps
 
+from streamrl.consumers.table_writer import TableWriter, json_dumps
+from streamrl.runtime.backoff import backoff_delay
+from streamrl.runtime.blobs import BlobMissing, PostgresBlobStore
+from streamrl.runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, dead_letter, make_consumer, unframe
+from streamrl.runtime.db import connect
+from streamrl.runtime.outage import BrokerWatch, PostgresOutage
+from streamrl.runtime.settings import Settings
+from streamrl.runtime.topic_admin import create_topics
+from streamrl.runtime.topic_windows import RETIRE_EVERY_S, SinkWindows, delete_topics, ledger_holds
 from streamrl.schema.codec import CodecError, split_bundle
 from streamrl.schema.events import DeadLetter, Event, RunEvent
 from streamrl.schema.ledger import TABLE_BY_EVENT, event_row
 from streamrl.schema.topics import all_runs_pattern, parse_topic, run_pattern, topic_name, topic_window
-from streamrl.runtime.backoff import backoff_delay
-from streamrl.runtime.blobs import BlobMissing, PostgresBlobStore
-from streamrl.runtime.topic_windows import RETIRE_EVERY_S, SinkWindows, delete_topics, ledger_holds
-from streamrl.runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, dead_letter, make_consumer, unframe
-from streamrl.runtime.topic_admin import create_topics
-from streamrl.runtime.db import connect
-from streamrl.runtime.outage import BrokerWatch, PostgresOutage
-from streamrl.runtime.settings import Settings
-from streamrl.consumers.table_writer import TableWriter, json_dumps
 
 # How long a stopping sink keeps writing what is left on the topics.
 DRAIN_S = 10.0
@@ -52,8 +52,7 @@ log = logging.getLogger("streamrl.ledger_sink")
 
 SINK_GROUP = "streamrl-ledger"
 SINK_STAGE = "ledger-sink"
-RUN_STATUS = {"created": "created", "started": "running", "resumed": "running",
-              "finished": "finished", "failed": "failed"}
+RUN_STATUS = {"created": "created", "started": "running", "resumed": "running", "finished": "finished", "failed": "failed"}
 
 
 WRITERS = {event_type: TableWriter(table) for event_type, table in TABLE_BY_EVENT.items()}
@@ -122,13 +121,13 @@ def insert_events(conn: psycopg.Connection, placed: list[Placed]) -> None:
     by_type: dict[type, list[tuple]] = {}
     for p in placed:
         by_type.setdefault(type(p.event), []).append(
-            WRITERS[type(p.event)].params(event_row(p.event, p.topic, p.partition, p.offset)))
+            WRITERS[type(p.event)].params(event_row(p.event, p.topic, p.partition, p.offset))
+        )
     with conn.cursor() as cur:
         for event_type, params in by_type.items():
             WRITERS[event_type].write(cur, params)
         run_ids = sorted({p.event.run_id for p in placed})
-        cur.executemany("insert into runs (run_id) values (%s) on conflict (run_id) do nothing",
-                        [(r,) for r in run_ids])
+        cur.executemany("insert into runs (run_id) values (%s) on conflict (run_id) do nothing", [(r,) for r in run_ids])
         for p in placed:
             if isinstance(p.event, RunEvent):
                 apply_run_event(cur, p.event)
@@ -144,9 +143,13 @@ def apply_run_event(cur: psycopg.Cursor, event: RunEvent) -> None:
              parent_run_id = coalesce(%s, parent_run_id),
              updated_at = now()
            where run_id = %s""",
-        (RUN_STATUS.get(event.kind), event.name if event.kind == "created" else "",  # the run's name, not a stage's
-         Jsonb(event.config, dumps=json_dumps) if event.kind == "created" and event.config else None,
-         event.parent_run_id, event.run_id),
+        (
+            RUN_STATUS.get(event.kind),
+            event.name if event.kind == "created" else "",  # the run's name, not a stage's
+            Jsonb(event.config, dumps=json_dumps) if event.kind == "created" and event.config else None,
+            event.parent_run_id,
+            event.run_id,
+        ),
     )
 
 
@@ -160,13 +163,13 @@ def save_offsets(conn: psycopg.Connection, consumer: str, next_offsets: dict[Top
 
 
 def load_offsets(conn: psycopg.Connection, consumer: str) -> dict[TopicPartition, int]:
-    rows = conn.execute("select topic, partition, next_offset from consumer_offsets where consumer = %s",
-                        (consumer,)).fetchall()
+    rows = conn.execute("select topic, partition, next_offset from consumer_offsets where consumer = %s", (consumer,)).fetchall()
     return {TopicPartition(t, p): o for t, p, o in rows}
 
 
-def write_batch(conn: psycopg.Connection, placed: list[Placed], dead: list[DeadLetter],
-                consumer: str, next_offsets: dict[TopicPartition, int]) -> list[DeadLetter]:
+def write_batch(
+    conn: psycopg.Connection, placed: list[Placed], dead: list[DeadLetter], consumer: str, next_offsets: dict[TopicPartition, int]
+) -> list[DeadLetter]:
     """Write a batch and the offsets after it in one transaction. A row the database
     rejects (say, a NUL byte in a text field) does not block the partition: the batch is
     retried event by event and the rejected ones become dead letters. Returns all dead
@@ -185,10 +188,17 @@ def write_batch(conn: psycopg.Connection, placed: list[Placed], dead: list[DeadL
                 with conn.transaction():  # a savepoint
                     insert_events(conn, [p])
             except (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError) as exc:
-                dead.append(DeadLetter(
-                    run_id=p.event.run_id, source_topic=p.topic, source_partition=p.partition,
-                    source_offset=p.offset, raw=b"", error=f"ledger rejected {type(p.event).__name__} "
-                    f"{p.event.event_id}: {exc}".strip(), stage=SINK_STAGE))
+                dead.append(
+                    DeadLetter(
+                        run_id=p.event.run_id,
+                        source_topic=p.topic,
+                        source_partition=p.partition,
+                        source_offset=p.offset,
+                        raw=b"",
+                        error=f"ledger rejected {type(p.event).__name__} {p.event.event_id}: {exc}".strip(),
+                        stage=SINK_STAGE,
+                    )
+                )
         insert_events(conn, [Placed(d, d.source_topic, d.source_partition, d.source_offset) for d in dead])
         save_offsets(conn, consumer, next_offsets)
     return dead
@@ -197,8 +207,15 @@ def write_batch(conn: psycopg.Connection, placed: list[Placed], dead: list[DeadL
 class LedgerSink:
     """Owns the consumer, the database connection and the dead-letter producer."""
 
-    def __init__(self, settings: Settings, run_id: str | None = None, max_batch: int = 2000,
-                 group_id: str = SINK_GROUP, shard: tuple[int, int] = (0, 1), stop: threading.Event | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        run_id: str | None = None,
+        max_batch: int = 2000,
+        group_id: str = SINK_GROUP,
+        shard: tuple[int, int] = (0, 1),
+        stop: threading.Event | None = None,
+    ):
         self.settings = settings
         self.max_batch = max_batch
         self.group_id = group_id
@@ -349,8 +366,7 @@ class LedgerSink:
             return
         self.windows.last_pass = now
         for run_id, window in self.windows.due(self.conn, now):
-            partitions = [tp for tp in self.positions
-                          if topic_window(tp.topic) == window and parse_topic(tp.topic)[0] == run_id]
+            partitions = [tp for tp in self.positions if topic_window(tp.topic) == window and parse_topic(tp.topic)[0] == run_id]
             if not partitions or not ledger_holds(self.settings, partitions):
                 break
             for tp in partitions:

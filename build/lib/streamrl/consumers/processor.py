@@ -21,28 +21,44 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+
 import numpy as np
 from kafka import TopicPartition
 
-from streamrl.consumers.open_group import OpenGroup
 from streamrl.algos.advantages import (
-    GRPO_EPSILON, advantage_scope, get_advantage_estimator, group_advantages, group_std, is_zero_variance,
+    GRPO_EPSILON,
+    advantage_scope,
+    get_advantage_estimator,
+    group_advantages,
+    group_std,
+    is_zero_variance,
     turn_advantages,
 )
-from streamrl.schema.events import Evaluation, GroupFiltered, Sample, Trajectory, pack_float32, unpack_int32
+from streamrl.consumers.open_group import OpenGroup
 from streamrl.runtime.bus import EventPublisher, RunReader
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.plugins import load_module
 from streamrl.runtime.settings import Settings
+from streamrl.schema.events import Evaluation, GroupFiltered, Sample, Trajectory, pack_float32, unpack_int32
 
 log = logging.getLogger("streamrl.processor")
 PROCESSOR_GROUP = "streamrl-processor"  # the consumer group of both processors (this plain loop, the faust app)
 
 
-def group_outcome(run_id: str, group_id: str, step: int, group_size: int,
-                  joined: list[tuple[Trajectory, Evaluation]], estimator: str, filter_zero_variance: bool,
-                  timed_out: bool = False, train_partial: bool = False, *, std_epsilon: float = GRPO_EPSILON,
-                  credit_assignment: str = "episode") -> list[Sample] | GroupFiltered:
+def group_outcome(
+    run_id: str,
+    group_id: str,
+    step: int,
+    group_size: int,
+    joined: list[tuple[Trajectory, Evaluation]],
+    estimator: str,
+    filter_zero_variance: bool,
+    timed_out: bool = False,
+    train_partial: bool = False,
+    *,
+    std_epsilon: float = GRPO_EPSILON,
+    credit_assignment: str = "episode",
+) -> list[Sample] | GroupFiltered:
     """The samples of a finished group, or why it gives none. Pure: no I/O.
 
     Trajectories whose rollout failed (an error, or no tokens) take no part: their reward
@@ -53,9 +69,16 @@ def group_outcome(run_id: str, group_id: str, step: int, group_size: int,
     rewards = np.array([e.reward for _, e in usable], dtype=np.float64)
 
     def filtered(reason: str) -> GroupFiltered:
-        return GroupFiltered(run_id=run_id, group_id=group_id, reason=reason, step=step, group_size=group_size,
-                             received=len(joined), rewards=[float(e.reward) for _, e in joined],
-                             trajectory_ids=[t.trajectory_id for t, _ in joined])
+        return GroupFiltered(
+            run_id=run_id,
+            group_id=group_id,
+            reason=reason,
+            step=step,
+            group_size=group_size,
+            received=len(joined),
+            rewards=[float(e.reward) for _, e in joined],
+            trajectory_ids=[t.trajectory_id for t, _ in joined],
+        )
 
     if timed_out and (not train_partial or len(usable) < 2):
         return filtered("timeout")
@@ -70,16 +93,32 @@ def group_outcome(run_id: str, group_id: str, step: int, group_size: int,
         by_turn = [assistant_turn_rewards(t, e.reward) for t, e in usable]
         turn_values = turn_advantages([turn_rewards for turn_rewards, _ in by_turn], estimator, std_epsilon)
         advantages = np.array([values[0] if len(values) else 0.0 for values in turn_values])
-        token_advantages = [per_token_advantages(len(unpack_int32(t.tokens)), spans, values)
-                            for (t, _), (_, spans), values in zip(usable, by_turn, turn_values)]
+        token_advantages = [
+            per_token_advantages(len(unpack_int32(t.tokens)), spans, values)
+            for (t, _), (_, spans), values in zip(usable, by_turn, turn_values)
+        ]
     else:
         advantages = group_advantages(estimator, rewards, std_epsilon)
     mean, std = float(rewards.mean()), group_std(rewards)
     return [
-        Sample(run_id=run_id, trajectory_id=t.trajectory_id, group_id=group_id, advantage=float(a),
-               token_advantages=per_token, reward=float(e.reward), group_reward_mean=mean, group_reward_std=std,
-               group_size=len(usable), estimator=estimator, weight_version=t.weight_version, step=step,
-               tokens=t.tokens, loss_mask=t.loss_mask, logprobs=t.logprobs, token_versions=t.token_versions)
+        Sample(
+            run_id=run_id,
+            trajectory_id=t.trajectory_id,
+            group_id=group_id,
+            advantage=float(a),
+            token_advantages=per_token,
+            reward=float(e.reward),
+            group_reward_mean=mean,
+            group_reward_std=std,
+            group_size=len(usable),
+            estimator=estimator,
+            weight_version=t.weight_version,
+            step=step,
+            tokens=t.tokens,
+            loss_mask=t.loss_mask,
+            logprobs=t.logprobs,
+            token_versions=t.token_versions,
+        )
         for (t, e), a, per_token in zip(usable, advantages, token_advantages)
     ]
 
@@ -131,8 +170,14 @@ class StreamProcessor:
         self.std_epsilon, self.credit_assignment = algorithm.grpo_std_epsilon, algorithm.credit_assignment
         self.timeout_s = pool.group_timeout_s
         self.train_partial = pool.incomplete_group_policy == "train_partial"
-        self.reader = RunReader(settings, run_id, ["trajectories", "evaluations"],
-                                group_id=f"{PROCESSOR_GROUP}.{run_id}", shard=shard, stage="processor")
+        self.reader = RunReader(
+            settings,
+            run_id,
+            ["trajectories", "evaluations"],
+            group_id=f"{PROCESSOR_GROUP}.{run_id}",
+            shard=shard,
+            stage="processor",
+        )
         self.publisher = EventPublisher(settings, bundle=True, stage="processor")  # a group's samples in one record
         self.open: dict[str, OpenGroup] = {}
         self.closed: dict[str, set[str]] = {}  # group id -> the trajectory ids accounted for
@@ -161,17 +206,35 @@ class StreamProcessor:
         ledger accounts for every trajectory; the learner does not count it."""
         log.warning("group %s closed before trajectories %s were complete: recorded as late", group_id, trajectory_ids)
         self.stats.filtered["late"] = self.stats.filtered.get("late", 0) + len(trajectory_ids)
-        self.publisher.publish(GroupFiltered(run_id=self.run_id, group_id=group_id, reason="late", step=step,
-                                             group_size=group_size, received=len(trajectory_ids),
-                                             trajectory_ids=trajectory_ids))
+        self.publisher.publish(
+            GroupFiltered(
+                run_id=self.run_id,
+                group_id=group_id,
+                reason="late",
+                step=step,
+                group_size=group_size,
+                received=len(trajectory_ids),
+                trajectory_ids=trajectory_ids,
+            )
+        )
 
     def _emit(self, group_id: str, timed_out: bool = False) -> None:
         group = self.open.pop(group_id)
         joined = group.joined()
         self.closed[group_id] = set(group.trajectories)
-        outcome = group_outcome(self.run_id, group_id, group.step, group.group_size, joined,
-                                self.estimator, self.filter_zero_variance, timed_out, self.train_partial,
-                                std_epsilon=self.std_epsilon, credit_assignment=self.credit_assignment)
+        outcome = group_outcome(
+            self.run_id,
+            group_id,
+            group.step,
+            group.group_size,
+            joined,
+            self.estimator,
+            self.filter_zero_variance,
+            timed_out,
+            self.train_partial,
+            std_epsilon=self.std_epsilon,
+            credit_assignment=self.credit_assignment,
+        )
         unjoined = sorted(set(group.trajectories) - {t.trajectory_id for t, _ in joined})
         if unjoined:  # their evaluations had not arrived
             self._publish_late(group_id, group.step, group.group_size, unjoined)
@@ -203,8 +266,9 @@ class StreamProcessor:
             self._emit(group_id, timed_out=True)
         self.publisher.flush()
         if events or dead:
-            self.reader.commit(self.reader.first_needed_offsets(
-                (tp, offset) for group in self.open.values() for tp, offset in group.held))
+            self.reader.commit(
+                self.reader.first_needed_offsets((tp, offset) for group in self.open.values() for tp, offset in group.held)
+            )
         return len(events) + len(dead)
 
     def run(self, stop: threading.Event, idle_exit_s: float | None = None) -> ProcessorStats:

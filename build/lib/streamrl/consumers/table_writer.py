@@ -39,8 +39,16 @@ def without_nul(value):
 
 
 # PostgreSQL's name for each column type, for binary COPY (psycopg dumps by these).
-_PG_TYPES = {"Text": "text", "Integer": "int4", "BigInteger": "int8", "Float": "float8", "Boolean": "bool",
-             "LargeBinary": "bytea", "JSONB": "jsonb", "DateTime": "timestamptz"}
+_PG_TYPES = {
+    "Text": "text",
+    "Integer": "int4",
+    "BigInteger": "int8",
+    "Float": "float8",
+    "Boolean": "bool",
+    "LargeBinary": "bytea",
+    "JSONB": "jsonb",
+    "DateTime": "timestamptz",
+}
 
 
 def pg_type_name(column) -> str:
@@ -69,8 +77,11 @@ class TableWriter:
         self.json_columns = json_columns
         self._scrubbed = [i for i, c in enumerate(columns) if isinstance(c.type, (JSONB, Text))]
         # binary COPY wraps an integer past its column's width without a word: checked here
-        self._bounded = [(i, c.name, 2 ** (31 if t == "int4" else 63)) for i, (c, t) in enumerate(zip(columns, self.types))
-                         if t in ("int4", "int8")]
+        self._bounded = [
+            (i, c.name, 2 ** (31 if t == "int4" else 63))
+            for i, (c, t) in enumerate(zip(columns, self.types))
+            if t in ("int4", "int8")
+        ]
         self._values = operator.itemgetter(*self.columns)
         names = ", ".join(self.columns)
         self.stage = f"stage_{table.name}"
@@ -78,8 +89,7 @@ class TableWriter:
         self.create_stage_sql = f"create temp table if not exists {self.stage} as select {names} from {table.name} with no data"
         self.direct_copy_sql = f"copy {table.name} ({names}) from stdin (format binary)"
         self.stage_copy_sql = f"copy {self.stage} ({names}) from stdin (format binary)"
-        self.move_sql = (f"insert into {table.name} ({names}) select {names} from {self.stage} "
-                         f"on conflict (event_id) do nothing")
+        self.move_sql = f"insert into {table.name} ({names}) select {names} from {self.stage} on conflict (event_id) do nothing"
         self.clear_sql = f"truncate {self.stage}"
 
     def params(self, row: dict) -> tuple:

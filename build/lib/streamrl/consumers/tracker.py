@@ -32,9 +32,17 @@ TRACKER_GROUP = "streamrl-tracker"
 
 def train_step_metrics(step: TrainStep) -> dict[str, float]:
     """A train step as `train/<name>` numbers (the learner's own metrics included)."""
-    metrics = {"loss": step.loss, "clip_fraction": step.clip_fraction, "grad_norm": step.grad_norm, "lr": step.lr,
-               "tokens": step.tokens, "samples": step.samples, "seconds": step.seconds,
-               "weight_version": step.weight_version, "dropped": len(step.dropped_ids)}
+    metrics = {
+        "loss": step.loss,
+        "clip_fraction": step.clip_fraction,
+        "grad_norm": step.grad_norm,
+        "lr": step.lr,
+        "tokens": step.tokens,
+        "samples": step.samples,
+        "seconds": step.seconds,
+        "weight_version": step.weight_version,
+        "dropped": len(step.dropped_ids),
+    }
     if step.kl is not None:
         metrics["kl"] = step.kl
     if step.entropy is not None:
@@ -49,9 +57,11 @@ def train_step_metrics(step: TrainStep) -> dict[str, float]:
 def validation_metrics(evaluations: list[Evaluation]) -> dict[str, float]:
     """A weight version's validation: accuracy is the evaluator's `accuracy` metric where
     it reports one (shaped rewards), else the reward, as in `streamrl report`."""
-    return {"val/accuracy": fmean(e.metrics.get("accuracy", e.reward) for e in evaluations),
-            "val/reward_mean": fmean(e.reward for e in evaluations),
-            "val/count": float(len(evaluations))}
+    return {
+        "val/accuracy": fmean(e.metrics.get("accuracy", e.reward) for e in evaluations),
+        "val/reward_mean": fmean(e.reward for e in evaluations),
+        "val/count": float(len(evaluations)),
+    }
 
 
 def validation_size(recipe: Recipe) -> int:
@@ -71,8 +81,7 @@ class TrackerFeed:
         # a validation is logged once all its evaluations are in; until then its events'
         # offsets stay uncommitted, so a restarted feed reads them again
         self.open_validations: dict[int, dict[str, tuple[Evaluation, TopicPartition, int]]] = defaultdict(dict)
-        self.reader = RunReader(settings, run_id, ["steps", "evaluations"], group_id=f"{TRACKER_GROUP}.{run_id}",
-                                stage="tracker")
+        self.reader = RunReader(settings, run_id, ["steps", "evaluations"], group_id=f"{TRACKER_GROUP}.{run_id}", stage="tracker")
         self.logged_steps = 0
         self.logged_validations = 0
 
@@ -113,8 +122,22 @@ class TrackerFeed:
         self.reader.close()
 
 
-STEP_COLUMNS = ("step", "weight_version", "loss", "kl", "entropy", "clip_fraction", "grad_norm", "lr", "tokens",
-                "samples", "dropped_ids", "staleness", "seconds", "metrics")
+STEP_COLUMNS = (
+    "step",
+    "weight_version",
+    "loss",
+    "kl",
+    "entropy",
+    "clip_fraction",
+    "grad_norm",
+    "lr",
+    "tokens",
+    "samples",
+    "dropped_ids",
+    "staleness",
+    "seconds",
+    "metrics",
+)
 
 
 def export_from_ledger(database_url: str, run_id: str, trackers: list[Tracker]) -> tuple[int, int]:
@@ -123,15 +146,28 @@ def export_from_ledger(database_url: str, run_id: str, trackers: list[Tracker]) 
     from streamrl.runtime.db import connect
 
     with connect(database_url, autocommit=True) as conn:
-        steps = [TrainStep(run_id=run_id, **{k: v for k, v in zip(STEP_COLUMNS, row) if v is not None})
-                 for row in conn.execute(f"select {', '.join(STEP_COLUMNS)} from train_steps where run_id = %s "
-                                         "order by step", (run_id,))]
+        steps = [
+            TrainStep(run_id=run_id, **{k: v for k, v in zip(STEP_COLUMNS, row) if v is not None})
+            for row in conn.execute(
+                f"select {', '.join(STEP_COLUMNS)} from train_steps where run_id = %s order by step", (run_id,)
+            )
+        ]
         by_version: dict[int, list[Evaluation]] = defaultdict(list)
         for trajectory_id, group_id, step, reward, metrics in conn.execute(
-                "select trajectory_id, group_id, step, reward, metrics from evaluations where run_id = %s and is_val "
-                "order by step", (run_id,)):
-            by_version[step].append(Evaluation(run_id=run_id, trajectory_id=trajectory_id, group_id=group_id,
-                                               reward=reward, metrics=metrics or {}, is_val=True, step=step))
+            "select trajectory_id, group_id, step, reward, metrics from evaluations where run_id = %s and is_val order by step",
+            (run_id,),
+        ):
+            by_version[step].append(
+                Evaluation(
+                    run_id=run_id,
+                    trajectory_id=trajectory_id,
+                    group_id=group_id,
+                    reward=reward,
+                    metrics=metrics or {},
+                    is_val=True,
+                    step=step,
+                )
+            )
     for step in steps:
         for tracker in trackers:
             tracker.log(train_step_metrics(step), STEP_AXIS, step.step)

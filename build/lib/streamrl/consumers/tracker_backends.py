@@ -62,10 +62,17 @@ class WandbTracker:
         folder.mkdir(parents=True, exist_ok=True)
         # The run id is the W&B run id: a restarted tracker, or `streamrl export`, continues
         # the same W&B run instead of starting another.
-        self.run = wandb.init(project=options.project or config.get("project_name") or "streamrl",
-                              entity=options.entity or None, name=options.name or f"{config.get('experiment_name')}-{run_id}",
-                              id=run_id, resume="allow", tags=options.tags or None, dir=str(folder), mode=mode,
-                              settings=wandb.Settings(console="off", x_disable_stats=True, silent=True))
+        self.run = wandb.init(
+            project=options.project or config.get("project_name") or "streamrl",
+            entity=options.entity or None,
+            name=options.name or f"{config.get('experiment_name')}-{run_id}",
+            id=run_id,
+            resume="allow",
+            tags=options.tags or None,
+            dir=str(folder),
+            mode=mode,
+            settings=wandb.Settings(console="off", x_disable_stats=True, silent=True),
+        )
         for axis, pattern in ((STEP_AXIS, "train/*"), (VERSION_AXIS, "val/*")):
             self.run.define_metric(axis)
             self.run.define_metric(pattern, step_metric=axis)
@@ -120,8 +127,13 @@ class MlflowTracker:
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
         # one MLflow run per StreamRL run, found again by its tag (restart, export)
         found = self.client.search_runs([experiment_id], f"tags.`{self.RUN_TAG}` = '{run_id}'", max_results=1)
-        self.run_id = found[0].info.run_id if found else self.client.create_run(
-            experiment_id, run_name=f"{config.get('experiment_name')}-{run_id}", tags={self.RUN_TAG: run_id}).info.run_id
+        self.run_id = (
+            found[0].info.run_id
+            if found
+            else self.client.create_run(
+                experiment_id, run_name=f"{config.get('experiment_name')}-{run_id}", tags={self.RUN_TAG: run_id}
+            ).info.run_id
+        )
 
     def log_config(self, config: dict) -> None:
         from mlflow.entities import Param
@@ -129,7 +141,7 @@ class MlflowTracker:
         existing = self.client.get_run(self.run_id).data.params
         params = [Param(key, str(value)[:6000]) for key, value in flatten(config).items() if key not in existing]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
-            self.client.log_batch(self.run_id, params=params[start:start + 100])
+            self.client.log_batch(self.run_id, params=params[start : start + 100])
 
     def log(self, metrics: dict[str, float], axis: str, value: int) -> None:
         from mlflow.entities import Metric

@@ -106,18 +106,27 @@ class Batch:
         return int(self.values["input_ids"].shape[0]) if "input_ids" in self.values else 0
 
     @staticmethod
-    def from_items(items: list[TrainItem], pad_token_id: int) -> "Batch":
+    def from_items(items: list[TrainItem], pad_token_id: int) -> Batch:
         padded = collate(items, pad_token_id)
         attention = padded.attention_mask
         group_ids = [item.group_id for item in items]
-        return Batch(values={"input_ids": padded.input_ids, "attention_mask": attention,
-                             "position_ids": compute_position_id_with_mask(attention),
-                             "loss_mask": padded.loss_mask.long(), "behaviour_log_probs": padded.behaviour_logprobs},
-                     # run_ids: the guide's name for the group ids, kept for its listings
-                     metadata={"rewards": [item.reward for item in items], "group_ids": group_ids,
-                               "run_ids": list(group_ids),
-                               "trajectory_ids": [item.trajectory_id for item in items],
-                               "advantages": [item.advantage for item in items]})
+        return Batch(
+            values={
+                "input_ids": padded.input_ids,
+                "attention_mask": attention,
+                "position_ids": compute_position_id_with_mask(attention),
+                "loss_mask": padded.loss_mask.long(),
+                "behaviour_log_probs": padded.behaviour_logprobs,
+            },
+            # run_ids: the guide's name for the group ids, kept for its listings
+            metadata={
+                "rewards": [item.reward for item in items],
+                "group_ids": group_ids,
+                "run_ids": list(group_ids),
+                "trajectory_ids": [item.trajectory_id for item in items],
+                "advantages": [item.advantage for item in items],
+            },
+        )
 
     def to_items(self, originals: list[TrainItem]) -> list[TrainItem]:
         """The rows as the learner trains them (see the module's docstring)."""
@@ -129,8 +138,7 @@ class Batch:
         count = len(self.metadata["trajectory_ids"])
         for key in ("rewards", "advantages"):
             if key in self.metadata and len(self.metadata[key]) != count:
-                raise ValueError(f"_prepare_batch left metadata[{key!r}] with {len(self.metadata[key])} entries for "
-                                 f"{count} rows")
+                raise ValueError(f"_prepare_batch left metadata[{key!r}] with {len(self.metadata[key])} entries for {count} rows")
         for row, trajectory_id in enumerate(self.metadata["trajectory_ids"]):
             item = by_id[trajectory_id]
             keep = self.values["attention_mask"][row].bool()
@@ -148,14 +156,16 @@ class Batch:
         return rows
 
     @staticmethod
-    def remove_redundant_left_padding(batch: "Batch", pad_token_id: int, anchor_field: str = "input_ids",
-                                      fields: list[str] | None = None) -> "Batch":
+    def remove_redundant_left_padding(
+        batch: Batch, pad_token_id: int, anchor_field: str = "input_ids", fields: list[str] | None = None
+    ) -> Batch:
         """Drop leading columns that are padding in every row."""
         return _trim(batch, pad_token_id, anchor_field, fields, left=True)
 
     @staticmethod
-    def remove_redundant_right_padding(batch: "Batch", pad_token_id: int, anchor_field: str = "input_ids",
-                                       fields: list[str] | None = None) -> "Batch":
+    def remove_redundant_right_padding(
+        batch: Batch, pad_token_id: int, anchor_field: str = "input_ids", fields: list[str] | None = None
+    ) -> Batch:
         """Drop trailing columns that are padding in every row."""
         return _trim(batch, pad_token_id, anchor_field, fields, left=False)
 
@@ -238,11 +248,14 @@ class SelfHostedTrainer(GRPOTrainer):
     def _compute_old_log_probs(self, batch: Batch) -> torch.Tensor:
         """The current policy's logprob of each token ([B, T], 0 at padding)."""
         if self.placement.world_size > 1:  # a sharded forward needs every rank; _prepare_batch runs on rank 0
-            raise RuntimeError("_compute_old_log_probs needs the whole policy in one process: run the learner with "
-                               "trainer.nproc_per_node: 1 and nnodes: 1 for a trainer that calls it")
+            raise RuntimeError(
+                "_compute_old_log_probs needs the whole policy in one process: run the learner with "
+                "trainer.nproc_per_node: 1 and nnodes: 1 for a trainer that calls it"
+            )
         self.model.eval()
-        logprobs, _ = self.logprobs(self.model, ForwardInputs(input_ids=batch.values["input_ids"],
-                                                              attention_mask=batch.values["attention_mask"]))
+        logprobs, _ = self.logprobs(
+            self.model, ForwardInputs(input_ids=batch.values["input_ids"], attention_mask=batch.values["attention_mask"])
+        )
         return logprobs.float().cpu() * batch.values["attention_mask"]
 
     def _reward_fn(self, batch: Batch) -> torch.Tensor:
@@ -264,8 +277,10 @@ class SelfHostedTrainer(GRPOTrainer):
             batch.values["log_probs"] = self._compute_old_log_probs(batch)
         if "ref_log_probs" not in batch.values:
             with torch.no_grad():
-                ref, _ = self.logprobs(self.ref_model, ForwardInputs(input_ids=batch.values["input_ids"],
-                                                                     attention_mask=batch.values["attention_mask"]))
+                ref, _ = self.logprobs(
+                    self.ref_model,
+                    ForwardInputs(input_ids=batch.values["input_ids"], attention_mask=batch.values["attention_mask"]),
+                )
             batch.values["ref_log_probs"] = ref.float().cpu() * batch.values["attention_mask"]
         kl = (batch.values["log_probs"] - batch.values["ref_log_probs"]) * batch.values["loss_mask"]
         batch.values["token_level_scores"] = batch.values["token_level_scores"] - beta * kl
@@ -278,8 +293,9 @@ class SelfHostedTrainer(GRPOTrainer):
         scores = batch.values["token_level_scores"].sum(dim=1).tolist()
         token_counts = batch.values["loss_mask"].sum(dim=1).tolist()
         # run_ids, not group_ids: the guide's trainers edit the rows under that name
-        advantages = advantages_by_group(batch.metadata["run_ids"], scores, token_counts, self.algorithm.type,
-                                         self.algorithm.grpo_std_epsilon).tolist()
+        advantages = advantages_by_group(
+            batch.metadata["run_ids"], scores, token_counts, self.algorithm.type, self.algorithm.grpo_std_epsilon
+        ).tolist()
         batch.metadata["advantages"] = advantages
         batch.values["advantages"] = torch.tensor(advantages, dtype=torch.float32)[:, None] * batch.values["loss_mask"]
         return batch
@@ -300,22 +316,30 @@ class DetachedModel(torch.nn.Module):
         self.config = None  # no attention implementation: no packing
 
     def forward(self, *args, **kwargs):
-        raise RuntimeError("this trainer was built as cls(config), outside the learner: _prepare_batch and its "
-                           "helpers work, a forward pass or a step needs the learner's model (run the recipe, or "
-                           "build it with learner.trainer_factory.build_trainer)")
+        raise RuntimeError(
+            "this trainer was built as cls(config), outside the learner: _prepare_batch and its "
+            "helpers work, a forward pass or a step needs the learner's model (run the recipe, or "
+            "build it with learner.trainer_factory.build_trainer)"
+        )
 
 
 def detached_parts(config) -> dict:
     """What a trainer built as `cls(config)` outside the learner holds: the config's
     algorithm and trainer sections, no model. The pad id is 0: padding is found by the
     attention mask, and the pad id is only the fallback for a batch without one."""
-    from streamrl.runtime.config import Algorithm, Trainer as TrainerSection, _build
+    from streamrl.runtime.config import Algorithm, _build
+    from streamrl.runtime.config import Trainer as TrainerSection
 
     def section(name: str) -> dict:
         value = config.get(name) if hasattr(config, "get") else None
         return dict(value or {})
-    return dict(model=DetachedModel(), pad_id=0, trainer_config=_build(TrainerSection, section("trainer"), "trainer."),
-                algorithm_config=_build(Algorithm, section("algorithm"), "algorithm."))
+
+    return dict(
+        model=DetachedModel(),
+        pad_id=0,
+        trainer_config=_build(TrainerSection, section("trainer"), "trainer."),
+        algorithm_config=_build(Algorithm, section("algorithm"), "algorithm."),
+    )
 
 
 @register_trainer("self_hosted_grpo")

@@ -86,7 +86,7 @@ class PackedRow:
     position_ids: torch.Tensor  # long [1, N], restarting at 0 for each sample
     unpack_index: torch.Tensor  # long [B, T]: each padded position's place in the row (0 on padding)
 
-    def to(self, device) -> "PackedRow":
+    def to(self, device) -> PackedRow:
         return PackedRow(*(value.to(device) for value in (self.input_ids, self.position_ids, self.unpack_index)))
 
 
@@ -135,14 +135,21 @@ def collate(items: list[TrainItem], pad_id: int) -> MicroBatch:
         attention[row, :n] = 1
         loss_mask[row, :n] = torch.from_numpy(item.mask.astype(np.float32))
         behaviour[row, :n] = torch.from_numpy(item.behaviour_logprobs.astype(np.float32))
-        ratio_denominator[row, :n] = torch.from_numpy((item.behaviour_logprobs if item.old_logprobs is None
-                                                       else item.old_logprobs).astype(np.float32))
+        ratio_denominator[row, :n] = torch.from_numpy(
+            (item.behaviour_logprobs if item.old_logprobs is None else item.old_logprobs).astype(np.float32)
+        )
         if item.token_advantages is not None and len(item.token_advantages):
             advantages[row, :n] = torch.from_numpy(item.token_advantages.astype(np.float32))
         else:
             advantages[row, :n] = item.advantage
         if item.behaviour_lag is not None:
             lag[row, :n] = torch.from_numpy(item.behaviour_lag.astype(np.int32))
-    return MicroBatch(input_ids=input_ids, attention_mask=attention, loss_mask=loss_mask,
-                      behaviour_logprobs=behaviour, ratio_denominator=ratio_denominator, advantages=advantages,
-                      behaviour_lag=lag)
+    return MicroBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        loss_mask=loss_mask,
+        behaviour_logprobs=behaviour,
+        ratio_denominator=ratio_denominator,
+        advantages=advantages,
+        behaviour_lag=lag,
+    )

@@ -33,9 +33,11 @@ def set_rng_state(state: dict) -> None:
 def write_model_dir(final: Path, model, tokenizer, state_dict: dict | None = None) -> Path:
     """Model and tokenizer as a folder `from_pretrained` (and SGLang) reads, written
     atomically. `state_dict`: the full weights, when the model's own are sharded (FSDP)."""
+
     def fill(folder: Path) -> None:
         model.save_pretrained(folder, state_dict=state_dict)
         tokenizer.save_pretrained(folder)
+
     return write_folder(final, fill)
 
 
@@ -50,8 +52,9 @@ def link_files(source: Path, folder: Path) -> None:
                 shutil.copy2(path, folder / path.name)
 
 
-def save_checkpoint(root: Path, step: int, model_folder: Path | None, optimizer_state: dict, state: dict,
-                    keep_every: int = 0) -> Path:
+def save_checkpoint(
+    root: Path, step: int, model_folder: Path | None, optimizer_state: dict, state: dict, keep_every: int = 0
+) -> Path:
     """Write checkpoint `step` under root and point LATEST at it; returns its folder.
     `model_folder` holds the step's saved model (its weight version): the checkpoint
     links to its files rather than serialising the model a second time (None: a remote

@@ -32,10 +32,16 @@ def model_is_version_zero(recipe: Recipe) -> bool:
     """Whether the learner's version 0 holds exactly the model folder's weights."""
     cfg = recipe.trainer
     model = Path(recipe.rollout_worker.model_path)
-    return (cfg.warmup_cross_entropy_steps == 0 and not recipe.replay and not cfg.type.startswith("remote_api")
-            and (cfg.lora is None or cfg.lora.versions == "merged")
-            and int(os.environ.get("WORLD_SIZE", "1")) == 1 and cfg.nproc_per_node * cfg.nnodes == 1
-            and model.is_dir() and any(model.glob("*.safetensors")))
+    return (
+        cfg.warmup_cross_entropy_steps == 0
+        and not recipe.replay
+        and not cfg.type.startswith("remote_api")
+        and (cfg.lora is None or cfg.lora.versions == "merged")
+        and int(os.environ.get("WORLD_SIZE", "1")) == 1
+        and cfg.nproc_per_node * cfg.nnodes == 1
+        and model.is_dir()
+        and any(model.glob("*.safetensors"))
+    )
 
 
 def never_trained(settings: Settings, run_id: str, recipe: Recipe) -> bool:
@@ -46,8 +52,11 @@ def never_trained(settings: Settings, run_id: str, recipe: Recipe) -> bool:
         return False
     try:
         with connect(settings.database_url, autocommit=True) as conn:
-            return not conn.execute("select exists (select 1 from weight_versions where run_id = %s) or exists "
-                                    "(select 1 from train_steps where run_id = %s)", (run_id, run_id)).fetchone()[0]
+            return not conn.execute(
+                "select exists (select 1 from weight_versions where run_id = %s) or exists "
+                "(select 1 from train_steps where run_id = %s)",
+                (run_id, run_id),
+            ).fetchone()[0]
     except psycopg.OperationalError:
         return False
 
@@ -58,7 +67,6 @@ def announce_model_as_version_zero(settings: Settings, run_id: str, recipe: Reci
         return False
     model = Path(recipe.rollout_worker.model_path).resolve()
     with EventPublisher(settings, stage="learner") as publisher:
-        publisher.publish(WeightVersion(run_id=run_id, version=0, step=0, uri=str(model),
-                                        sha256=directory_sha256(model)))
+        publisher.publish(WeightVersion(run_id=run_id, version=0, step=0, uri=str(model), sha256=directory_sha256(model)))
         publisher.flush()
     return True

@@ -32,26 +32,35 @@ import msgspec
 import numpy as np
 from kafka import TopicPartition
 
-from streamrl.algos.lr_schedule import learning_rate_at
-from streamrl.learner.step_inputs import (
-    StepBuffer, sample_to_item, staleness_split, with_batch_advantages, with_behaviour_lag,
-)
-from streamrl.learner.checkpoint import load_state, prune_weight_versions, version_folder
-from streamrl.learner.recorded_steps import exactly_recorded, holds_untrained, recorded_steps
-from streamrl.learner.policy import Policy
-from streamrl.learner.remote_policy import RemotePolicy
 import streamrl.learner.batch_trainers  # noqa: F401  (registers self_hosted_grpo)
+from streamrl.algos.lr_schedule import learning_rate_at
+from streamrl.learner.checkpoint import load_state, prune_weight_versions, version_folder
+from streamrl.learner.policy import Policy
+from streamrl.learner.recorded_steps import exactly_recorded, holds_untrained, recorded_steps
+from streamrl.learner.remote_policy import RemotePolicy
 from streamrl.learner.remote_trainers import RemoteApiTrainer, trainer_class
+from streamrl.learner.step_inputs import (
+    StepBuffer,
+    sample_to_item,
+    staleness_split,
+    with_batch_advantages,
+    with_behaviour_lag,
+)
 from streamrl.runtime import folders
-from streamrl.runtime.folders import directory_sha256
 from streamrl.runtime.bus import EventPublisher, RunReader
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.dataset import total_train_steps
+from streamrl.runtime.folders import directory_sha256
 from streamrl.runtime.plugins import load_module
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.versions import is_version_step, newest_version
 from streamrl.schema.events import (
-    GroupFiltered, RunEvent, Sample, TrainStep, WeightBroadcast, WeightVersion,
+    GroupFiltered,
+    RunEvent,
+    Sample,
+    TrainStep,
+    WeightBroadcast,
+    WeightVersion,
 )
 
 log = logging.getLogger("streamrl.learner")
@@ -88,8 +97,11 @@ class Learner:
         self.keep_weight_versions = recipe.weight.staleness_threshold + 3
         cls = trainer_class(recipe)
         # A remote trainer's model lives in the training service; the loop is the same.
-        self.policy = RemotePolicy(recipe, cls, self.checkpoints, run_id) if issubclass(cls, RemoteApiTrainer) else \
-            Policy(recipe, cls, self.checkpoints)
+        self.policy = (
+            RemotePolicy(recipe, cls, self.checkpoints, run_id)
+            if issubclass(cls, RemoteApiTrainer)
+            else Policy(recipe, cls, self.checkpoints)
+        )
         self.publisher = EventPublisher(settings, stage="learner") if self.policy.is_main else None
         self.step = 0
         self.start_offsets: dict[TopicPartition, int] | None = None
@@ -132,8 +144,9 @@ class Learner:
         step, self.writing_snapshot = self.writing_snapshot, None
         self.snapshot_step = step
         # what a rotating run's topic windows wait for before they leave the broker
-        self.publisher.publish(RunEvent(run_id=self.run_id, kind="snapshot", sequence=step, name="learner",
-                                        message=f"snapshot of step {step}"))
+        self.publisher.publish(
+            RunEvent(run_id=self.run_id, kind="snapshot", sequence=step, name="learner", message=f"snapshot of step {step}")
+        )
 
     def is_version(self, step: int) -> bool:
         """Whether the weights after `step` are published (weight.sync_every)."""
@@ -163,19 +176,26 @@ class Learner:
         it will be written to."""
         if broadcast is not None:
             self.broadcast_versions.add(version)
-            event = WeightVersion(run_id=self.run_id, version=version, step=version,
-                                  uri=str(version_folder(self.weights, version)), broadcast=broadcast)
+            event = WeightVersion(
+                run_id=self.run_id,
+                version=version,
+                step=version,
+                uri=str(version_folder(self.weights, version)),
+                broadcast=broadcast,
+            )
         else:
             folder = folder or self.policy.call("write_version", self.weights, version)
             prune_weight_versions(self.weights, keep_last=self.keep_weight_versions)
-            event = WeightVersion(run_id=self.run_id, version=version, step=version, uri=str(folder),
-                                  sha256=directory_sha256(folder))
+            event = WeightVersion(
+                run_id=self.run_id, version=version, step=version, uri=str(folder), sha256=directory_sha256(folder)
+            )
         self.publisher.publish(event)
 
     def start(self) -> None:
         policy = self.policy
-        self.recorded = recorded_steps(self.settings, self.run_id, after=self.step,
-                                       window_steps=self.recipe.service.broker.window_steps)
+        self.recorded = recorded_steps(
+            self.settings, self.run_id, after=self.step, window_steps=self.recipe.service.broker.window_steps
+        )
         self.resumed_from, self.replay_to = self.step, max(self.recorded, default=self.step)
         # the re-trained weights are checked against the newest version among the replayed steps
         self.check_at = max((s for s in self.recorded if self.is_version(s)), default=None)
@@ -188,20 +208,32 @@ class Learner:
             if not self.recorded:  # a first start
                 if not self.version_zero_announced:
                     self.publish_version(0)
-                self.publisher.publish(RunEvent(run_id=self.run_id, kind="started", sequence=1, name="learner",
-                                                details={**details, "world_size": policy.placement.world_size,
-                                                         "device": str(policy.placement.device)}))
+                self.publisher.publish(
+                    RunEvent(
+                        run_id=self.run_id,
+                        kind="started",
+                        sequence=1,
+                        name="learner",
+                        details={**details, "world_size": policy.placement.world_size, "device": str(policy.placement.device)},
+                    )
+                )
         elif not self.recorded:
             # The snapshot's records may not have reached Kafka before the crash.
             if self.resumed_record is not None:
                 self.publisher.publish(TrainStep(**self.resumed_record))
             self.announce_again(self.step)
         if self.step or self.recorded:
-            self.publisher.publish(RunEvent(
-                run_id=self.run_id, kind="resumed", sequence=self.replay_to, name="learner",
-                message=f"resumed after step {self.replay_to}: snapshot of step {self.step}, "
-                        f"{len(self.recorded)} recorded steps to re-train",
-                details={"snapshot_step": self.step, "replayed_steps": len(self.recorded)}))
+            self.publisher.publish(
+                RunEvent(
+                    run_id=self.run_id,
+                    kind="resumed",
+                    sequence=self.replay_to,
+                    name="learner",
+                    message=f"resumed after step {self.replay_to}: snapshot of step {self.step}, "
+                    f"{len(self.recorded)} recorded steps to re-train",
+                    details={"snapshot_step": self.step, "replayed_steps": len(self.recorded)},
+                )
+            )
         self.publisher.flush()
 
     # --- the loop ---------------------------------------------------------------------------
@@ -216,8 +248,15 @@ class Learner:
 
     def _run(self, stop: threading.Event, on_step=None) -> int:
         self.start()
-        reader = RunReader(self.settings, self.run_id, ["samples"], group_id=None,
-                           start_offsets=self.start_offsets, stage="learner", keep_window=self.holds_window)
+        reader = RunReader(
+            self.settings,
+            self.run_id,
+            ["samples"],
+            group_id=None,
+            start_offsets=self.start_offsets,
+            stage="learner",
+            keep_window=self.holds_window,
+        )
         buffers: dict[int, StepBuffer] = defaultdict(StepBuffer)
         try:
             while not stop.is_set() and self.step < self.total_steps:
@@ -244,8 +283,9 @@ class Learner:
             self.finish_snapshot()
             if self.step >= self.total_steps:
                 details = {"val_accuracy_after_replay": self.policy.call("val_accuracy")} if self.replay else {}
-                self.publisher.publish(RunEvent(run_id=self.run_id, kind="finished", name="learner",
-                                                message=f"{self.step} steps", details=details))
+                self.publisher.publish(
+                    RunEvent(run_id=self.run_id, kind="finished", name="learner", message=f"{self.step} steps", details=details)
+                )
         finally:
             self.publisher.flush()
             reader.close()
@@ -254,8 +294,9 @@ class Learner:
     def train_step(self, step: int, buffer: StepBuffer, reader: RunReader, buffers: dict[int, StepBuffer]) -> TrainStep:
         started = time.perf_counter()
         learner_version = step - 1
-        items = with_behaviour_lag([sample_to_item(s) for s in sorted(buffer.samples.values(),
-                                                                      key=lambda s: s.trajectory_id)], learner_version)
+        items = with_behaviour_lag(
+            [sample_to_item(s) for s in sorted(buffer.samples.values(), key=lambda s: s.trajectory_id)], learner_version
+        )
         kept, dropped = staleness_split(items, learner_version, self.staleness_threshold, self.sync_every)
         recorded = self.recorded.pop(step, None)
         if recorded is not None:  # re-trained after a restart: exactly what was trained then
@@ -276,27 +317,43 @@ class Learner:
         for f in buffer.filtered.values():
             filtered_reasons[f.reason] = filtered_reasons.get(f.reason, 0) + 1
         rewards = [i.reward for i in items]
-        metrics.update({
-            "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
-            "lr": lr,
-            "groups": float(len(buffer.groups)),
-            "groups_filtered": float(len(buffer.filtered)),
-            **{f"groups_filtered_{reason}": float(n) for reason, n in filtered_reasons.items()},
-            "learner_seconds": time.perf_counter() - started,
-        })
+        metrics.update(
+            {
+                "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+                "lr": lr,
+                "groups": float(len(buffer.groups)),
+                "groups_filtered": float(len(buffer.filtered)),
+                **{f"groups_filtered_{reason}": float(n) for reason, n in filtered_reasons.items()},
+                "learner_seconds": time.perf_counter() - started,
+            }
+        )
         # Resume from the earliest buffered event of a later step, else the read position.
         offsets = reader.first_needed_offsets(pair for buffer in buffers.values() for pair in buffer.offsets)
         record = TrainStep(
-            run_id=self.run_id, step=step, weight_version=step, loss=loss, kl=metrics.get("kl"),
-            entropy=metrics.get("entropy"), clip_fraction=metrics.get("clip_fraction", 0.0), grad_norm=grad_norm,
-            lr=lr, tokens=tokens, samples=len(kept),
-            sample_ids=[i.trajectory_id for i in kept], trained_advantages=trained_advantages,
-            staleness={"mean": float(np.mean(ages)), "max": float(max(ages)), "dropped": float(len(dropped)),
-                       "threshold": float(self.staleness_threshold)},
+            run_id=self.run_id,
+            step=step,
+            weight_version=step,
+            loss=loss,
+            kl=metrics.get("kl"),
+            entropy=metrics.get("entropy"),
+            clip_fraction=metrics.get("clip_fraction", 0.0),
+            grad_norm=grad_norm,
+            lr=lr,
+            tokens=tokens,
+            samples=len(kept),
+            sample_ids=[i.trajectory_id for i in kept],
+            trained_advantages=trained_advantages,
+            staleness={
+                "mean": float(np.mean(ages)),
+                "max": float(max(ages)),
+                "dropped": float(len(dropped)),
+                "threshold": float(self.staleness_threshold),
+            },
             dropped_ids=[i.trajectory_id for i in dropped],
             seconds=time.perf_counter() - started,
             consumed_offsets={f"{tp.topic}:{tp.partition}": o for tp, o in offsets.items()},
-            metrics={**metrics, "policy_loss_" + self.recipe.algorithm.policy_loss: 1.0})
+            metrics={**metrics, "policy_loss_" + self.recipe.algorithm.policy_loss: 1.0},
+        )
         if recorded is not None:
             return self.replayed(step, recorded, loss)
         self.last_state = {"offsets": record.consumed_offsets, "train_step": _record_dict(record)}
@@ -321,14 +378,24 @@ class Learner:
         unread = self.policy.call("unread_config_keys")
         if not unread:
             return
-        message = (f"algorithm: {', '.join(unread)} read by nothing in the first step of the trainer (a misspelt "
-                   "key?); declare the trainer's keys with `config_keys = (...)` to have the others refused when "
-                   "the recipe is checked")
+        message = (
+            f"algorithm: {', '.join(unread)} read by nothing in the first step of the trainer (a misspelt "
+            "key?); declare the trainer's keys with `config_keys = (...)` to have the others refused when "
+            "the recipe is checked"
+        )
         log.warning(message)
         # sequence 1: the workers' report (rollout_worker keys) is sequence 0, and a run
         # event's identity is its kind and sequence
-        self.publisher.publish(RunEvent(run_id=self.run_id, kind="config_unread", sequence=1, name="learner",
-                                        message=message, details={"section": "algorithm", "keys": unread}))
+        self.publisher.publish(
+            RunEvent(
+                run_id=self.run_id,
+                kind="config_unread",
+                sequence=1,
+                name="learner",
+                message=message,
+                details={"section": "algorithm", "keys": unread},
+            )
+        )
 
     def replayed(self, step: int, recorded: TrainStep, loss: float) -> TrainStep:
         """A recorded step re-trained: nothing is published (it was); a snapshot when due;
@@ -342,9 +409,13 @@ class Learner:
             self.check_replayed_weights(step)
         if step == self.replay_to:
             if self.check_at is None:
-                self.say_resume_checked(step, None, f"re-trained steps {self.resumed_from + 1}-{step}: none of them "
-                                                    f"published a version to compare with (weight.sync_every "
-                                                    f"{self.sync_every})")
+                self.say_resume_checked(
+                    step,
+                    None,
+                    f"re-trained steps {self.resumed_from + 1}-{step}: none of them "
+                    f"published a version to compare with (weight.sync_every "
+                    f"{self.sync_every})",
+                )
             self.announce_again(step)
             self.publisher.flush()
         return recorded
@@ -360,19 +431,32 @@ class Learner:
             # announced, then the learner stopped before writing it (a broadcast version is
             # written after it is sent): the re-trained weights are the version's folder now
             os.replace(replayed, recorded)
-            self.say_resume_checked(step, None, f"{done}: version {step}'s folder was never written before the "
-                                                f"restart, so there is nothing to compare; it is written now")
+            self.say_resume_checked(
+                step,
+                None,
+                f"{done}: version {step}'s folder was never written before the "
+                f"restart, so there is nothing to compare; it is written now",
+            )
         else:
             same = directory_sha256(recorded) == directory_sha256(replayed)
-            self.say_resume_checked(step, same, f"{done}: the weights {'equal' if same else 'DIFFER from'} version "
-                                                f"{step}'s as first written")
+            self.say_resume_checked(
+                step, same, f"{done}: the weights {'equal' if same else 'DIFFER from'} version {step}'s as first written"
+            )
         shutil.rmtree(self.weights / ".replayed", ignore_errors=True)
 
     def say_resume_checked(self, step: int, same: bool | None, message: str) -> None:
         (log.warning if same is False else log.info)(message)
         print(message, flush=True)
-        self.publisher.publish(RunEvent(run_id=self.run_id, kind="resume_checked", sequence=step, name="learner",
-                                        message=message, details={"weights_match_version": same}))
+        self.publisher.publish(
+            RunEvent(
+                run_id=self.run_id,
+                kind="resume_checked",
+                sequence=step,
+                name="learner",
+                message=message,
+                details={"weights_match_version": same},
+            )
+        )
         self.publisher.flush()
 
     def close(self) -> None:

@@ -49,8 +49,11 @@ def collate_packed(items: list[TrainItem], pad_id: int) -> MicroBatch:
     index = np.zeros((len(items), batch.input_ids.shape[1]), dtype=np.int64)
     for row, (start, n) in enumerate(zip(starts, lengths)):
         index[row, :n] = np.arange(start, start + n)
-    packed = PackedRow(input_ids=torch.from_numpy(tokens).unsqueeze(0),
-                       position_ids=torch.from_numpy(positions).unsqueeze(0), unpack_index=torch.from_numpy(index))
+    packed = PackedRow(
+        input_ids=torch.from_numpy(tokens).unsqueeze(0),
+        position_ids=torch.from_numpy(positions).unsqueeze(0),
+        unpack_index=torch.from_numpy(index),
+    )
     return dataclasses.replace(batch, packed=packed)
 
 

@@ -80,7 +80,8 @@ def prepare_model(model: torch.nn.Module, cfg: TrainerConfig, placement: Placeme
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32, reduce_dtype=torch.float32)
+        param_dtype=torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32, reduce_dtype=torch.float32
+    )
     for layer in decoder_layers(model):
         fully_shard(layer, mp_policy=policy)
     # the root is the Hugging Face model, also under a LoRA wrapper: peft's generate calls

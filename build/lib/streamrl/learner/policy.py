@@ -16,23 +16,29 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from streamrl.learner import parallel
-from streamrl.learner.trainer_factory import build_trainer, unread_trainer_keys
 from streamrl.learner.batching import TrainItem
 from streamrl.learner.checkpoint import latest_checkpoint, version_folder, write_model_dir, write_weight_version
 from streamrl.learner.snapshots import SnapshotStore, load_snapshot
-from streamrl.learner.version_writes import VersionWrites, cpu_copy
-from streamrl.learner.weight_broadcast import WeightBroadcaster
+from streamrl.learner.trainer_factory import build_trainer, unread_trainer_keys
 from streamrl.learner.trainers import StepResult, Trainer, plan_step
+from streamrl.learner.version_writes import VersionWrites, cpu_copy
 from streamrl.learner.warmup import cross_entropy_warmup, demonstration_items, greedy_exact_match, supervised_items
-from streamrl.runtime.config import Recipe
+from streamrl.learner.weight_broadcast import WeightBroadcaster
 from streamrl.runtime.chat_template import recipe_renderer
+from streamrl.runtime.config import Recipe
 from streamrl.runtime.dataset import read_rows
+from streamrl.runtime.lora import (
+    AdapterDisabled,
+    adapter_state_dict,
+    base_of,
+    lora_spec,
+    merged_state_dict,
+    with_lora,
+    write_adapter_folder,
+)
 from streamrl.runtime.threads import learner_threads
 from streamrl.runtime.weight_transport import adapter_versions, broadcast_world_size
 from streamrl.schema.events import WeightBroadcast
-from streamrl.runtime.lora import (
-    AdapterDisabled, adapter_state_dict, base_of, lora_spec, merged_state_dict, with_lora, write_adapter_folder,
-)
 
 STOP = "stop"
 
@@ -48,9 +54,12 @@ class Policy:
         self.versions = VersionWrites()
         self.broadcaster = None
         if recipe.weight.transport == "distributed" and self.placement.is_main:
-            self.broadcaster = WeightBroadcaster(recipe.weight.broadcast_address, broadcast_world_size(recipe),
-                                                 self.placement.device,
-                                                 recipe.service.inference_service.weight_sync_timeout_s)
+            self.broadcaster = WeightBroadcaster(
+                recipe.weight.broadcast_address,
+                broadcast_world_size(recipe),
+                self.placement.device,
+                recipe.service.inference_service.weight_sync_timeout_s,
+            )
         self.checkpoint = latest_checkpoint(checkpoints)
         source = recipe.rollout_worker.model_path  # a snapshot holds the weights, not the model's files
         self.tokenizer = AutoTokenizer.from_pretrained(source)
@@ -66,14 +75,20 @@ class Policy:
         if recipe.algorithm.use_kl_loss or recipe.algorithm.use_kl_in_reward:
             reference = checkpoints / "reference"
             # with LoRA the reference is the base model: the same weights, the adapter off
-            self.ref_model = AdapterDisabled(self.model) if self.lora is not None else \
-                self._load_reference(reference if reference.exists() else source)
-        self.trainer = build_trainer(trainer_class, recipe, self.model, self.tokenizer.pad_token_id,
-                                     ref_model=self.ref_model, placement=self.placement)
+            self.ref_model = (
+                AdapterDisabled(self.model)
+                if self.lora is not None
+                else self._load_reference(reference if reference.exists() else source)
+            )
+        self.trainer = build_trainer(
+            trainer_class, recipe, self.model, self.tokenizer.pad_token_id, ref_model=self.ref_model, placement=self.placement
+        )
         if self.checkpoint is not None:
             if not (self.checkpoint / "shards").is_dir():
-                raise RuntimeError(f"{self.checkpoint}: a snapshot of an earlier format (whole model files, no "
-                                   "shards/); resume it with the StreamRL version that wrote it")
+                raise RuntimeError(
+                    f"{self.checkpoint}: a snapshot of an earlier format (whole model files, no "
+                    "shards/); resume it with the StreamRL version that wrote it"
+                )
             load_snapshot(self.checkpoint, self.model, self.trainer.optimizer)
 
     def _load_reference(self, folder) -> torch.nn.Module:
@@ -115,8 +130,10 @@ class Policy:
         plan = None
         if self.is_main:
             prepared, hook_metrics = self.trainer.prepare(items)
-            plan = (plan_step(prepared, self.placement.world_size, self.trainer.micro_batches),
-                    {key: float(value) for key, value in hook_metrics.items()})
+            plan = (
+                plan_step(prepared, self.placement.world_size, self.trainer.micro_batches),
+                {key: float(value) for key, value in hook_metrics.items()},
+            )
         plan, hook_metrics = parallel.broadcast_object(plan, self.placement)
         result = self.trainer.train(plan.shares[self.placement.rank], plan.totals, plan.rounds)
         result.metrics.update(hook_metrics)
@@ -135,13 +152,21 @@ class Policy:
             items = demonstration_items(rows, recipe_renderer(self.recipe, self.tokenizer), cfg.warmup_messages_key)
         else:
             rows = read_rows(data.data_files, data.type, (data.prompt_key, data.answer_key))
-            items = supervised_items(rows, recipe_renderer(self.recipe, self.tokenizer), data.prompt_key,
-                                     data.answer_key)
+            items = supervised_items(rows, recipe_renderer(self.recipe, self.tokenizer), data.prompt_key, data.answer_key)
         target = cfg.warmup_until_accuracy
         done = (lambda: self.val_accuracy() >= target) if target is not None else None
-        details = cross_entropy_warmup(self.model, self.tokenizer, items, cfg.warmup_cross_entropy_steps,
-                                       cfg.warmup_batch_size, dataclasses.replace(cfg, lr=cfg.warmup_lr or cfg.lr),
-                                       cfg.seed, self.placement, done=done, check_every=cfg.warmup_check_every)
+        details = cross_entropy_warmup(
+            self.model,
+            self.tokenizer,
+            items,
+            cfg.warmup_cross_entropy_steps,
+            cfg.warmup_batch_size,
+            dataclasses.replace(cfg, lr=cfg.warmup_lr or cfg.lr),
+            cfg.seed,
+            self.placement,
+            done=done,
+            check_every=cfg.warmup_check_every,
+        )
         return {**details, "val_accuracy_before_warmup": before, "val_accuracy_after_warmup": self.val_accuracy()}
 
     def val_accuracy(self) -> float:
@@ -153,10 +178,16 @@ class Policy:
         if not val_cfg.data_files or worker.type != "single_turn" or worker.custom_rollout_worker_module_path:
             return float("nan")  # only the rollout workers know how other workers' tasks are done
         val_rows = read_rows(val_cfg.data_files, val_cfg.type)
-        val_rows = val_rows[:val_cfg.max_rows] if val_cfg.max_rows else val_rows
+        val_rows = val_rows[: val_cfg.max_rows] if val_cfg.max_rows else val_rows
         with self.placement.autocast():
-            accuracy = greedy_exact_match(self.model, recipe_renderer(self.recipe, self.tokenizer), val_rows,
-                                          val_cfg.prompt_key, self.recipe.data.answer_key, worker.max_response_length)
+            accuracy = greedy_exact_match(
+                self.model,
+                recipe_renderer(self.recipe, self.tokenizer),
+                val_rows,
+                val_cfg.prompt_key,
+                self.recipe.data.answer_key,
+                worker.max_response_length,
+            )
         parallel.reshard(self.model, self.placement)
         return accuracy
 
@@ -186,6 +217,7 @@ class Policy:
         def broadcast_then_write() -> Path:
             self.broadcaster.send(manifest, state)
             return self._write_version_folder(root, version, state)
+
         self.versions.submit(version, broadcast_then_write)
         return manifest
 

@@ -38,20 +38,30 @@ def holds_untrained(window_steps: int | None, window: int, trained: int) -> bool
     return window_steps is None or (window + 1) * window_steps - 1 > trained
 
 
-def recorded_steps(settings: Settings, run_id: str, after: int, window_steps: int | None = None
-                   ) -> dict[int, TrainStep]:
+def recorded_steps(settings: Settings, run_id: str, after: int, window_steps: int | None = None) -> dict[int, TrainStep]:
     """step -> the TrainStep the learner published for it, for every step after `after`."""
     outage = PostgresOutage(settings, run_id)  # a restart may meet the ledger restarting too
     while True:
         try:
             with connect(settings.database_url, autocommit=True) as conn:
-                found = {record.step: record for record in query_events(
-                    conn, TrainStep, "select * from train_steps where run_id = %s and step > %s", (run_id, after))}
+                found = {
+                    record.step: record
+                    for record in query_events(
+                        conn, TrainStep, "select * from train_steps where run_id = %s and step > %s", (run_id, after)
+                    )
+                }
             break
         except psycopg.OperationalError as exc:
             outage.wait(exc)
-    reader = RunReader(settings, run_id, ["steps"], group_id=None, stage="learner", wait_s=10.0,
-                       keep_window=lambda window, newest: holds_untrained(window_steps, window, after))
+    reader = RunReader(
+        settings,
+        run_id,
+        ["steps"],
+        group_id=None,
+        stage="learner",
+        wait_s=10.0,
+        keep_window=lambda window, newest: holds_untrained(window_steps, window, after),
+    )
     try:
         quiet = 0
         while quiet < QUIET_POLLS:
@@ -76,6 +86,8 @@ def exactly_recorded(items: list[TrainItem], record: TrainStep) -> tuple[list[Tr
     by_id = {item.trajectory_id: item for item in items}
     missing = [i for i in [*record.sample_ids, *record.dropped_ids] if i not in by_id]
     if missing:
-        raise ReplayMismatch(f"step {record.step} was recorded with samples the samples topic does not hold for it "
-                             f"({len(missing)}, e.g. {missing[0]}): it cannot be re-trained exactly")
+        raise ReplayMismatch(
+            f"step {record.step} was recorded with samples the samples topic does not hold for it "
+            f"({len(missing)}, e.g. {missing[0]}): it cannot be re-trained exactly"
+        )
     return [by_id[i] for i in record.sample_ids], [by_id[i] for i in record.dropped_ids]

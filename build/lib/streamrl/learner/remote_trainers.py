@@ -16,10 +16,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamrl.learner.step_metrics import log_grpo_metrics, log_rollout_metrics
-from streamrl.learner.batching import TrainItem
 from streamrl.algos.advantages import GRPO_EPSILON
-from streamrl.learner.trainers import CUSTOM_TRAINER_TYPES, TRAINERS, Trainer, compute_grpo_advantage_for_trajectories, register_trainer
+from streamrl.learner.batching import TrainItem
+from streamrl.learner.step_metrics import log_grpo_metrics, log_rollout_metrics
+from streamrl.learner.trainers import (
+    CUSTOM_TRAINER_TYPES,
+    TRAINERS,
+    Trainer,
+    compute_grpo_advantage_for_trajectories,
+    register_trainer,
+)
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.plugins import LoadError, load_class
 
@@ -52,8 +58,11 @@ class RemoteApiGrpoTrainer(RemoteApiTrainer):
     def _prepare_trajectories(self, trajectories, metrics):
         algorithm = self.algorithm
         trajectories = compute_grpo_advantage_for_trajectories(
-            trajectories, use_run_ids=True, estimator=algorithm.get("type") or "grpo",
-            std_epsilon=algorithm.get("grpo_std_epsilon") or GRPO_EPSILON)
+            trajectories,
+            use_run_ids=True,
+            estimator=algorithm.get("type") or "grpo",
+            std_epsilon=algorithm.get("grpo_std_epsilon") or GRPO_EPSILON,
+        )
         log_grpo_metrics(trajectories, metrics)
         return trajectories
 
@@ -102,8 +111,7 @@ def datum_arrays(item: TrainItem, loss_fn: str, scale: float) -> dict[str, np.nd
     return arrays
 
 
-def service_datums(items: list[TrainItem], loss_fn: str, loss_agg_mode: str,
-                   loss_scale_factor: float | None = None) -> list:
+def service_datums(items: list[TrainItem], loss_fn: str, loss_agg_mode: str, loss_scale_factor: float | None = None) -> list:
     """The step's samples as the Tinker API's `Datum`s (the client's own types)."""
     from tinker import types  # imported here: two seconds that only a remote trainer pays
 
@@ -112,8 +120,9 @@ def service_datums(items: list[TrainItem], loss_fn: str, loss_agg_mode: str,
     for item, scale in zip(items, scales):
         arrays = datum_arrays(item, loss_fn, scale)
         model_input = types.ModelInput.from_ints(arrays.pop("model_input").tolist())
-        data.append(types.Datum(model_input=model_input,
-                                loss_fn_inputs={k: types.TensorData.from_numpy(v) for k, v in arrays.items()}))
+        data.append(
+            types.Datum(model_input=model_input, loss_fn_inputs={k: types.TensorData.from_numpy(v) for k, v in arrays.items()})
+        )
     return data
 
 
@@ -139,8 +148,12 @@ def merged_metrics(parts: list[dict]) -> dict[str, float]:
     (Tinker's convention: `loss:sum`, `x:max`, `x:min`; otherwise the mean). Pure."""
     reduce = {"sum": sum, "max": max, "min": min}
     keys = {key for part in parts for key in part}
-    return {key: float(reduce.get(key.rpartition(":")[2], lambda v: sum(v) / len(v))(
-        [float(part[key]) for part in parts if key in part])) for key in keys}
+    return {
+        key: float(
+            reduce.get(key.rpartition(":")[2], lambda v: sum(v) / len(v))([float(part[key]) for part in parts if key in part])
+        )
+        for key in keys
+    }
 
 
 def trainer_class(recipe: Recipe) -> type:
@@ -154,7 +167,9 @@ def trainer_class(recipe: Recipe) -> type:
             spec = f"{spec}:{cfg.custom_trainer_class_name}"
         cls = load_class(spec, ".")
         if not issubclass(cls, (Trainer, RemoteApiTrainer)):
-            raise LoadError(f"{spec!r}: {cls.__name__} is not a subclass of Trainer (a self-hosted trainer) or "
-                            "RemoteApiTrainer (trained through service.train_service)")
+            raise LoadError(
+                f"{spec!r}: {cls.__name__} is not a subclass of Trainer (a self-hosted trainer) or "
+                "RemoteApiTrainer (trained through service.train_service)"
+            )
         return cls
     return TRAINERS.get(cfg.type)

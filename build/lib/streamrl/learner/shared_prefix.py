@@ -58,16 +58,15 @@ def plan_prefixes(batch: ForwardInputs, trains: torch.Tensor, pad_id: int) -> Pr
     prefix_ids = torch.full((len(distinct), width), pad_id, dtype=torch.long)
     prefix_mask = torch.zeros((len(distinct), width), dtype=torch.long)
     for index, prefix in enumerate(distinct):
-        prefix_ids[index, width - len(prefix):] = torch.tensor(prefix)
-        prefix_mask[index, width - len(prefix):] = 1
+        prefix_ids[index, width - len(prefix) :] = torch.tensor(prefix)
+        prefix_mask[index, width - len(prefix) :] = 1
     suffix_width = max(n - p for n, p in zip(lengths, prefix_lengths))
     suffix_ids = torch.full((len(rows), suffix_width), pad_id, dtype=torch.long)
     suffix_mask = torch.zeros((len(rows), suffix_width), dtype=torch.long)
     for index, (row, n, p) in enumerate(zip(rows, lengths, prefix_lengths)):
-        suffix_ids[index, :n - p] = torch.tensor(row[p:n])
-        suffix_mask[index, :n - p] = 1
-    return PrefixPlan(prefix_ids, prefix_mask, torch.tensor(row_prefix), torch.tensor(prefix_lengths),
-                      suffix_ids, suffix_mask)
+        suffix_ids[index, : n - p] = torch.tensor(row[p:n])
+        suffix_mask[index, : n - p] = 1
+    return PrefixPlan(prefix_ids, prefix_mask, torch.tensor(row_prefix), torch.tensor(prefix_lengths), suffix_ids, suffix_mask)
 
 
 def shared_prefix_logits(model: torch.nn.Module, plan: PrefixPlan, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,17 +75,21 @@ def shared_prefix_logits(model: torch.nn.Module, plan: PrefixPlan, device) -> tu
     prefix_ids, prefix_mask = plan.prefix_ids.to(device), plan.prefix_mask.to(device)
     row_prefix, suffix_ids = plan.row_prefix.to(device), plan.suffix_ids.to(device)
     prefix_positions = (prefix_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=prefix_positions, use_cache=True,
-                logits_to_keep=1)
+    out = model(input_ids=prefix_ids, attention_mask=prefix_mask, position_ids=prefix_positions, use_cache=True, logits_to_keep=1)
     cache = out.past_key_values
     for layer in cache.layers:  # each row's copy of its prefix's keys and values (gradients flow back)
         layer.keys, layer.values = layer.keys.index_select(0, row_prefix), layer.values.index_select(0, row_prefix)
     width, suffix_width = prefix_ids.shape[1], suffix_ids.shape[1]
     suffix_positions = plan.prefix_lengths.to(device).unsqueeze(-1) + torch.arange(suffix_width, device=device)
     attention = torch.cat([prefix_mask.index_select(0, row_prefix), plan.suffix_mask.to(device)], dim=-1)
-    suffix_logits = model(input_ids=suffix_ids, attention_mask=attention, position_ids=suffix_positions,
-                          past_key_values=cache, use_cache=True,
-                          cache_position=torch.arange(width, width + suffix_width, device=device)).logits
+    suffix_logits = model(
+        input_ids=suffix_ids,
+        attention_mask=attention,
+        position_ids=suffix_positions,
+        past_key_values=cache,
+        use_cache=True,
+        cache_position=torch.arange(width, width + suffix_width, device=device),
+    ).logits
     logits = torch.cat([out.logits[:, -1:].index_select(0, row_prefix), suffix_logits], dim=1)
     tokens = torch.cat([prefix_ids[:, -1:].index_select(0, row_prefix), suffix_ids], dim=1)
     return logits, tokens
@@ -111,8 +114,15 @@ def uses_shared_prefix(config, model: torch.nn.Module, packed: bool, world_size:
     checks refuse it first where the recipe alone tells)."""
     if config.shared_prefix == "off" or getattr(model, "config", None) is None:
         return False
-    blocker = ("several learner processes" if world_size > 1 else "packed rows" if packed
-               else "gradient checkpointing" if config.gradient_checkpointing else None)
+    blocker = (
+        "several learner processes"
+        if world_size > 1
+        else "packed rows"
+        if packed
+        else "gradient checkpointing"
+        if config.gradient_checkpointing
+        else None
+    )
     if blocker and config.shared_prefix == "on":
         raise ValueError(f"trainer.shared_prefix: on does not run with {blocker}; set it to auto or off")
     return blocker is None

@@ -32,12 +32,16 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
 )
 
 from streamrl.learner.checkpoint import rng_state, set_rng_state
-from streamrl.runtime.folders import LATEST_SNAPSHOT
 from streamrl.learner.parallel import Placement
+from streamrl.runtime.folders import LATEST_SNAPSHOT
 
 # DCP warns that it runs without a process group when there is one learner process.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")

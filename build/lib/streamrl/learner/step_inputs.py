@@ -16,19 +16,27 @@ from streamrl.schema.events import GroupFiltered, Sample, unpack_float32, unpack
 
 def sample_to_item(sample: Sample) -> TrainItem:
     advantages = unpack_float32(sample.token_advantages) if sample.token_advantages else None
-    return TrainItem(tokens=unpack_int32(sample.tokens), mask=unpack_mask(sample.loss_mask),
-                     behaviour_logprobs=unpack_float32(sample.logprobs), advantage=sample.advantage,
-                     token_advantages=advantages, weight_version=sample.weight_version,
-                     trajectory_id=sample.trajectory_id, reward=sample.reward, group_id=sample.group_id,
-                     token_versions=unpack_int32(sample.token_versions) if sample.token_versions else None)
+    return TrainItem(
+        tokens=unpack_int32(sample.tokens),
+        mask=unpack_mask(sample.loss_mask),
+        behaviour_logprobs=unpack_float32(sample.logprobs),
+        advantage=sample.advantage,
+        token_advantages=advantages,
+        weight_version=sample.weight_version,
+        trajectory_id=sample.trajectory_id,
+        reward=sample.reward,
+        group_id=sample.group_id,
+        token_versions=unpack_int32(sample.token_versions) if sample.token_versions else None,
+    )
 
 
 def with_behaviour_lag(items: list[TrainItem], learner_version: int) -> list[TrainItem]:
     """Each token's distance from the learner's weights: how many versions older the
     weights that sampled it are (the logprob-gap metric is broken down by it)."""
     for item in items:
-        versions = item.token_versions if item.token_versions is not None else \
-            np.full(len(item.tokens), item.weight_version, np.int32)
+        versions = (
+            item.token_versions if item.token_versions is not None else np.full(len(item.tokens), item.weight_version, np.int32)
+        )
         item.behaviour_lag = (learner_version - versions).astype(np.int32)
     return items
 
@@ -40,16 +48,18 @@ def with_batch_advantages(kept: list[TrainItem], algorithm, metrics: dict[str, f
     (empty for a group-scope estimator, whose advantages the samples already carry)."""
     if not kept or advantage_scope(algorithm.type) != "batch":
         return []
-    advantages = advantages_by_group([i.group_id for i in kept], [i.reward for i in kept],
-                                     [float(i.mask.sum()) for i in kept], algorithm.type)
+    advantages = advantages_by_group(
+        [i.group_id for i in kept], [i.reward for i in kept], [float(i.mask.sum()) for i in kept], algorithm.type
+    )
     for item, advantage in zip(kept, advantages):
         item.advantage, item.token_advantages = float(advantage), None
     metrics["batch_advantage_abs_mean"] = float(np.abs(advantages).mean())
     return [float(a) for a in advantages]
 
 
-def staleness_split(items: list[TrainItem], learner_version: int, threshold: float, sync_every: int = 1
-                    ) -> tuple[list[TrainItem], list[TrainItem]]:
+def staleness_split(
+    items: list[TrainItem], learner_version: int, threshold: float, sync_every: int = 1
+) -> tuple[list[TrainItem], list[TrainItem]]:
     """(kept, dropped): a sample is stale when its behaviour version is more than
     `threshold` published versions (one every `sync_every` steps) behind the weights
     about to be updated, those after step `learner_version`."""

@@ -14,8 +14,12 @@ def _stats(prefix: str, values) -> dict[str, float]:
     values = np.asarray(list(values), dtype=np.float64)
     if values.size == 0:
         return {}
-    return {f"{prefix}/mean": float(values.mean()), f"{prefix}/std": float(values.std()),
-            f"{prefix}/max": float(values.max()), f"{prefix}/min": float(values.min())}
+    return {
+        f"{prefix}/mean": float(values.mean()),
+        f"{prefix}/std": float(values.std()),
+        f"{prefix}/max": float(values.max()),
+        f"{prefix}/min": float(values.min()),
+    }
 
 
 def log_rollout_metrics(trajectories: list[TrainItem], metrics: dict) -> dict:
@@ -35,8 +39,9 @@ def log_grpo_metrics(trajectories: list[TrainItem], metrics: dict) -> dict:
 LAG_BUCKETS = {"lag0": (0, 0), "lag1": (1, 1), "lag2plus": (2, None)}
 
 
-def logprob_gap_sums(logprobs: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor,
-                     lag: torch.Tensor) -> dict[str, torch.Tensor]:
+def logprob_gap_sums(
+    logprobs: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, lag: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """|learner logprob - behaviour logprob| over the trained tokens: its sum and maximum,
     and per lag bucket (tokens sampled by the learner's own weights, one version behind,
     two or more) its sum, maximum and token count. At lag 0 the two logprobs come from

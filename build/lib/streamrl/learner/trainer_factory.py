@@ -14,8 +14,15 @@ def build_trainer(cls: type, recipe, model, pad_id: int, ref_model=None, placeme
     """The step's trainer: a guide-style class is built as `cls(config)` with the whole
     recipe (its own `algorithm.*` keys included) as a mapping that records the keys read
     (runtime/config_reads.py)."""
-    parts = dict(model=model, pad_id=pad_id, trainer_config=recipe.trainer, algorithm_config=recipe.algorithm,
-                 temperature=recipe.rollout_worker.temperature, ref_model=ref_model, placement=placement)
+    parts = dict(
+        model=model,
+        pad_id=pad_id,
+        trainer_config=recipe.trainer,
+        algorithm_config=recipe.algorithm,
+        temperature=recipe.rollout_worker.temperature,
+        ref_model=ref_model,
+        placement=placement,
+    )
     if issubclass(cls, RemoteApiTrainer):  # its model is the service's; it only prepares trajectories
         return build_guide_trainer(cls, recipe)
     if issubclass(cls, SelfHostedTrainer):

@@ -27,7 +27,11 @@ import torch
 from streamrl.algos.advantages import GRPO_EPSILON, advantages_by_group
 from streamrl.algos.kl import kl_penalty, kl_reward_to_go, make_kl_controller
 from streamrl.algos.losses import (
-    POLICY_LOSSES, aggregate_loss, clamped_ratio, masked_sum, token_logprobs_and_entropy,
+    POLICY_LOSSES,
+    aggregate_loss,
+    clamped_ratio,
+    masked_sum,
+    token_logprobs_and_entropy,
 )
 from streamrl.learner.batching import ForwardInputs, MicroBatch, TrainItem, collate, micro_batches_by_tokens
 from streamrl.learner.packing import collate_packed, pack_by_tokens, padding_fraction, unpack, uses_packing
@@ -41,9 +45,13 @@ from streamrl.runtime.registry import Registry
 # `trainer.type`: Trainer subclasses, constructed as
 # `cls(model, pad_id, trainer_config, algorithm_config, temperature=, ref_model=)`.
 TRAINERS: Registry[type] = Registry(
-    "trainer", "trainer.type", reserved={"custom": "the class trainer.custom_trainer_module_path names",
-                                         "self_hosted": "the guide's base class; the subclass "
-                                                        "trainer.custom_trainer_module_path names"})
+    "trainer",
+    "trainer.type",
+    reserved={
+        "custom": "the class trainer.custom_trainer_module_path names",
+        "self_hosted": "the guide's base class; the subclass trainer.custom_trainer_module_path names",
+    },
+)
 CUSTOM_TRAINER_TYPES = ("custom", "self_hosted")
 register_trainer = TRAINERS.register
 
@@ -62,6 +70,7 @@ class StepResult:
 @dataclass
 class StepTotals:
     """Counts of the whole step, across ranks: every loss divides by these."""
+
     tokens: float
     sequences: float
 
@@ -72,9 +81,16 @@ class Trainer:
 
     name = "base"
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, trainer_config: TrainerConfig,
-                 algorithm_config: AlgorithmConfig | None = None, temperature: float = 1.0,
-                 ref_model: torch.nn.Module | None = None, placement: Placement | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pad_id: int,
+        trainer_config: TrainerConfig,
+        algorithm_config: AlgorithmConfig | None = None,
+        temperature: float = 1.0,
+        ref_model: torch.nn.Module | None = None,
+        placement: Placement | None = None,
+    ):
         self.model = model
         self.pad_id = pad_id
         self.config = trainer_config
@@ -82,8 +98,7 @@ class Trainer:
         self.temperature = temperature
         self.ref_model = ref_model
         self.placement = placement or Placement(next(model.parameters()).device)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=trainer_config.lr,
-                                           weight_decay=trainer_config.weight_decay)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=trainer_config.lr, weight_decay=trainer_config.weight_decay)
         self.packed = uses_packing(trainer_config.packing, model)
         self.shared_prefix = uses_shared_prefix(trainer_config, model, self.packed, self.placement.world_size)
         self.shared_prefix_checked = False
@@ -97,8 +112,7 @@ class Trainer:
         """Override to reshape, filter or re-weight the batch before the loss."""
         return items
 
-    def micro_batch_loss(self, batch: MicroBatch, totals: StepTotals
-                         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def micro_batch_loss(self, batch: MicroBatch, totals: StepTotals) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The micro-batch's loss (already divided by the step's totals) and sums of
         per-token metrics (`*_sum`, tensors), which become means over the step."""
         raise NotImplementedError
@@ -130,8 +144,7 @@ class Trainer:
             if packed is not None:
                 logits = model(input_ids=tokens, position_ids=packed.position_ids, use_cache=False).logits
             else:
-                logits = model(input_ids=tokens, attention_mask=batch.attention_mask.to(device),
-                               use_cache=False).logits
+                logits = model(input_ids=tokens, attention_mask=batch.attention_mask.to(device), use_cache=False).logits
         # log-softmax and entropy in float32, whatever the compute dtype
         logprobs, entropy = token_logprobs_and_entropy(logits, tokens, self.temperature)
         logits = None  # the bf16 logits are not needed for the backward pass
@@ -186,8 +199,7 @@ class Trainer:
         if problem and self.config.shared_prefix == "on":
             raise RuntimeError(f"trainer.shared_prefix: on, but {problem}; set it to off")
         if problem:
-            logging.getLogger(__name__).warning("trainer.shared_prefix: auto: %s; training with the plain forward",
-                                                problem)
+            logging.getLogger(__name__).warning("trainer.shared_prefix: auto: %s; training with the plain forward", problem)
 
     # --- one optimizer step --------------------------------------------------------------------
     def prepare(self, items: list[TrainItem]) -> tuple[list[TrainItem], dict[str, float]]:
@@ -214,7 +226,7 @@ class Trainer:
             members = [todo[i] for i in group]
             logprobs, _ = self.logprobs(self.model, collate(members, self.pad_id))
             for row, item in enumerate(members):
-                item.old_logprobs = logprobs[row, :len(item.tokens)].float().cpu().numpy()
+                item.old_logprobs = logprobs[row, : len(item.tokens)].float().cpu().numpy()
 
     def step(self, items: list[TrainItem]) -> StepResult:
         """One optimizer step on `items` in this process."""
@@ -247,9 +259,11 @@ class Trainer:
                 loss, micro_sums = self.micro_batch_loss(batch, totals)
                 (loss * scale).backward()
             except torch.OutOfMemoryError:
-                raise RuntimeError(f"out of memory in a micro-batch of {sum(len(m.tokens) for m in members)} "
-                                   f"tokens on {self.placement.device}: lower trainer.micro_batch_tokens "
-                                   f"(now {budget}), or set trainer.gradient_checkpointing: true") from None
+                raise RuntimeError(
+                    f"out of memory in a micro-batch of {sum(len(m.tokens) for m in members)} "
+                    f"tokens on {self.placement.device}: lower trainer.micro_batch_tokens "
+                    f"(now {budget}), or set trainer.gradient_checkpointing: true"
+                ) from None
             sums["loss"] = sums["loss"] + loss.detach()
             for key, value in micro_sums.items():  # "*_max" keys are maxima, the rest sums
                 if key.endswith("_max"):
@@ -257,8 +271,7 @@ class Trainer:
                 else:
                     sums[key] = sums.get(key, 0.0) + value
         values = {key: float(value) for key, value in sums.items()}
-        maxima = all_reduce_maxima({key: values.pop(key) for key in list(values) if key.endswith("_max")},
-                                   self.placement)
+        maxima = all_reduce_maxima({key: values.pop(key) for key in list(values) if key.endswith("_max")}, self.placement)
         sums = all_reduce_sums(values, self.placement)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
@@ -272,8 +285,9 @@ class Trainer:
         loss_total = sums.pop("loss")
         # Sums of per-token quantities become means over the step's trained tokens; the
         # logprob gap's per-lag sums become means over their own tokens.
-        lag_sums = {key: values.pop(key) for values in (sums, maxima) for key in list(values)
-                    if key.startswith(("gap_lag", "tokens_lag"))}
+        lag_sums = {
+            key: values.pop(key) for values in (sums, maxima) for key in list(values) if key.startswith(("gap_lag", "tokens_lag"))
+        }
         metrics = {key.removesuffix("_sum"): value / totals.tokens for key, value in sums.items()}
         metrics.update(maxima)
         metrics.update(logprob_gap_by_lag(lag_sums))
@@ -282,14 +296,22 @@ class Trainer:
         metrics["step_skipped"] = float(skipped is not None)
         if skipped:  # the reason, as a metric the ledger can count: step_skipped_non_finite_loss, ...
             metrics["step_skipped_" + skipped.replace("-", "_").replace(" ", "_")] = 1.0
-        return StepResult(loss=loss_total, grad_norm=grad_norm, tokens=int(totals.tokens), samples=len(share),
-                          seconds=time.perf_counter() - started, metrics=metrics, skipped=skipped)
+        return StepResult(
+            loss=loss_total,
+            grad_norm=grad_norm,
+            tokens=int(totals.tokens),
+            samples=len(share),
+            seconds=time.perf_counter() - started,
+            metrics=metrics,
+            skipped=skipped,
+        )
 
 
 @dataclass
 class StepPlan:
     """A step split over ranks: each rank's share, the step's totals, and the number of
     micro-batches every rank runs (the most any share needs)."""
+
     shares: list[list[TrainItem]]
     totals: StepTotals
     rounds: int
@@ -353,8 +375,9 @@ class GRPOTrainer(Trainer):
             sums["importance_weight_sum"] = masked_sum(policy.importance_weights, mask)
         if token_kl is not None and algo.use_kl_loss:
             token_loss = token_loss + self.kl_controller.kl_coef * token_kl
-        loss = aggregate_loss(token_loss, mask, algo.loss_agg_mode, totals.tokens, totals.sequences,
-                              algo.loss_scale_factor or 1.0)
+        loss = aggregate_loss(
+            token_loss, mask, algo.loss_agg_mode, totals.tokens, totals.sequences, algo.loss_scale_factor or 1.0
+        )
         with torch.no_grad():
             ratio = clamped_ratio(logprobs.detach(), old)
             sums["entropy_sum"] = masked_sum(entropy, mask)
@@ -384,22 +407,33 @@ class CrossEntropyTrainer(Trainer):
         return loss, {"entropy_sum": masked_sum(entropy, batch.loss_mask)}
 
 
-def compute_grpo_advantage_for_trajectories(trajectories: list[TrainItem], logger=None, use_run_ids: bool = True,
-                                            estimator: str = "grpo", std_epsilon: float = GRPO_EPSILON
-                                            ) -> list[TrainItem]:
+def compute_grpo_advantage_for_trajectories(
+    trajectories: list[TrainItem],
+    logger=None,
+    use_run_ids: bool = True,
+    estimator: str = "grpo",
+    std_epsilon: float = GRPO_EPSILON,
+) -> list[TrainItem]:
     """Advantages from the rewards of each group (samples sharing a run_id, the guide's
     name for the group), with a registered estimator (GRPO by default): what a custom
     trainer calls after changing rewards. Sets each item's `advantage` (and clears
     per-token advantages). `logger` (optional) gets one debug line per call."""
     if not use_run_ids:
-        raise ValueError("compute_grpo_advantage_for_trajectories: StreamRL groups by run_id (a task's rollouts); "
-                         "use_run_ids=False has no other grouping to use")
-    advantages = advantages_by_group([item.group_id for item in trajectories], [item.reward for item in trajectories],
-                                     [float(item.mask.sum()) for item in trajectories], estimator, std_epsilon)
+        raise ValueError(
+            "compute_grpo_advantage_for_trajectories: StreamRL groups by run_id (a task's rollouts); "
+            "use_run_ids=False has no other grouping to use"
+        )
+    advantages = advantages_by_group(
+        [item.group_id for item in trajectories],
+        [item.reward for item in trajectories],
+        [float(item.mask.sum()) for item in trajectories],
+        estimator,
+        std_epsilon,
+    )
     for item, advantage in zip(trajectories, advantages):
         item.advantage, item.token_advantages = float(advantage), None
     if logger is not None:
-        logger.debug("advantages of %d trajectories in %d groups", len(trajectories),
-                     len({item.group_id for item in trajectories}))
+        logger.debug(
+            "advantages of %d trajectories in %d groups", len(trajectories), len({item.group_id for item in trajectories})
+        )
     return trajectories
-

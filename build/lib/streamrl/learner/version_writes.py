@@ -11,9 +11,9 @@ poll: nothing is announced that is not on disk.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import torch
 

@@ -25,8 +25,13 @@ def demonstration_items(rows: list[dict], renderer: ChatRenderer, messages_key: 
         if not isinstance(lookup(row, messages_key), list):
             raise ValueError(f"warm-up row {i}: {messages_key!r} must be a list of chat messages")
         tokens, mask = demonstration_tokens(renderer, lookup(row, messages_key))
-        items.append(TrainItem(tokens=np.array(tokens, dtype=np.int32), mask=np.array(mask, dtype=np.uint8),
-                               behaviour_logprobs=np.zeros(len(tokens), np.float32)))
+        items.append(
+            TrainItem(
+                tokens=np.array(tokens, dtype=np.int32),
+                mask=np.array(mask, dtype=np.uint8),
+                behaviour_logprobs=np.zeros(len(tokens), np.float32),
+            )
+        )
     return items
 
 
@@ -45,8 +50,9 @@ def supervised_items(rows: list[dict], renderer: ChatRenderer, prompt_key: str, 
 
 
 @torch.no_grad()
-def greedy_exact_match(model, renderer: ChatRenderer, rows: list[dict], prompt_key: str, answer_key: str,
-                       max_new_tokens: int = 16) -> float:
+def greedy_exact_match(
+    model, renderer: ChatRenderer, rows: list[dict], prompt_key: str, answer_key: str, max_new_tokens: int = 16
+) -> float:
     """Fraction of rows whose greedy completion, stripped, equals the answer."""
     if not rows:
         return float("nan")
@@ -57,15 +63,30 @@ def greedy_exact_match(model, renderer: ChatRenderer, rows: list[dict], prompt_k
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-                         do_sample=False, pad_token_id=pad, eos_token_id=stop_token_ids(tokenizer))
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad,
+        eos_token_id=stop_token_ids(tokenizer),
+    )
     texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
     return float(np.mean([t.strip() == str(lookup(r, answer_key)).strip() for t, r in zip(texts, rows)]))
 
 
-def cross_entropy_warmup(model, tokenizer, items: list[TrainItem], steps: int, batch_size: int,
-                         trainer_config: TrainerConfig, seed: int, placement: Placement | None = None,
-                         done=None, check_every: int = 0) -> dict:
+def cross_entropy_warmup(
+    model,
+    tokenizer,
+    items: list[TrainItem],
+    steps: int,
+    batch_size: int,
+    trainer_config: TrainerConfig,
+    seed: int,
+    placement: Placement | None = None,
+    done=None,
+    check_every: int = 0,
+) -> dict:
     """At most `steps` steps of cross-entropy on batches drawn with `seed` (the same
     batches on every rank; each rank trains its share of each); with `done`, it is asked
     every `check_every` steps whether to stop (on every rank: it may be collective)."""
@@ -79,5 +100,9 @@ def cross_entropy_warmup(model, tokenizer, items: list[TrainItem], steps: int, b
         losses.append(trainer.train(plan.shares[rank], plan.totals, plan.rounds).loss)
         if done is not None and step % check_every == 0 and step < steps and done():
             break
-    return {"warmup_steps": len(losses), "warmup_first_loss": losses[0],
-            "warmup_last_loss": float(np.mean(losses[-10:])), "warmup_seconds": time.perf_counter() - started}
+    return {
+        "warmup_steps": len(losses),
+        "warmup_first_loss": losses[0],
+        "warmup_last_loss": float(np.mean(losses[-10:])),
+        "warmup_seconds": time.perf_counter() - started,
+    }

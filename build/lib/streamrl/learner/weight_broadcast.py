@@ -67,11 +67,17 @@ class WeightBroadcaster:
         store.set(VERSION_KEY, str(version))
         store.set(RANK_OFFSET_KEY, "1")  # rank 0 is the learner; each worker adds its servers' ranks
         names = list(state)
-        manifest = WeightBroadcast(address=self.address, port=store.port,
-                                   bucket_sizes=buckets([state[n] for n in names], BUCKET_BYTES),
-                                   group_name=f"streamrl-v{version}-{uuid.uuid4().hex[:12]}", world_size=self.world_size,
-                                   backend=self.backend, names=names, dtypes=[dtype_name(state[n].dtype) for n in names],
-                                   shapes=[list(state[n].shape) for n in names])
+        manifest = WeightBroadcast(
+            address=self.address,
+            port=store.port,
+            bucket_sizes=buckets([state[n] for n in names], BUCKET_BYTES),
+            group_name=f"streamrl-v{version}-{uuid.uuid4().hex[:12]}",
+            world_size=self.world_size,
+            backend=self.backend,
+            names=names,
+            dtypes=[dtype_name(state[n].dtype) for n in names],
+            shapes=[list(state[n].shape) for n in names],
+        )
         self._stores[manifest.group_name] = store
         return manifest
 
@@ -91,29 +97,43 @@ class WeightBroadcaster:
         try:
             if not self._every_rank_claimed(store, manifest.world_size):
                 store.set(GO_KEY, "0")
-                log.warning("weight version broadcast %s: %d of %d ranks claimed in %.0f s; the servers load its "
-                            "folder instead", manifest.group_name, int(store.add(RANK_OFFSET_KEY, 0)),
-                            manifest.world_size, self.timeout.total_seconds())
+                log.warning(
+                    "weight version broadcast %s: %d of %d ranks claimed in %.0f s; the servers load its folder instead",
+                    manifest.group_name,
+                    int(store.add(RANK_OFFSET_KEY, 0)),
+                    manifest.world_size,
+                    self.timeout.total_seconds(),
+                )
                 return False
             store.set(GO_KEY, "1")
             # the same store prefix and helper as SGLang's init_custom_process_group, so
             # both sides meet under the same keys
-            group, _prefixed = _new_process_group_helper(manifest.world_size, 0, [], Backend(manifest.backend),
-                                                 PrefixStore(manifest.group_name, store),
-                                                 group_name=manifest.group_name, timeout=self.timeout)
+            group, _prefixed = _new_process_group_helper(
+                manifest.world_size,
+                0,
+                [],
+                Backend(manifest.backend),
+                PrefixStore(manifest.group_name, store),
+                group_name=manifest.group_name,
+                timeout=self.timeout,
+            )
             # the helper registers no rank mapping for a group made outside the default
             # world, and destroy_process_group (which closes its connections) expects one
             _world.pg_group_ranks[group] = {}
             start = 0
             for size in manifest.bucket_sizes:
-                names = manifest.names[start:start + size]
+                names = manifest.names[start : start + size]
                 start += size
                 flat = torch.cat([state[n].contiguous().to(self.device).flatten().view(torch.uint8) for n in names])
                 dist.broadcast(flat, group=group, group_src=0)
             return True
         except Exception as exc:  # the version's folder, written next, reaches the servers instead
-            log.warning("weight version broadcast %s failed (%s: %s); the servers load its folder instead",
-                        manifest.group_name, type(exc).__name__, exc)
+            log.warning(
+                "weight version broadcast %s failed (%s: %s); the servers load its folder instead",
+                manifest.group_name,
+                type(exc).__name__,
+                exc,
+            )
             return False
         finally:
             if group is not None:

@@ -30,8 +30,9 @@ Each child of the trace is one LLM call: `type: llm` and the call's trajectory i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 class InMemoryTracer:
@@ -44,8 +45,14 @@ class InMemoryTracer:
 
     def record(self, episode, calls: list[dict[str, Any]] | None = None) -> None:
         self._traces.append(episode)
-        self._spans.append({"type": "agent", "output": episode.final_answer, "termination": episode.termination,
-                            "children": [{"type": "llm", **call} for call in calls or []]})
+        self._spans.append(
+            {
+                "type": "agent",
+                "output": episode.final_answer,
+                "termination": episode.termination,
+                "children": [{"type": "llm", **call} for call in calls or []],
+            }
+        )
 
     def dump_traces(self) -> list:
         return list(self._traces)
@@ -65,16 +72,25 @@ class AgentSettings:
 class LoopAgent:
     """What `load_agent_from_config` returns: one agent config, bound to one task."""
 
-    def __init__(self, run_episode: Callable[[str, Any], Any], default_client,
-                 describe_calls: Callable[[Any], list[dict[str, Any]]] | None = None):
+    def __init__(
+        self,
+        run_episode: Callable[[str, Any], Any],
+        default_client,
+        describe_calls: Callable[[Any], list[dict[str, Any]]] | None = None,
+    ):
         self._run_episode = run_episode
         self._default_client = default_client
         self._describe_calls = describe_calls or (lambda episode: [])
         self.config = AgentSettings()
         self.history: list[dict[str, Any]] = []
 
-    def run(self, query: str, custom_llm_client_provider: Callable[[], Any] | None = None, client=None,
-            tracer: InMemoryTracer | None = None) -> str:
+    def run(
+        self,
+        query: str,
+        custom_llm_client_provider: Callable[[], Any] | None = None,
+        client=None,
+        tracer: InMemoryTracer | None = None,
+    ) -> str:
         """One episode with `query` as the user message, on `client` (or the provider's,
         or the worker's); the agent's tracers and `tracer` record it."""
         if client is None:

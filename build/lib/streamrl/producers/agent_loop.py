@@ -28,13 +28,14 @@ Limits (AgentLimits) and the termination reason each gives:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
-from streamrl.runtime.chat_template import ChatRenderer, stop_token_ids
-from streamrl.runtime.tool_call_formats import ParsedTurn, tool_call_parser, without_turn_end
 from streamrl.producers.interaction import Interaction
 from streamrl.producers.tools import ToolRegistry
+from streamrl.runtime.chat_template import ChatRenderer, stop_token_ids
+from streamrl.runtime.tool_call_formats import ParsedTurn, tool_call_parser, without_turn_end
 
 
 class CompletionClient(Protocol):
@@ -97,11 +98,18 @@ class Episode:
         return [s.reward for s in self.segments if s.reward is not None]
 
 
-def run_agent_loop(client: CompletionClient, messages: list[dict[str, str]], tools: ToolRegistry | None = None,
-                   interaction: Interaction | None = None, task: dict[str, Any] | None = None,
-                   limits: AgentLimits | None = None, temperature: float | None = None,
-                   top_p: float | None = None, parse: Callable[[str], ParsedTurn] | None = None,
-                   list_tools: bool = True) -> Episode:
+def run_agent_loop(
+    client: CompletionClient,
+    messages: list[dict[str, str]],
+    tools: ToolRegistry | None = None,
+    interaction: Interaction | None = None,
+    task: dict[str, Any] | None = None,
+    limits: AgentLimits | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    parse: Callable[[str], ParsedTurn] | None = None,
+    list_tools: bool = True,
+) -> Episode:
     """Run one episode from the opening `messages` (system/few-shot/user). The client's
     `chat` renderer lays out every turn but the model's; `parse` finds tool calls (the
     template's family's format by default); `list_tools` gives the template the schemas."""
@@ -132,22 +140,39 @@ def run_agent_loop(client: CompletionClient, messages: list[dict[str, str]], too
             termination = "length"
             break
         started = time.perf_counter()
-        result = client.completion([t for s in segments for t in s.tokens], temperature=temperature,
-                                   max_tokens=budget, top_p=top_p, stop_token_ids=stops)
+        result = client.completion(
+            [t for s in segments for t in s.tokens], temperature=temperature, max_tokens=budget, top_p=top_p, stop_token_ids=stops
+        )
         assistant_turns += 1
         response = list(result["response_tokens"])
         text = tokenizer.decode(response, skip_special_tokens=False)
         versions.append(int(result.get("weight_version", 0)))
         parsed = parse(text)
-        segments.append(Segment("assistant", response, text, logprobs=list(result["logprobs"]),
-                                versions=list(result.get("token_versions") or [versions[-1]] * len(response)),
-                                meta={"finish_reason": result["finish_reason"],
-                                      "weight_version": versions[-1],
-                                      "tool_calls": [c.name for c in parsed.tool_calls]}))
+        segments.append(
+            Segment(
+                "assistant",
+                response,
+                text,
+                logprobs=list(result["logprobs"]),
+                versions=list(result.get("token_versions") or [versions[-1]] * len(response)),
+                meta={
+                    "finish_reason": result["finish_reason"],
+                    "weight_version": versions[-1],
+                    "tool_calls": [c.name for c in parsed.tool_calls],
+                },
+            )
+        )
         chat.append({"role": "assistant", "content": without_turn_end(text)})
-        trace.append({"type": "llm", "turn": assistant_turns, "prompt_tokens": used() - len(response),
-                      "response_tokens": len(response), "finish_reason": result["finish_reason"],
-                      "seconds": round(time.perf_counter() - started, 4)})
+        trace.append(
+            {
+                "type": "llm",
+                "turn": assistant_turns,
+                "prompt_tokens": used() - len(response),
+                "response_tokens": len(response),
+                "finish_reason": result["finish_reason"],
+                "seconds": round(time.perf_counter() - started, 4),
+            }
+        )
         final_answer = parsed.content
         if result["finish_reason"] == "length":  # cut off mid-turn: nothing after it would be well formed
             termination = "truncated"
@@ -165,16 +190,23 @@ def run_agent_loop(client: CompletionClient, messages: list[dict[str, str]], too
                 calls_made += 1
                 tool_errors += not outcome.ok
                 outputs.append(outcome.output)
-                trace.append({"type": "tool", "turn": assistant_turns, "name": call.name,
-                              "arguments": call.arguments, "ok": outcome.ok, "output": outcome.output[:500],
-                              "seconds": round(outcome.seconds, 4)})
+                trace.append(
+                    {
+                        "type": "tool",
+                        "turn": assistant_turns,
+                        "name": call.name,
+                        "arguments": call.arguments,
+                        "ok": outcome.ok,
+                        "output": outcome.output[:500],
+                        "seconds": round(outcome.seconds, 4),
+                    }
+                )
             results = [{"role": "tool", "content": output} for output in outputs]
             observation, observation_tokens = renderer.continuation(chat, results, response, schemas)
             if used() + len(observation_tokens) > limits.max_total_tokens:
                 termination = "length"  # the observation would not fit: end on the assistant's turn
                 break
-            segments.append(Segment("tool", observation_tokens, observation,
-                                    meta={"tools": [c.name for c in parsed.tool_calls]}))
+            segments.append(Segment("tool", observation_tokens, observation, meta={"tools": [c.name for c in parsed.tool_calls]}))
             chat += results
             continue
 
@@ -183,8 +215,15 @@ def run_agent_loop(client: CompletionClient, messages: list[dict[str, str]], too
             break
         reply = interaction.respond(chat, task)
         segments[-1].reward = float(reply.reward)
-        trace.append({"type": "interaction", "turn": assistant_turns, "done": reply.done,
-                      "reward": float(reply.reward), "reply": (reply.reply or "")[:500]})
+        trace.append(
+            {
+                "type": "interaction",
+                "turn": assistant_turns,
+                "done": reply.done,
+                "reward": float(reply.reward),
+                "reply": (reply.reply or "")[:500],
+            }
+        )
         if reply.done:
             termination = "interaction_done"
             break
@@ -200,9 +239,18 @@ def run_agent_loop(client: CompletionClient, messages: list[dict[str, str]], too
         segments.append(Segment("user", turn_tokens, turn_text, meta=dict(reply.meta or {})))
         chat.append(user_message)
 
-    return Episode(segments=segments, messages=chat, termination=termination, final_answer=final_answer,
-                   assistant_turns=assistant_turns, user_turns=user_turns, tool_calls=calls_made,
-                   tool_errors=tool_errors, weight_versions=versions, trace=trace)
+    return Episode(
+        segments=segments,
+        messages=chat,
+        termination=termination,
+        final_answer=final_answer,
+        assistant_turns=assistant_turns,
+        user_turns=user_turns,
+        tool_calls=calls_made,
+        tool_errors=tool_errors,
+        weight_versions=versions,
+        trace=trace,
+    )
 
 
 def episode_turns(episode: Episode, loss_mask: list[int]) -> list[dict[str, Any]]:
@@ -210,7 +258,15 @@ def episode_turns(episode: Episode, loss_mask: list[int]) -> list[dict[str, Any]
     turns, start = [], 0
     for segment in episode.segments:
         end = start + len(segment.tokens)
-        turns.append({"role": segment.role, "start": start, "end": end, "trained": any(loss_mask[start:end]),
-                      "reward": segment.reward, "meta": segment.meta})
+        turns.append(
+            {
+                "role": segment.role,
+                "start": start,
+                "end": end,
+                "trained": any(loss_mask[start:end]),
+                "reward": segment.reward,
+                "meta": segment.meta,
+            }
+        )
         start = end
     return turns

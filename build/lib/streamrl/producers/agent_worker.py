@@ -52,10 +52,25 @@ from streamrl.producers.tools import ToolConfigError, ToolRegistry
 from streamrl.runtime.plugins import load_class
 from streamrl.runtime.tool_call_formats import TOOL_CALL_FORMATS, tool_call_parser
 
-AGENT_CONFIG_KEYS = {"system_prompt", "few_shot", "query_template", "tools", "tools_in_system_prompt", "tool_call_format",
-                     "llm_config", "limits", "interaction", "max_tool_output_chars",
-                     # the guide's agent-config keys (checked by `guide_key_problems`)
-                     "type", "name", "max_context_tokens", "system_prompt_type", "tool_call_mode", "tracers"}
+AGENT_CONFIG_KEYS = {
+    "system_prompt",
+    "few_shot",
+    "query_template",
+    "tools",
+    "tools_in_system_prompt",
+    "tool_call_format",
+    "llm_config",
+    "limits",
+    "interaction",
+    "max_tool_output_chars",
+    # the guide's agent-config keys (checked by `guide_key_problems`)
+    "type",
+    "name",
+    "max_context_tokens",
+    "system_prompt_type",
+    "tool_call_mode",
+    "tracers",
+}
 LLM_CONFIG_KEYS = {"temperature", "top_p", "max_tokens", "api_type"}
 
 # The guide's agent-config keys that name one way of working: the value StreamRL's agent
@@ -63,10 +78,14 @@ LLM_CONFIG_KEYS = {"temperature", "top_p", "max_tokens", "api_type"}
 GUIDE_AGENT_VALUES = {
     "type": (("agent",), "an agent config describes one agent"),
     "system_prompt_type": (("string",), "the system prompt is one text"),
-    "tool_call_mode": (("openai", "xml"), "tool calls are parsed from the model's <tool_call> JSON (Qwen "
-                                          "style) and described to it in the OpenAI function format"),
-    "llm_config.api_type": (("openai_chat_completion",), "the agent samples token ids from a chat-formatted "
-                                                          "prompt, as a chat completion does"),
+    "tool_call_mode": (
+        ("openai", "xml"),
+        "tool calls are parsed from the model's <tool_call> JSON (Qwen style) and described to it in the OpenAI function format",
+    ),
+    "llm_config.api_type": (
+        ("openai_chat_completion",),
+        "the agent samples token ids from a chat-formatted prompt, as a chat completion does",
+    ),
 }
 IN_MEMORY_TRACER = "InMemoryTracer"  # the only tracer: the episode's trace is kept in memory and saved
 
@@ -81,8 +100,10 @@ def guide_key_problems(config: dict) -> list[str]:
     for i, tracer in enumerate(config.get("tracers") or []):
         spec = tracer.get("import", "") if isinstance(tracer, dict) else str(tracer)
         if not spec.endswith(IN_MEMORY_TRACER):
-            problems.append(f"tracers[{i}]: only an {IN_MEMORY_TRACER} (the trace is kept in memory and saved "
-                            f"with the trajectory: rollout_worker.save_trace / trace_path), got {spec!r}")
+            problems.append(
+                f"tracers[{i}]: only an {IN_MEMORY_TRACER} (the trace is kept in memory and saved "
+                f"with the trajectory: rollout_worker.save_trace / trace_path), got {spec!r}"
+            )
     if "max_context_tokens" in config and "max_total_tokens" in (config.get("limits") or {}):
         problems.append("max_context_tokens: the same limit as limits.max_total_tokens; give one")
     return problems
@@ -106,16 +127,22 @@ def load_agent_config(path: str | Path) -> dict[str, Any]:
     problems = [f"{key}: unknown key" for key in sorted(set(config) - AGENT_CONFIG_KEYS)]
     problems += [f"llm_config.{key}: unknown key" for key in sorted(set(config.get("llm_config") or {}) - LLM_CONFIG_KEYS)]
     limit_keys = {f.name for f in fields(AgentLimits)} - {"max_tokens_per_turn"}
-    problems += [f"limits.{key}: unknown key (known: {', '.join(sorted(limit_keys))})"
-                 for key in sorted(set(config.get("limits") or {}) - limit_keys)]
+    problems += [
+        f"limits.{key}: unknown key (known: {', '.join(sorted(limit_keys))})"
+        for key in sorted(set(config.get("limits") or {}) - limit_keys)
+    ]
     for i, message in enumerate(config.get("few_shot") or []):
-        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant", "system") \
-                or not isinstance(message.get("content"), str):
+        if (
+            not isinstance(message, dict)
+            or message.get("role") not in ("user", "assistant", "system")
+            or not isinstance(message.get("content"), str)
+        ):
             problems.append(f"few_shot[{i}]: expected {{role: user|assistant|system, content: text}}")
     call_format = str(config.get("tool_call_format", "auto"))
     if call_format != "auto" and ":" not in call_format and call_format not in TOOL_CALL_FORMATS:
-        problems.append(f"tool_call_format: {call_format!r} is none of auto, {', '.join(TOOL_CALL_FORMATS.names())}, "
-                        "or file.py:function")
+        problems.append(
+            f"tool_call_format: {call_format!r} is none of auto, {', '.join(TOOL_CALL_FORMATS.names())}, or file.py:function"
+        )
     interaction = config.get("interaction")
     if interaction is not None and (not isinstance(interaction, dict) or not interaction.get("module_path")):
         problems.append("interaction.module_path: required ('file.py:Class')")
@@ -156,8 +183,11 @@ def load_agent_setup(worker_config: dict) -> AgentSetup:
     tools = config.get("tools") or []
     max_chars = int(config.get("max_tool_output_chars", 2000))
     try:
-        registry = ToolRegistry.from_file(base / tools, max_chars) if isinstance(tools, str) else \
-            ToolRegistry.from_config(tools, base, f"{worker_config['agent_config_path']}: tools", max_chars)
+        registry = (
+            ToolRegistry.from_file(base / tools, max_chars)
+            if isinstance(tools, str)
+            else ToolRegistry.from_config(tools, base, f"{worker_config['agent_config_path']}: tools", max_chars)
+        )
     except ToolConfigError as exc:
         raise AgentConfigError(str(exc)) from None
     interaction = config.get("interaction")
@@ -166,8 +196,9 @@ def load_agent_setup(worker_config: dict) -> AgentSetup:
     limits = dict(config.get("limits") or {})
     if "max_context_tokens" in config:  # the guide's name for the whole episode's token budget
         limits["max_total_tokens"] = int(config["max_context_tokens"])
-    limits = AgentLimits(**{**limits,
-                            "max_tokens_per_turn": int(llm.get("max_tokens", worker_config.get("max_response_length", 64)))})
+    limits = AgentLimits(
+        **{**limits, "max_tokens_per_turn": int(llm.get("max_tokens", worker_config.get("max_response_length", 64)))}
+    )
     return AgentSetup(config, registry, interaction_class, limits)
 
 
@@ -180,9 +211,16 @@ class AgentRolloutWorker(BaseRolloutWorker):
         super().__init__(config, *args, **kwargs)
         # Built without an agent config (the guide's unit tests: `Worker(DictConfig({...}))`):
         # no system prompt, no tools. A recipe without one is refused before any run.
-        setup = load_agent_setup(config) if (config or {}).get("agent_config_path") else \
-            AgentSetup({"_dir": str(Path.cwd())}, ToolRegistry.from_config([], Path.cwd(), "tools", 2000), None,
-                       AgentLimits(max_tokens_per_turn=int((config or {}).get("max_tokens", 64))))
+        setup = (
+            load_agent_setup(config)
+            if (config or {}).get("agent_config_path")
+            else AgentSetup(
+                {"_dir": str(Path.cwd())},
+                ToolRegistry.from_config([], Path.cwd(), "tools", 2000),
+                None,
+                AgentLimits(max_tokens_per_turn=int((config or {}).get("max_tokens", 64))),
+            )
+        )
         self.agent_config, self.tools = setup.config, setup.tools
         self.interaction_class, self.limits = setup.interaction_class, setup.limits
 
@@ -198,7 +236,7 @@ class AgentRolloutWorker(BaseRolloutWorker):
         if isinstance(prompt, list):
             own_system = [dict(m) for m in prompt[:1] if m.get("role") == "system"]
             opening = own_system or ([{"role": "system", "content": system}] if system else [])
-            return opening + few_shot + [dict(m) for m in prompt[len(own_system):]]
+            return opening + few_shot + [dict(m) for m in prompt[len(own_system) :]]
         messages = [{"role": "system", "content": system}] if system else []
         return messages + few_shot + [{"role": "user", "content": self.format_task_query(task)}]
 
@@ -216,16 +254,26 @@ class AgentRolloutWorker(BaseRolloutWorker):
 
     def run_episode(self, task: dict[str, Any], messages: list[dict[str, str]], client=None) -> Episode:
         llm = self.agent_config.get("llm_config") or {}
-        interaction = self.interaction_class(**(self.agent_config["interaction"].get("kwargs") or {})) \
-            if self.interaction_class else None
+        interaction = (
+            self.interaction_class(**(self.agent_config["interaction"].get("kwargs") or {})) if self.interaction_class else None
+        )
         client = client or self._inference_client
-        parse = tool_call_parser(str(self.agent_config.get("tool_call_format", "auto")), client_template(client),
-                                 self.agent_config["_dir"])
-        return run_agent_loop(client, messages, self.tools, interaction, task, self.limits, parse=parse,
-                              list_tools=bool(self.agent_config.get("tools_in_system_prompt", True)),
-                              # validation samples with the validation settings (greedy)
-                              temperature=None if task.get("is_val") else llm.get("temperature"),
-                              top_p=None if task.get("is_val") else llm.get("top_p"))
+        parse = tool_call_parser(
+            str(self.agent_config.get("tool_call_format", "auto")), client_template(client), self.agent_config["_dir"]
+        )
+        return run_agent_loop(
+            client,
+            messages,
+            self.tools,
+            interaction,
+            task,
+            self.limits,
+            parse=parse,
+            list_tools=bool(self.agent_config.get("tools_in_system_prompt", True)),
+            # validation samples with the validation settings (greedy)
+            temperature=None if task.get("is_val") else llm.get("temperature"),
+            top_p=None if task.get("is_val") else llm.get("top_p"),
+        )
 
     # --- the guide's NexAU-style objects (producers/agent_facade.py) ---------------------------
     def load_agent_from_config(self, custom_llm_client_provider=None):
@@ -234,8 +282,8 @@ class AgentRolloutWorker(BaseRolloutWorker):
         task = self.current_task()
 
         def run_episode(query: str, client):
-            return self.run_episode(task, self.format_query(task)[:-1] + [{"role": "user", "content": query}],
-                                    client)
+            return self.run_episode(task, [*self.format_query(task)[:-1], {"role": "user", "content": query}], client)
+
         provider = custom_llm_client_provider or (lambda: self._inference_client)
         return LoopAgent(run_episode, self._inference_client, self.trajectory_infos), provider
 
@@ -276,11 +324,14 @@ class AgentRolloutWorker(BaseRolloutWorker):
 
     def _put_trajectory(self, trajectory) -> str:
         infos = getattr(self._local, "call_infos", None)
-        if isinstance(trajectory, dict) and infos is not None and "tokens" in trajectory \
-                and len(trajectory.get("loss_mask", ())) != len(trajectory["tokens"]):
+        if (
+            isinstance(trajectory, dict)
+            and infos is not None
+            and "tokens" in trajectory
+            and len(trajectory.get("loss_mask", ())) != len(trajectory["tokens"])
+        ):
             # a mask in the guide's per-call (or per-response-token) form, as get_train_loss_mask gives it
-            trajectory = {**trajectory,
-                          "loss_mask": token_loss_mask(trajectory["loss_mask"], infos, len(trajectory["tokens"]))}
+            trajectory = {**trajectory, "loss_mask": token_loss_mask(trajectory["loss_mask"], infos, len(trajectory["tokens"]))}
         return super()._put_trajectory(trajectory)
 
     def trace_processor(self, traces: list[Episode]) -> list[dict[str, Any]]:
@@ -289,17 +340,25 @@ class AgentRolloutWorker(BaseRolloutWorker):
         trajectories = []
         for episode in traces:
             mask = self.episode_mask(episode)
-            trajectories.append({"tokens": episode.tokens, "loss_mask": mask, "logprobs": episode.logprobs,
-                                 "turns": episode_turns(episode, mask), "token_versions": episode.token_versions,
-                                 "weight_version": min(episode.weight_versions, default=0),
-                                 "final_answer": episode.final_answer, "termination": episode.termination,
-                                 "trace": episode.trace})
+            trajectories.append(
+                {
+                    "tokens": episode.tokens,
+                    "loss_mask": mask,
+                    "logprobs": episode.logprobs,
+                    "turns": episode_turns(episode, mask),
+                    "token_versions": episode.token_versions,
+                    "weight_version": min(episode.weight_versions, default=0),
+                    "final_answer": episode.final_answer,
+                    "termination": episode.termination,
+                    "trace": episode.trace,
+                }
+            )
         return trajectories
 
-
     def evaluate_episode(self, task: dict[str, Any], episode: Episode) -> EvaluationOutcome:
-        return run_evaluator(self.evaluator, task.get("data", {}),
-                             BaseEvaluationTarget(episode.final_answer, observation=episode.messages))
+        return run_evaluator(
+            self.evaluator, task.get("data", {}), BaseEvaluationTarget(episode.final_answer, observation=episode.messages)
+        )
 
     # --- the rollout ------------------------------------------------------------------------
     def rollout(self, task: dict[str, Any]) -> str | None:
@@ -313,14 +372,18 @@ class AgentRolloutWorker(BaseRolloutWorker):
             output, evaluation = ran
             trajectories = (getattr(output, "rl_params", None) or {}).get("trajectory") or []
             if len(trajectories) != 1:
-                raise ValueError(f"run_agent's agent_output.rl_params['trajectory'] holds {len(trajectories)} "
-                                 "trajectories; a task is rolled out into one")
+                raise ValueError(
+                    f"run_agent's agent_output.rl_params['trajectory'] holds {len(trajectories)} "
+                    "trajectories; a task is rolled out into one"
+                )
             trajectory = {"reward": evaluation.reward, "is_val": task.get("is_val", False), **trajectories[0]}
             trajectory.setdefault("extra_info", evaluation.extra_info)
             trajectory.setdefault("metrics", evaluation.metrics)
             return self._put_trajectory(trajectory)
-        raise TypeError(f"run_agent returned {type(ran).__name__}: expected the Episode of run_agent_loop, "
-                        "(agent_output, evaluation_result), or the status _put_trajectory returned")
+        raise TypeError(
+            f"run_agent returned {type(ran).__name__}: expected the Episode of run_agent_loop, "
+            "(agent_output, evaluation_result), or the status _put_trajectory returned"
+        )
 
     def trajectory_infos(self, episode: Episode) -> list[dict[str, Any]]:
         """One info per LLM call (assistant turn), as the guide's trace processing gives
@@ -332,15 +395,22 @@ class AgentRolloutWorker(BaseRolloutWorker):
             if segment.role == "assistant":
                 message_at = [i for i, m in enumerate(episode.messages) if m["role"] == "assistant"][assistant_messages]
                 assistant_messages += 1
-                tool_calls = [{"type": "function", "function": {"name": name}}
-                              for name in segment.meta.get("tool_calls", [])]
-                infos.append({"role": "assistant", "tokens": segment.tokens, "text": segment.text, "start": start,
-                              "prompt_tokens": episode.tokens[:start], "response_tokens": segment.tokens,
-                              "prompt_messages": episode.messages[:message_at],
-                              "response_message": {"role": "assistant", "content": segment.text,
-                                                   "tool_calls": tool_calls},
-                              "tools": self.tools.schemas, "is_final": index == calls[-1],
-                              "finish_reason": segment.meta.get("finish_reason")})
+                tool_calls = [{"type": "function", "function": {"name": name}} for name in segment.meta.get("tool_calls", [])]
+                infos.append(
+                    {
+                        "role": "assistant",
+                        "tokens": segment.tokens,
+                        "text": segment.text,
+                        "start": start,
+                        "prompt_tokens": episode.tokens[:start],
+                        "response_tokens": segment.tokens,
+                        "prompt_messages": episode.messages[:message_at],
+                        "response_message": {"role": "assistant", "content": segment.text, "tool_calls": tool_calls},
+                        "tools": self.tools.schemas,
+                        "is_final": index == calls[-1],
+                        "finish_reason": segment.meta.get("finish_reason"),
+                    }
+                )
             start += len(segment.tokens)
         return infos
 
@@ -350,8 +420,10 @@ class AgentRolloutWorker(BaseRolloutWorker):
         mask = token_loss_mask(self.get_train_loss_mask(infos), infos, len(episode.tokens))
         sampled = [s.sampled for s in episode.segments for _ in s.tokens]
         if any(m and not was_sampled for m, was_sampled in zip(mask, sampled)):
-            raise ValueError("get_train_loss_mask trains tokens the model did not sample (prompt, tool or user "
-                             "tokens): they have no behaviour logprob")
+            raise ValueError(
+                "get_train_loss_mask trains tokens the model did not sample (prompt, tool or user "
+                "tokens): they have no behaviour logprob"
+            )
         return mask
 
     def episode_trajectory(self, task: dict[str, Any], episode: Episode) -> Trajectory:
@@ -361,17 +433,33 @@ class AgentRolloutWorker(BaseRolloutWorker):
         outcome = self.evaluate_episode(task, episode)
         turn_rewards = episode.turn_rewards
         metrics = dict(outcome.result.metrics)
-        metrics.update(assistant_turns=episode.assistant_turns, user_turns=episode.user_turns,
-                       tool_calls=episode.tool_calls, tool_errors=episode.tool_errors,
-                       evaluator_reward=outcome.result.reward, turn_reward_sum=float(sum(turn_rewards)))
+        metrics.update(
+            assistant_turns=episode.assistant_turns,
+            user_turns=episode.user_turns,
+            tool_calls=episode.tool_calls,
+            tool_errors=episode.tool_errors,
+            evaluator_reward=outcome.result.reward,
+            turn_reward_sum=float(sum(turn_rewards)),
+        )
         prompt_tokens = len(episode.segments[0].tokens)
         return Trajectory(
-            tokens=tokens, loss_mask=mask, reward=outcome.result.reward + float(sum(turn_rewards)),
-            is_val=task.get("is_val", False), logprobs=episode.logprobs, turns=episode_turns(episode, mask),
-            weight_version=min(episode.weight_versions, default=0), token_versions=episode.token_versions,
-            extra_fields={"metrics": metrics, "ground_truth": outcome.result.ground_truth,
-                          "evaluator_error": outcome.error, "extra_info": outcome.result.extra_info,
-                          "final_answer": episode.final_answer,
-                          "response": self._inference_client.tokenizer.decode(tokens[prompt_tokens:]),
-                          "termination": episode.termination, "trace": episode.trace,
-                          "finish_reason": episode.termination})
+            tokens=tokens,
+            loss_mask=mask,
+            reward=outcome.result.reward + float(sum(turn_rewards)),
+            is_val=task.get("is_val", False),
+            logprobs=episode.logprobs,
+            turns=episode_turns(episode, mask),
+            weight_version=min(episode.weight_versions, default=0),
+            token_versions=episode.token_versions,
+            extra_fields={
+                "metrics": metrics,
+                "ground_truth": outcome.result.ground_truth,
+                "evaluator_error": outcome.error,
+                "extra_info": outcome.result.extra_info,
+                "final_answer": episode.final_answer,
+                "response": self._inference_client.tokenizer.decode(tokens[prompt_tokens:]),
+                "termination": episode.termination,
+                "trace": episode.trace,
+                "finish_reason": episode.termination,
+            },
+        )

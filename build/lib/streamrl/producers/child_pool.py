@@ -13,7 +13,6 @@ import multiprocessing
 import queue
 from multiprocessing.connection import Connection
 
-
 # How long a new child may take to start and import what it runs (a spawned Python
 # importing sympy and math-verify takes seconds, more on a loaded machine): not counted
 # against a call's limit.

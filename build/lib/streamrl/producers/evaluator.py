@@ -54,8 +54,7 @@ def run_evaluator(evaluator: Evaluator, data: dict[str, Any], target: BaseEvalua
     try:
         result = evaluator.evaluate(data, target)
         if not isinstance(result, EvaluationRunResult):
-            raise TypeError(f"{type(evaluator).__name__}.evaluate returned {type(result).__name__}, "
-                            "expected EvaluationRunResult")
+            raise TypeError(f"{type(evaluator).__name__}.evaluate returned {type(result).__name__}, expected EvaluationRunResult")
         reward = float(result.reward)
         if not math.isfinite(reward):
             raise ValueError(f"reward {result.reward!r} is not a finite number")

@@ -24,10 +24,14 @@ import re
 from typing import Any
 
 from streamrl.producers.child_pool import ChildPool
-from streamrl.producers.math_grading import grade
 from streamrl.producers.evaluator import (
-    BaseEvaluationTarget, EvaluationRunResult, Evaluator, ExactMatchEvaluator, run_evaluator,
+    BaseEvaluationTarget,
+    EvaluationRunResult,
+    Evaluator,
+    ExactMatchEvaluator,
+    run_evaluator,
 )
+from streamrl.producers.math_grading import grade
 from streamrl.producers.sandbox import SandboxLimits, run_python
 from streamrl.runtime.dataset import lookup
 from streamrl.runtime.registry import Registry
@@ -44,8 +48,9 @@ def _answer(data: dict, key: str) -> str:
     try:
         return str(lookup(data, key)).strip()
     except KeyError as exc:
-        raise KeyError(f"the task's row has no answer at {exc.args[0]} (data.answer_key, or the "
-                       "evaluator's answer_key)") from None
+        raise KeyError(
+            f"the task's row has no answer at {exc.args[0]} (data.answer_key, or the evaluator's answer_key)"
+        ) from None
 
 
 @register_evaluator("exact_match")
@@ -80,11 +85,16 @@ class RegexExtract(Evaluator):
         truth = _answer(data, self.answer_key)
         extracted = self.extract(evaluation_target.final_answer)
         if extracted is None:
-            return EvaluationRunResult(reward=0.0, ground_truth=truth, metrics={"accuracy": 0.0, "format_ok": 0.0},
-                                       extra_info={"extracted": None})
+            return EvaluationRunResult(
+                reward=0.0, ground_truth=truth, metrics={"accuracy": 0.0, "format_ok": 0.0}, extra_info={"extracted": None}
+            )
         same = extracted == truth if self.case_sensitive else extracted.casefold() == truth.casefold()
-        return EvaluationRunResult(reward=float(same), ground_truth=truth,
-                                   metrics={"accuracy": float(same), "format_ok": 1.0}, extra_info={"extracted": extracted})
+        return EvaluationRunResult(
+            reward=float(same),
+            ground_truth=truth,
+            metrics={"accuracy": float(same), "format_ok": 1.0},
+            extra_info={"extracted": extracted},
+        )
 
 
 @register_evaluator("tag")
@@ -99,6 +109,7 @@ class FuzzyMatch(Evaluator):
 
     def __init__(self, answer_key: str = "answer", threshold: float | None = None, scorer: str = "ratio"):
         from rapidfuzz import fuzz
+
         if not hasattr(fuzz, scorer):
             raise ValueError(f"fuzzy: unknown scorer {scorer!r} (e.g. ratio, partial_ratio, token_sort_ratio)")
         self.scorer, self.answer_key, self.threshold = getattr(fuzz, scorer), answer_key, threshold
@@ -129,8 +140,9 @@ class MathEquivalence(Evaluator):
         if not truth_parsed:
             raise ValueError(f"math: the row's {self.answer_key!r} ({truth!r}) does not parse as math")
         extra = {"parsed": parsed} if parsed is not None else {}
-        return EvaluationRunResult(reward=correct, ground_truth=truth,
-                                   metrics={"accuracy": correct, "format_ok": format_ok}, extra_info=extra)
+        return EvaluationRunResult(
+            reward=correct, ground_truth=truth, metrics={"accuracy": correct, "format_ok": format_ok}, extra_info=extra
+        )
 
 
 CODE_BLOCK_RE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
@@ -150,11 +162,18 @@ class CodeExecution(Evaluator):
     program's stripped output must equal "stdout"), or a string of Python asserts run
     after the program. Reward: the fraction of cases passed (1/0 for asserts)."""
 
-    def __init__(self, tests_key: str = "tests", wall_seconds: float = 5.0, cpu_seconds: int = 5,
-                 memory_mb: int = 512, max_processes: int = 16):
+    def __init__(
+        self,
+        tests_key: str = "tests",
+        wall_seconds: float = 5.0,
+        cpu_seconds: int = 5,
+        memory_mb: int = 512,
+        max_processes: int = 16,
+    ):
         self.tests_key = tests_key
-        self.limits = SandboxLimits(wall_seconds=wall_seconds, cpu_seconds=cpu_seconds, memory_mb=memory_mb,
-                                    max_processes=max_processes)
+        self.limits = SandboxLimits(
+            wall_seconds=wall_seconds, cpu_seconds=cpu_seconds, memory_mb=memory_mb, max_processes=max_processes
+        )
 
     def evaluate(self, data, evaluation_target):
         tests = data.get(self.tests_key)
@@ -163,8 +182,11 @@ class CodeExecution(Evaluator):
         code = extract_code(evaluation_target.final_answer)
         if code is None:
             return EvaluationRunResult(reward=0.0, metrics={"pass_rate": 0.0, "format_ok": 0.0})
-        cases = [{"stdin": "", "program": code + "\n\n" + tests}] if isinstance(tests, str) else \
-            [{"stdin": str(t.get("stdin", "")), "stdout": str(t.get("stdout", "")), "program": code} for t in tests]
+        cases = (
+            [{"stdin": "", "program": code + "\n\n" + tests}]
+            if isinstance(tests, str)
+            else [{"stdin": str(t.get("stdin", "")), "stdout": str(t.get("stdout", "")), "program": code} for t in tests]
+        )
         passed, statuses = 0, []
         for case in cases:
             result = run_python(case["program"], case["stdin"], self.limits)
@@ -172,9 +194,11 @@ class CodeExecution(Evaluator):
             passed += ok
             statuses.append(result.status)
         rate = passed / len(cases) if cases else 0.0
-        return EvaluationRunResult(reward=rate, metrics={
-            "pass_rate": rate, "format_ok": 1.0, "timeouts": float(statuses.count("timeout"))},
-            extra_info={"statuses": statuses})
+        return EvaluationRunResult(
+            reward=rate,
+            metrics={"pass_rate": rate, "format_ok": 1.0, "timeouts": float(statuses.count("timeout"))},
+            extra_info={"statuses": statuses},
+        )
 
 
 @register_evaluator("weighted")
@@ -190,9 +214,13 @@ class Weighted(Evaluator):
             if "evaluator" not in criterion:
                 raise ValueError(f"weighted: criteria[{i}].evaluator is required")
             name = criterion.get("name") or criterion["evaluator"].split(":")[-1]
-            self.criteria.append((name, float(criterion.get("weight", 1.0)),
-                                  make_evaluator(criterion["evaluator"], criterion.get("kwargs") or {},
-                                                 answer_key=answer_key)))
+            self.criteria.append(
+                (
+                    name,
+                    float(criterion.get("weight", 1.0)),
+                    make_evaluator(criterion["evaluator"], criterion.get("kwargs") or {}, answer_key=answer_key),
+                )
+            )
         if sum(w for _, w, _ in self.criteria) <= 0:
             raise ValueError("weighted: the weights must add up to more than 0")
 
@@ -215,41 +243,63 @@ class LLMJudge(Evaluator):
     The prompt template sees {question}, {answer} (the reference) and {response}; the
     judge's reply must contain "SCORE: n" (0..max_score); reward = n / max_score."""
 
-    DEFAULT_PROMPT = ("Grade the response to the question against the reference answer.\n"
-                      "Question: {question}\nReference answer: {answer}\nResponse: {response}\n"
-                      "Reply with a short reason, then a line 'SCORE: n' with n from 0 to {max_score}.")
+    DEFAULT_PROMPT = (
+        "Grade the response to the question against the reference answer.\n"
+        "Question: {question}\nReference answer: {answer}\nResponse: {response}\n"
+        "Reply with a short reason, then a line 'SCORE: n' with n from 0 to {max_score}."
+    )
 
-    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", prompt: str | None = None,
-                 max_score: int = 10, question_key: str = "prompt", answer_key: str = "answer",
-                 temperature: float = 0.0, timeout_s: float = 60.0, max_retries: int = 2):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "OPENAI_API_KEY",
+        prompt: str | None = None,
+        max_score: int = 10,
+        question_key: str = "prompt",
+        answer_key: str = "answer",
+        temperature: float = 0.0,
+        timeout_s: float = 60.0,
+        max_retries: int = 2,
+    ):
         from openai import OpenAI
-        self.client = OpenAI(base_url=base_url, api_key=os.environ.get(api_key_env) or "none",
-                             timeout=timeout_s, max_retries=max_retries)
+
+        self.client = OpenAI(
+            base_url=base_url, api_key=os.environ.get(api_key_env) or "none", timeout=timeout_s, max_retries=max_retries
+        )
         self.model, self.prompt, self.max_score = model, prompt or self.DEFAULT_PROMPT, max_score
         self.question_key, self.answer_key, self.temperature = question_key, answer_key, temperature
 
     def evaluate(self, data, evaluation_target):
-        prompt = self.prompt.format(question=lookup(data, self.question_key, ""), answer=lookup(data, self.answer_key, ""),
-                                    response=evaluation_target.final_answer, max_score=self.max_score)
-        reply = self.client.chat.completions.create(model=self.model, temperature=self.temperature,
-                                                    messages=[{"role": "user", "content": prompt}])
+        prompt = self.prompt.format(
+            question=lookup(data, self.question_key, ""),
+            answer=lookup(data, self.answer_key, ""),
+            response=evaluation_target.final_answer,
+            max_score=self.max_score,
+        )
+        reply = self.client.chat.completions.create(
+            model=self.model, temperature=self.temperature, messages=[{"role": "user", "content": prompt}]
+        )
         text = reply.choices[0].message.content or ""
         match = re.search(r"SCORE:\s*(-?\d+(?:\.\d+)?)", text)
         if match is None:
             return EvaluationRunResult(reward=0.0, metrics={"judge_format_ok": 0.0}, extra_info={"judge_reply": text[:2000]})
         score = min(max(float(match.group(1)), 0.0), float(self.max_score))
-        return EvaluationRunResult(reward=score / self.max_score, metrics={"judge_score": score, "judge_format_ok": 1.0},
-                                   extra_info={"judge_reply": text[:2000]})
+        return EvaluationRunResult(
+            reward=score / self.max_score,
+            metrics={"judge_score": score, "judge_format_ok": 1.0},
+            extra_info={"judge_reply": text[:2000]},
+        )
 
 
-
-
-def make_evaluator(spec: str | None, kwargs: dict[str, Any] | None = None, base_dir: str = ".",
-                   answer_key: str | None = None) -> Evaluator:
+def make_evaluator(
+    spec: str | None, kwargs: dict[str, Any] | None = None, base_dir: str = ".", answer_key: str | None = None
+) -> Evaluator:
     """ "builtin:NAME" or "file.py:Class", constructed with `kwargs`; None gives exact match.
     A built-in evaluator reads the answer at `answer_key` (data.answer_key) unless its
     kwargs name another."""
     from streamrl.runtime.plugins import LoadError, load_class
+
     kwargs = dict(kwargs or {})
     if not spec:
         spec = "builtin:exact_match"
@@ -268,4 +318,4 @@ def make_evaluator(spec: str | None, kwargs: dict[str, Any] | None = None, base_
         raise LoadError(f"{spec!r}: evaluator_kwargs do not fit {cls.__name__}: {exc}") from None
 
 
-__all__ = ["BUILTIN_EVALUATORS", "BaseEvaluationTarget", "make_evaluator", "extract_code"]
+__all__ = ["BUILTIN_EVALUATORS", "BaseEvaluationTarget", "extract_code", "make_evaluator"]

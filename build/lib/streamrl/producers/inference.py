@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from streamrl.runtime.device import resolve_device
 from streamrl.algos.sampling import decode, top_p_filter  # noqa: F401  (top_p_filter: callers import it from here)
+from streamrl.runtime.device import resolve_device
 from streamrl.runtime.registry import Registry
 
 # `service.inference_service.backend`: factories `fn(recipe, seed, settings, logs) -> front`,
@@ -110,19 +110,31 @@ class EmbeddedEngine:
         self.weight_version = weight_version
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        decoded = decode(self.model, prompts, max_new_tokens=params.max_new_tokens, temperature=params.temperature,
-                         top_p=params.top_p, stop_ids={self.tokenizer.eos_token_id, *params.stop_token_ids},
-                         pad_id=self.tokenizer.pad_token_id, generator=self.generator)
+        decoded = decode(
+            self.model,
+            prompts,
+            max_new_tokens=params.max_new_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            stop_ids={self.tokenizer.eos_token_id, *params.stop_token_ids},
+            pad_id=self.tokenizer.pad_token_id,
+            generator=self.generator,
+        )
         return [
-            Completion(prompt_token_ids=list(prompt), response_token_ids=row.tokens,
-                       response_text=self.tokenizer.decode(row.tokens, skip_special_tokens=True),
-                       logprobs=row.logprobs, finish_reason=row.finish_reason, weight_version=self.weight_version)
+            Completion(
+                prompt_token_ids=list(prompt),
+                response_token_ids=row.tokens,
+                response_text=self.tokenizer.decode(row.tokens, skip_special_tokens=True),
+                logprobs=row.logprobs,
+                finish_reason=row.finish_reason,
+                weight_version=self.weight_version,
+            )
             for prompt, row in zip(prompts, decoded)
         ]
 
 
 @register_inference_backend("embedded")
-def embedded_backend(recipe, seed: int, settings=None, logs: Path | None = None) -> "BatchingEngine":
+def embedded_backend(recipe, seed: int, settings=None, logs: Path | None = None) -> BatchingEngine:
     """transformers in this process, on the recipe's model."""
     engine = EmbeddedEngine(recipe.rollout_worker.model_path, seed=seed, device=recipe.trainer.device)
     return BatchingEngine(engine, max_batch_size=recipe.service.inference_service.max_batch_size)
@@ -184,8 +196,12 @@ class BatchingEngine:
                 self.engine.load_weights(*pending)
             by_params: dict[tuple, list[_Request]] = {}
             for request in batch:
-                key = (request.params.max_new_tokens, request.params.temperature, request.params.top_p,
-                       request.params.stop_token_ids)
+                key = (
+                    request.params.max_new_tokens,
+                    request.params.temperature,
+                    request.params.top_p,
+                    request.params.stop_token_ids,
+                )
                 by_params.setdefault(key, []).append(request)
             for requests in by_params.values():
                 try:

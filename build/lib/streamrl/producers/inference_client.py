@@ -23,8 +23,14 @@ class InferenceClient:
     `chat` renders prompts (a string, or chat messages) with the model's chat template
     (`data.apply_chat_template`); a prompt of token ids is sent as it is."""
 
-    def __init__(self, engine, defaults: SamplingParams, val_defaults: SamplingParams | None = None,
-                 max_prompt_tokens: int | None = None, chat: ChatRenderer | None = None):
+    def __init__(
+        self,
+        engine,
+        defaults: SamplingParams,
+        val_defaults: SamplingParams | None = None,
+        max_prompt_tokens: int | None = None,
+        chat: ChatRenderer | None = None,
+    ):
         self._engine = engine
         self._chat = chat
         self.max_prompt_tokens = max_prompt_tokens  # a task's prompt may not be longer (in tokens)
@@ -35,7 +41,8 @@ class InferenceClient:
         # A group's rollouts share their prompt, so most prompts are tokenised again
         # and again; the tokenizer's call costs more than a small model's sampling step.
         self._prompt_ids = functools.lru_cache(maxsize=4096)(
-            lambda prompt: tuple(self.chat.prompt_ids(json.loads(prompt[1:]) if prompt.startswith("\x00") else prompt)))
+            lambda prompt: tuple(self.chat.prompt_ids(json.loads(prompt[1:]) if prompt.startswith("\x00") else prompt))
+        )
 
     @property
     def _defaults(self) -> SamplingParams:
@@ -65,9 +72,14 @@ class InferenceClient:
     def recorded(self) -> list[Completion]:
         return list(getattr(self._local, "completions", []))
 
-    def completion(self, prompt: str | list[int] | list[dict[str, Any]], temperature: float | None = None,
-                   max_tokens: int | None = None, top_p: float | None = None,
-                   stop_token_ids: list[int] | tuple[int, ...] = ()) -> dict[str, Any]:
+    def completion(
+        self,
+        prompt: str | list[int] | list[dict[str, Any]],
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        top_p: float | None = None,
+        stop_token_ids: list[int] | tuple[int, ...] = (),
+    ) -> dict[str, Any]:
         """Sample after `prompt`, for any worker: the rollout's first prompt may not pass
         `max_prompt_length` (the rollout fails, with the numbers) and no completion samples
         more than `max_response_length` tokens (a larger `max_tokens` is lowered to it,
@@ -76,19 +88,21 @@ class InferenceClient:
         prompt_ids = list(prompt) if is_ids else self.tokenize(prompt)
         first_call = not getattr(self._local, "completions", None)
         if first_call and self.max_prompt_tokens is not None and len(prompt_ids) > self.max_prompt_tokens:
-            raise ValueError(f"the prompt has {len(prompt_ids)} tokens, more than max_prompt_length "
-                             f"({self.max_prompt_tokens})")
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens, more than max_prompt_length ({self.max_prompt_tokens})")
         limit = self._defaults.max_new_tokens
         if max_tokens is not None and max_tokens > limit:
             if not self._warned_max_tokens:
                 self._warned_max_tokens = True
-                log.warning("a worker asked for max_tokens=%d: completions are capped at max_response_length (%d)",
-                            max_tokens, limit)
+                log.warning(
+                    "a worker asked for max_tokens=%d: completions are capped at max_response_length (%d)", max_tokens, limit
+                )
             max_tokens = limit
         params = SamplingParams(
             max_new_tokens=max_tokens if max_tokens is not None else self._defaults.max_new_tokens,
             temperature=temperature if temperature is not None else self._defaults.temperature,
-            top_p=top_p if top_p is not None else self._defaults.top_p, stop_token_ids=tuple(stop_token_ids))
+            top_p=top_p if top_p is not None else self._defaults.top_p,
+            stop_token_ids=tuple(stop_token_ids),
+        )
         return self.record(self._engine.complete(prompt_ids, params))
 
     @property
@@ -101,22 +115,28 @@ class InferenceClient:
         """Sample each (prompt ids, is_val) with the train or validation defaults, all
         submitted at once so the engine samples them as one batch: a completion, or the
         exception that request raised. Needs an engine that `batches`."""
-        futures = [self._engine.submit(list(prompt), self._val_defaults if is_val else self._train_defaults)
-                   for prompt, is_val in requests]
+        futures = [
+            self._engine.submit(list(prompt), self._val_defaults if is_val else self._train_defaults)
+            for prompt, is_val in requests
+        ]
         return [future.exception() or future.result() for future in futures]
 
     def record(self, result: Completion) -> dict[str, Any]:
         """Count `result` as a completion of the current rollout; the worker's view of it."""
         if hasattr(self._local, "completions"):
             self._local.completions.append(result)
-        return {"prompt_tokens": result.prompt_token_ids, "response_tokens": result.response_token_ids,
-                "response": result.response_text, "logprobs": result.logprobs,
-                "finish_reason": result.finish_reason, "weight_version": result.weight_version,
-                "token_versions": result.token_versions or [result.weight_version] * len(result.response_token_ids)}
+        return {
+            "prompt_tokens": result.prompt_token_ids,
+            "response_tokens": result.response_token_ids,
+            "response": result.response_text,
+            "logprobs": result.logprobs,
+            "finish_reason": result.finish_reason,
+            "weight_version": result.weight_version,
+            "token_versions": result.token_versions or [result.weight_version] * len(result.response_token_ids),
+        }
 
 
-def behaviour_logprobs(tokens: list[int], loss_mask: list[int], completions: list[Completion]
-                       ) -> tuple[list[float], list[int]]:
+def behaviour_logprobs(tokens: list[int], loss_mask: list[int], completions: list[Completion]) -> tuple[list[float], list[int]]:
     """Per-token behaviour logprobs and the weight version that sampled each token: each
     completion's response is found in `tokens` (in order, searching forward); tokens no
     completion sampled get 0 and version 0. Raises ValueError if a trained token was not
@@ -130,15 +150,16 @@ def behaviour_logprobs(tokens: list[int], loss_mask: list[int], completions: lis
         if not response:
             continue
         for start in range(cursor, len(tokens) - len(response) + 1):
-            if tokens[start:start + len(response)] == response:
-                logprobs[start:start + len(response)] = completion.logprobs
-                versions[start:start + len(response)] = (completion.token_versions or
-                                                         [completion.weight_version] * len(response))
-                sampled[start:start + len(response)] = [True] * len(response)
+            if tokens[start : start + len(response)] == response:
+                logprobs[start : start + len(response)] = completion.logprobs
+                versions[start : start + len(response)] = completion.token_versions or [completion.weight_version] * len(response)
+                sampled[start : start + len(response)] = [True] * len(response)
                 cursor = start + len(response)
                 break
     unsampled = [i for i, (m, s) in enumerate(zip(loss_mask, sampled)) if m and not s]
     if unsampled:
-        raise ValueError(f"{len(unsampled)} trained token(s) (first at position {unsampled[0]}) were not "
-                         "sampled by any completion of this rollout: no behaviour logprob to train with")
+        raise ValueError(
+            f"{len(unsampled)} trained token(s) (first at position {unsampled[0]}) were not "
+            "sampled by any completion of this rollout: no behaviour logprob to train with"
+        )
     return logprobs, versions

@@ -18,7 +18,6 @@ import logging
 import threading
 from pathlib import Path
 
-
 from streamrl.producers.inference import Completion, InferenceUnavailable, SamplingParams, register_inference_backend
 from streamrl.runtime.recipe import server_urls
 
@@ -29,22 +28,32 @@ TOKEN_ID_PREFIX = "token_id:"  # vLLM's spelling of a token with return_tokens_a
 def token_ids_of(tokens: list[str]) -> list[int] | None:
     """The ids of a completion's logprob tokens when the server spelled them as ids."""
     if tokens and all(t.startswith(TOKEN_ID_PREFIX) for t in tokens):
-        return [int(t[len(TOKEN_ID_PREFIX):]) for t in tokens]
+        return [int(t[len(TOKEN_ID_PREFIX) :]) for t in tokens]
     return None
 
 
 class OpenAIEngine:
-    def __init__(self, urls: list[str], tokenizer, model_tag: str = "policy", api_key: str | None = None,
-                 allow_text_round_trip: bool = False, allow_unsynced_weights: bool = False,
-                 request_timeout_s: float = 600.0, max_retries: int = 3):
+    def __init__(
+        self,
+        urls: list[str],
+        tokenizer,
+        model_tag: str = "policy",
+        api_key: str | None = None,
+        allow_text_round_trip: bool = False,
+        allow_unsynced_weights: bool = False,
+        request_timeout_s: float = 600.0,
+        max_retries: int = 3,
+    ):
         import openai  # here, not at the top: a CLI command that only validates a recipe never needs it
 
         self.urls = urls
         self.tokenizer = tokenizer
         self.allow_text_round_trip = allow_text_round_trip
         self.allow_unsynced_weights = allow_unsynced_weights
-        self.clients = [openai.OpenAI(base_url=f"{url}/v1", api_key=api_key or "none", timeout=request_timeout_s,
-                                      max_retries=max_retries) for url in urls]
+        self.clients = [
+            openai.OpenAI(base_url=f"{url}/v1", api_key=api_key or "none", timeout=request_timeout_s, max_retries=max_retries)
+            for url in urls
+        ]
         self._next = 0
         self._lock = threading.Lock()
         self.version = 0
@@ -64,9 +73,15 @@ class OpenAIEngine:
         if params.stop_token_ids:
             extra["stop_token_ids"] = list(params.stop_token_ids)
         try:
-            answer = client.completions.create(model=self.model, prompt=list(prompt), max_tokens=params.max_new_tokens,
-                                               temperature=params.temperature, top_p=params.top_p, logprobs=1,
-                                               extra_body=extra)
+            answer = client.completions.create(
+                model=self.model,
+                prompt=list(prompt),
+                max_tokens=params.max_new_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                logprobs=1,
+                extra_body=extra,
+            )
         except openai.APIConnectionError as exc:
             raise InferenceUnavailable(f"inference server {url} did not answer ({exc})") from None
         choice = answer.choices[0]
@@ -74,23 +89,30 @@ class OpenAIEngine:
         ids = token_ids_of(list(choice.logprobs.tokens))
         if ids is None:
             ids = self._round_trip(url, choice.text, len(logprobs))
-        return Completion(prompt_token_ids=list(prompt), response_token_ids=ids,
-                          response_text=self.tokenizer.decode(ids, skip_special_tokens=True), logprobs=logprobs,
-                          finish_reason="stop" if choice.finish_reason == "stop" else "length",
-                          weight_version=self.version)
+        return Completion(
+            prompt_token_ids=list(prompt),
+            response_token_ids=ids,
+            response_text=self.tokenizer.decode(ids, skip_special_tokens=True),
+            logprobs=logprobs,
+            finish_reason="stop" if choice.finish_reason == "stop" else "length",
+            weight_version=self.version,
+        )
 
     def _round_trip(self, url: str, text: str, expected: int) -> list[int]:
         if not self.allow_text_round_trip:
             raise InferenceUnavailable(
                 f"{url} returns text, not token ids: training would use the text re-tokenized, which may not be "
-                "what the server sampled; set service.inference_service.allow_text_round_trip: true to accept that")
+                "what the server sampled; set service.inference_service.allow_text_round_trip: true to accept that"
+            )
         if not self._warned_round_trip:
             log.warning("%s returns no token ids: training on its text re-tokenized (allow_text_round_trip)", url)
             self._warned_round_trip = True
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) != expected:
-            raise ValueError(f"the re-tokenized completion has {len(ids)} tokens but the server gave {expected} "
-                             "logprobs: no behaviour logprob per trained token")
+            raise ValueError(
+                f"the re-tokenized completion has {len(ids)} tokens but the server gave {expected} "
+                "logprobs: no behaviour logprob per trained token"
+            )
         return ids
 
     def update_weights(self, model_path: str | Path, weight_version: int) -> None:
@@ -98,7 +120,8 @@ class OpenAIEngine:
             raise InferenceUnavailable(
                 f"backend openai cannot load weight version {weight_version} into {', '.join(self.urls)}: rollouts "
                 "would come from the server's own model; set service.inference_service.allow_unsynced_weights: "
-                "true to train on them anyway (off-policy)")
+                "true to train on them anyway (off-policy)"
+            )
         if weight_version and self.version == 0:
             log.warning("the OpenAI-compatible server keeps its own weights (allow_unsynced_weights)")
         self.version = weight_version
@@ -113,6 +136,13 @@ def openai_backend(recipe, seed: int, settings=None, logs: Path | None = None) -
     from transformers import AutoTokenizer  # here: validating a recipe imports this module
 
     service = recipe.service.inference_service
-    return OpenAIEngine(server_urls(service.url), AutoTokenizer.from_pretrained(recipe.rollout_worker.model_path),
-                        service.model_tag, service.api_key, service.allow_text_round_trip,
-                        service.allow_unsynced_weights, service.request_timeout_s, service.max_retries)
+    return OpenAIEngine(
+        server_urls(service.url),
+        AutoTokenizer.from_pretrained(recipe.rollout_worker.model_path),
+        service.model_tag,
+        service.api_key,
+        service.allow_text_round_trip,
+        service.allow_unsynced_weights,
+        service.request_timeout_s,
+        service.max_retries,
+    )

@@ -20,15 +20,15 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamrl.schema.events import RunEvent, Task, WeightVersion
-from streamrl.schema.topics import set_window_steps
 from streamrl.runtime.bus import EventPublisher, RunReader
+from streamrl.runtime.config import Recipe
+from streamrl.runtime.dataset import epoch_batches, lookup, read_rows, saved_chat_template
+from streamrl.runtime.settings import Settings
 from streamrl.runtime.topic_admin import create_run_topics
 from streamrl.runtime.topic_retention import topic_configs
-from streamrl.runtime.dataset import epoch_batches, lookup, read_rows, saved_chat_template
-from streamrl.runtime.config import Recipe
-from streamrl.runtime.settings import Settings
 from streamrl.runtime.versions import newest_version
+from streamrl.schema.events import RunEvent, Task, WeightVersion
+from streamrl.schema.topics import set_window_steps
 
 log = logging.getLogger("streamrl.publisher")
 
@@ -62,53 +62,95 @@ def validation_versions(recipe: Recipe, total_steps: int) -> list[int]:
     return sorted(versions)
 
 
-def step_tasks(run_id: str, step: int, rows: list[dict], group_size: int, prompt_key: str,
-               min_weight_version: int) -> list[Task]:
+def step_tasks(run_id: str, step: int, rows: list[dict], group_size: int, prompt_key: str, min_weight_version: int) -> list[Task]:
     tasks = []
     for g, row in enumerate(rows):
         group_id = f"s{step:06d}-g{g:04d}"
         for i in range(group_size):
-            tasks.append(Task(run_id=run_id, task_id=f"{group_id}-{i}", group_id=group_id, sample_index=i,
-                              group_size=group_size, prompt=lookup(row, prompt_key), data=row, step=step,
-                              min_weight_version=min_weight_version))
+            tasks.append(
+                Task(
+                    run_id=run_id,
+                    task_id=f"{group_id}-{i}",
+                    group_id=group_id,
+                    sample_index=i,
+                    group_size=group_size,
+                    prompt=lookup(row, prompt_key),
+                    data=row,
+                    step=step,
+                    min_weight_version=min_weight_version,
+                )
+            )
     return tasks
 
 
 def validation_tasks(run_id: str, version: int, rows: list[dict], prompt_key: str) -> list[Task]:
-    return [Task(run_id=run_id, task_id=f"val{version:06d}-{i:05d}", group_id=f"val{version:06d}-{i:05d}",
-                 group_size=1, prompt=lookup(row, prompt_key), data=row, is_val=True, step=version,
-                 min_weight_version=version)
-            for i, row in enumerate(rows)]
+    return [
+        Task(
+            run_id=run_id,
+            task_id=f"val{version:06d}-{i:05d}",
+            group_id=f"val{version:06d}-{i:05d}",
+            group_size=1,
+            prompt=lookup(row, prompt_key),
+            data=row,
+            is_val=True,
+            step=version,
+            min_weight_version=version,
+        )
+        for i, row in enumerate(rows)
+    ]
 
 
 def git_sha() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).resolve().parent
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
 
 
-def create_run(settings: Settings, run_id: str, recipe: Recipe, publisher: EventPublisher,
-               parent_run_id: str | None = None, tag: str | None = None) -> None:
+def create_run(
+    settings: Settings,
+    run_id: str,
+    recipe: Recipe,
+    publisher: EventPublisher,
+    parent_run_id: str | None = None,
+    tag: str | None = None,
+) -> None:
     create_run_topics(settings, run_id, configs=topic_configs(recipe.service.broker, settings))
     set_window_steps(run_id, recipe.service.broker.window_steps)  # a replay publishes the new run's rollouts next
     config = recipe.to_dict()
     if recipe.data.apply_chat_template is not False and not recipe.data.chat_template:
         # the template the run renders with, as the model folder holds it now
         config["data"]["chat_template"] = saved_chat_template(recipe.rollout_worker.model_path)
-    publisher.publish(RunEvent(run_id=run_id, kind="created", name=recipe.experiment_name, config=config,
-                               parent_run_id=parent_run_id,
-                               # how its workers and processors share partitions: one that joins later is
-                               # checked against it (runtime/runs.py)
-                               details={"git_sha": git_sha(), "partition_assignment": settings.partition_assignment,
-                                        **({"tag": tag} if tag else {})}))
+    publisher.publish(
+        RunEvent(
+            run_id=run_id,
+            kind="created",
+            name=recipe.experiment_name,
+            config=config,
+            parent_run_id=parent_run_id,
+            # how its workers and processors share partitions: one that joins later is
+            # checked against it (runtime/runs.py)
+            details={
+                "git_sha": git_sha(),
+                "partition_assignment": settings.partition_assignment,
+                **({"tag": tag} if tag else {}),
+            },
+        )
+    )
     publisher.flush()
 
 
-def run_publisher(settings: Settings, run_id: str, recipe: Recipe, stop: threading.Event | None = None,
-                  on_progress=None, skip_task_ids: set[str] | None = None) -> int:
+def run_publisher(
+    settings: Settings,
+    run_id: str,
+    recipe: Recipe,
+    stop: threading.Event | None = None,
+    on_progress=None,
+    skip_task_ids: set[str] | None = None,
+) -> int:
     """Publish every task of the run (but those in `skip_task_ids`: a resumed run's
     finished ones); returns the number of training steps published."""
     skip = skip_task_ids or set()
@@ -117,10 +159,9 @@ def run_publisher(settings: Settings, run_id: str, recipe: Recipe, stop: threadi
     data = recipe.data
     rows = read_rows(data.data_files, data.type, prompt_keys=(data.prompt_key,))
     val_cfg = recipe.validate.data
-    val_rows = read_rows(val_cfg.data_files, val_cfg.type, prompt_keys=(val_cfg.prompt_key,)) \
-        if val_cfg.data_files else []
+    val_rows = read_rows(val_cfg.data_files, val_cfg.type, prompt_keys=(val_cfg.prompt_key,)) if val_cfg.data_files else []
     if val_cfg.max_rows:
-        val_rows = val_rows[:val_cfg.max_rows]
+        val_rows = val_rows[: val_cfg.max_rows]
     pacing = pacing_for(recipe, len(rows))
     val_versions = validation_versions(recipe, pacing.total_steps) if val_rows else []
     batches = epoch_batches(rows, recipe.trajectory_pool.batch_size, data.shuffle, data.seed)
@@ -141,8 +182,7 @@ def run_publisher(settings: Settings, run_id: str, recipe: Recipe, stop: threadi
                         publisher.publish(task)
             while next_step <= pacing.total_steps and latest >= pacing.min_version(next_step):
                 _, batch = next(batches)
-                for task in step_tasks(run_id, next_step, batch, group_size, data.prompt_key,
-                                       pacing.min_version(next_step)):
+                for task in step_tasks(run_id, next_step, batch, group_size, data.prompt_key, pacing.min_version(next_step)):
                     if task.task_id not in skip:
                         publisher.publish(task)
                 next_step += 1

@@ -33,15 +33,14 @@ from streamrl.algos.advantages import get_advantage_estimator
 from streamrl.algos.losses import POLICY_LOSSES
 from streamrl.producers.evaluator import BaseEvaluationTarget, Evaluator, run_evaluator
 from streamrl.producers.evaluator_builtins import make_evaluator
-from streamrl.schema.events import Evaluation, Trajectory
-from streamrl.schema.ledger import query_events
 from streamrl.runtime.bus import EventPublisher, RunReader
 from streamrl.runtime.config import Recipe, Replay, ReplaySource
 from streamrl.runtime.db import connect
 from streamrl.runtime.plugins import load_module
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.sql import run_readonly
-
+from streamrl.schema.events import Evaluation, Trajectory
+from streamrl.schema.ledger import query_events
 
 
 class ReplayError(ValueError):
@@ -60,7 +59,7 @@ class Plan:
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
-    """"A:B" (inclusive), "A:" or ":B"."""
+    """ "A:B" (inclusive), "A:" or ":B"."""
     if not text:
         return None
     first, sep, last = text.partition(":")
@@ -75,9 +74,11 @@ def parse_steps(text: str | None) -> tuple[int, int] | None:
 
 
 def selection_query(steps: tuple[int, int] | None, where: str | None) -> str:
-    query = ("select t.trajectory_id, t.group_id from trajectories t "
-             "left join evaluations e on e.run_id = t.run_id and e.trajectory_id = t.trajectory_id "
-             "where t.run_id = %(source)s and not t.is_val")
+    query = (
+        "select t.trajectory_id, t.group_id from trajectories t "
+        "left join evaluations e on e.run_id = t.run_id and e.trajectory_id = t.trajectory_id "
+        "where t.run_id = %(source)s and not t.is_val"
+    )
     if steps:
         query += " and t.step between %(first_step)s and %(last_step)s"
     if where:
@@ -85,8 +86,9 @@ def selection_query(steps: tuple[int, int] | None, where: str | None) -> str:
     return query + " order by t.step, t.group_id, t.sample_index, t.trajectory_id"
 
 
-def select_rollouts(database_url: str, source_run: str, steps: tuple[int, int] | None,
-                    where: str | None) -> list[tuple[str, str]]:
+def select_rollouts(
+    database_url: str, source_run: str, steps: tuple[int, int] | None, where: str | None
+) -> list[tuple[str, str]]:
     """(trajectory id, group id) of the selected rollouts, in the source's order. Runs as
     a read-only statement: a `--where` cannot change the ledger."""
     params = {"source": source_run}
@@ -104,7 +106,7 @@ def plan_steps(selected: list[tuple[str, str]], groups_per_step: int) -> Plan:
     groups = list(members)
     steps = len(groups) // groups_per_step
     plan = Plan(steps=steps, left_out_groups=len(groups) - steps * groups_per_step)
-    for index, group_id in enumerate(groups[:steps * groups_per_step]):
+    for index, group_id in enumerate(groups[: steps * groups_per_step]):
         plan.group_size_of[group_id] = len(members[group_id])
         for trajectory_id in members[group_id]:
             plan.step_of[trajectory_id] = 1 + index // groups_per_step
@@ -115,39 +117,55 @@ def plan_steps(selected: list[tuple[str, str]], groups_per_step: int) -> Plan:
 def replayed_trajectory(source: Trajectory, run_id: str, step: int, group_size: int) -> Trajectory:
     """The source trajectory in the new run: same tokens, logprobs and generating weight
     version; a new event (its id derives from the new run) that names its source."""
-    copied = {name: getattr(source, name) for name in source.__struct_fields__
-              if name not in ("run_id", "event_id", "schema_version", "created_at", "step", "group_size",
-                              "source_event_id")}
+    copied = {
+        name: getattr(source, name)
+        for name in source.__struct_fields__
+        if name not in ("run_id", "event_id", "schema_version", "created_at", "step", "group_size", "source_event_id")
+    }
     return Trajectory(**copied, run_id=run_id, step=step, group_size=group_size, source_event_id=source.event_id)
 
 
 def replayed_evaluation(source: Evaluation, run_id: str, step: int) -> Evaluation:
-    copied = {name: getattr(source, name) for name in source.__struct_fields__
-              if name not in ("run_id", "event_id", "schema_version", "created_at", "step", "source_event_id")}
+    copied = {
+        name: getattr(source, name)
+        for name in source.__struct_fields__
+        if name not in ("run_id", "event_id", "schema_version", "created_at", "step", "source_event_id")
+    }
     return Evaluation(**copied, run_id=run_id, step=step, source_event_id=source.event_id)
 
 
-def rescored_evaluation(evaluator: Evaluator, evaluator_name: str, trajectory: Trajectory, task_data: dict,
-                        run_id: str, step: int) -> Evaluation:
+def rescored_evaluation(
+    evaluator: Evaluator, evaluator_name: str, trajectory: Trajectory, task_data: dict, run_id: str, step: int
+) -> Evaluation:
     outcome = run_evaluator(evaluator, task_data, BaseEvaluationTarget(final_answer=trajectory.response_text))
     result = outcome.result
-    return Evaluation(run_id=run_id, trajectory_id=trajectory.trajectory_id, task_id=trajectory.task_id,
-                      group_id=trajectory.group_id, reward=result.reward, metrics=result.metrics,
-                      ground_truth=result.ground_truth, extra_info=result.extra_info, evaluator=evaluator_name,
-                      step=step, error=outcome.error)
+    return Evaluation(
+        run_id=run_id,
+        trajectory_id=trajectory.trajectory_id,
+        task_id=trajectory.task_id,
+        group_id=trajectory.group_id,
+        reward=result.reward,
+        metrics=result.metrics,
+        ground_truth=result.ground_truth,
+        extra_info=result.extra_info,
+        evaluator=evaluator_name,
+        step=step,
+        error=outcome.error,
+    )
 
 
 # --- reading the source -----------------------------------------------------------------------
 
-def read_from_kafka(settings: Settings, source_run: str, wanted: set[str], idle_s: float = 3.0
-                    ) -> tuple[dict[str, Trajectory], dict[str, Evaluation]]:
+
+def read_from_kafka(
+    settings: Settings, source_run: str, wanted: set[str], idle_s: float = 3.0
+) -> tuple[dict[str, Trajectory], dict[str, Evaluation]]:
     """What the source's topics still hold of the wanted rollouts: a scan from the start,
     ending when all are found or nothing new arrives for `idle_s`."""
     trajectories: dict[str, Trajectory] = {}
     evaluations: dict[str, Evaluation] = {}
     try:
-        reader = RunReader(settings, source_run, ["trajectories", "evaluations"], group_id=None,
-                           stage="replay", wait_s=5.0)
+        reader = RunReader(settings, source_run, ["trajectories", "evaluations"], group_id=None, stage="replay", wait_s=5.0)
     except Exception:  # the topics are gone (a broker restart): the ledger has everything
         return trajectories, evaluations
     last_new = time.monotonic()
@@ -166,31 +184,37 @@ def read_from_kafka(settings: Settings, source_run: str, wanted: set[str], idle_
     return trajectories, evaluations
 
 
-def read_from_ledger(database_url: str, source_run: str, ids: list[str]
-                     ) -> tuple[dict[str, Trajectory], dict[str, Evaluation]]:
+def read_from_ledger(database_url: str, source_run: str, ids: list[str]) -> tuple[dict[str, Trajectory], dict[str, Evaluation]]:
     trajectories: dict[str, Trajectory] = {}
     evaluations: dict[str, Evaluation] = {}
     if not ids:
         return trajectories, evaluations
     with connect(database_url, autocommit=True) as conn:
-        for event in query_events(conn, Trajectory, "select * from trajectories where run_id = %s "
-                                  "and trajectory_id = any(%s)", (source_run, ids)):
+        for event in query_events(
+            conn, Trajectory, "select * from trajectories where run_id = %s and trajectory_id = any(%s)", (source_run, ids)
+        ):
             trajectories[event.trajectory_id] = event
-        for event in query_events(conn, Evaluation, "select * from evaluations where run_id = %s "
-                                  "and trajectory_id = any(%s) and not is_val", (source_run, ids)):
+        for event in query_events(
+            conn,
+            Evaluation,
+            "select * from evaluations where run_id = %s and trajectory_id = any(%s) and not is_val",
+            (source_run, ids),
+        ):
             evaluations[event.trajectory_id] = event
     return trajectories, evaluations
 
 
 def task_data(database_url: str, source_run: str, task_ids: list[str]) -> dict[str, dict]:
     with connect(database_url, autocommit=True) as conn:
-        rows = conn.execute("select task_id, data from tasks where run_id = %s and task_id = any(%s)",
-                            (source_run, task_ids)).fetchall()
+        rows = conn.execute(
+            "select task_id, data from tasks where run_id = %s and task_id = any(%s)", (source_run, task_ids)
+        ).fetchall()
     return {task_id: data or {} for task_id, data in rows}
 
 
-def load_rollouts(settings: Settings, source_run: str, ids: list[str], source: str
-                  ) -> tuple[dict[str, Trajectory], dict[str, Evaluation], dict[str, int]]:
+def load_rollouts(
+    settings: Settings, source_run: str, ids: list[str], source: str
+) -> tuple[dict[str, Trajectory], dict[str, Evaluation], dict[str, int]]:
     """The wanted rollouts' trajectory and evaluation events, and how many came from where."""
     source = ReplaySource(source).value
     trajectories: dict[str, Trajectory] = {}
@@ -200,8 +224,10 @@ def load_rollouts(settings: Settings, source_run: str, ids: list[str], source: s
     from_kafka = sum(1 for i in ids if i in trajectories and i in evaluations)
     missing = [i for i in ids if i not in trajectories or i not in evaluations]
     if missing and source == "kafka":
-        raise ReplayError(f"--from kafka: the source topics no longer hold {len(missing)} of the {len(ids)} selected "
-                          f"rollouts (e.g. {missing[0]}); use --from ledger or --from auto")
+        raise ReplayError(
+            f"--from kafka: the source topics no longer hold {len(missing)} of the {len(ids)} selected "
+            f"rollouts (e.g. {missing[0]}); use --from ledger or --from auto"
+        )
     if missing:
         more_t, more_e = read_from_ledger(settings.database_url, source_run, missing)
         trajectories.update(more_t)
@@ -212,16 +238,26 @@ def load_rollouts(settings: Settings, source_run: str, ids: list[str], source: s
     return trajectories, evaluations, {"kafka": from_kafka, "ledger": len(ids) - from_kafka}
 
 
-def replay_config(source_config: Recipe, recipe: Recipe | None, *, source_run: str, plan: Plan, source: str,
-                  steps: str | None, where: str | None, correction: str | None, recompute_advantages: str | None,
-                  rescore: str | None, rate: float | None) -> Recipe:
+def replay_config(
+    source_config: Recipe,
+    recipe: Recipe | None,
+    *,
+    source_run: str,
+    plan: Plan,
+    source: str,
+    steps: str | None,
+    where: str | None,
+    correction: str | None,
+    recompute_advantages: str | None,
+    rescore: str | None,
+    rate: float | None,
+) -> Recipe:
     """The new run's typed config: the recipe (or the source's), trained off-policy for
     the planned steps, with a `replay` section saying where its data came from."""
     config = copy.deepcopy(recipe or source_config)
     algorithm = config.algorithm
     # Every replayed sample is off-policy: a policy loss with a correction, never "none".
-    chosen = correction or (algorithm.policy_loss if algorithm.policy_loss != "none"
-                            else "truncated_is")
+    chosen = correction or (algorithm.policy_loss if algorithm.policy_loss != "none" else "truncated_is")
     if chosen not in POLICY_LOSSES or chosen == "none":
         corrections = [name for name in POLICY_LOSSES.names() if name != "none"]
         raise ReplayError(f"--correction: expected one of {', '.join(corrections)}, got {chosen!r}")
@@ -237,16 +273,32 @@ def replay_config(source_config: Recipe, recipe: Recipe | None, *, source_run: s
     if rescore:
         config.rollout_worker.evaluator_module_path = rescore
     config.trainer.total_train_steps, config.trainer.total_epochs = plan.steps, None
-    config.replay = Replay(parent_run=source_run, source=source, steps=steps, where=where,
-                           recompute_advantages=recompute_advantages, rescore=rescore, rate=rate,
-                           train_steps=plan.steps, groups=len(plan.group_size_of), trajectories=len(plan.order),
-                           left_out_groups=plan.left_out_groups)
+    config.replay = Replay(
+        parent_run=source_run,
+        source=source,
+        steps=steps,
+        where=where,
+        recompute_advantages=recompute_advantages,
+        rescore=rescore,
+        rate=rate,
+        train_steps=plan.steps,
+        groups=len(plan.group_size_of),
+        trajectories=len(plan.order),
+        left_out_groups=plan.left_out_groups,
+    )
     return config
 
 
-def publish_replay(settings: Settings, run_id: str, plan: Plan, trajectories: dict[str, Trajectory],
-                   evaluations: dict[str, Evaluation], rescorer: tuple[Evaluator, str, dict[str, dict]] | None = None,
-                   rate: float | None = None, on_progress=None) -> int:
+def publish_replay(
+    settings: Settings,
+    run_id: str,
+    plan: Plan,
+    trajectories: dict[str, Trajectory],
+    evaluations: dict[str, Evaluation],
+    rescorer: tuple[Evaluator, str, dict[str, dict]] | None = None,
+    rate: float | None = None,
+    on_progress=None,
+) -> int:
     """Publish the plan's rollouts into `run_id`, at most `rate` rollouts a second."""
     publisher = EventPublisher(settings, stage="replay")
     started = time.monotonic()

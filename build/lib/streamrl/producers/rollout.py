@@ -19,19 +19,20 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
-from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
 
-from streamrl.runtime.config_reads import WorkerConfig
 from streamrl.producers.evaluator import BaseEvaluationTarget, Evaluator, run_evaluator
 from streamrl.producers.inference import Completion, InferenceUnavailable
-from streamrl.producers.inference_client import InferenceClient, behaviour_logprobs  # noqa: F401  (the seed API's names)
+from streamrl.producers.inference_client import InferenceClient, behaviour_logprobs
+from streamrl.runtime.chat_template import as_messages
+from streamrl.runtime.config_reads import WorkerConfig
+from streamrl.runtime.registry import Registry
 from streamrl.schema.events import Evaluation, Task, Turn, pack_float32, pack_int32, pack_mask
 from streamrl.schema.events import Trajectory as TrajectoryEvent
-from streamrl.runtime.chat_template import as_messages
-from streamrl.runtime.registry import Registry
 
 SUCCESS, FAIL, RE_ROLLOUT = "success", "fail", "re-rollout"
 
@@ -82,14 +83,16 @@ class ActivityTracker:
     guide: the values join the metrics of the rollout being run (its Evaluation event, so
     the ledger has them per step: view `worker_metrics`). Numbers only."""
 
-    def __init__(self, worker: "BaseRolloutWorker"):
+    def __init__(self, worker: BaseRolloutWorker):
         self._worker = worker
 
     def experiment_logger_post(self, backend: str = "ledger", data: dict | None = None, step: int | None = None):
         logged = getattr(self._worker._local, "logged", None)
         if logged is None:
-            raise RuntimeError("experiment_logger_post: call it while a rollout runs (from rollout() or "
-                               "what it calls); the values are recorded with that rollout's step")
+            raise RuntimeError(
+                "experiment_logger_post: call it while a rollout runs (from rollout() or "
+                "what it calls); the values are recorded with that rollout's step"
+            )
         for key, value in (data or {}).items():
             try:
                 logged[str(key)] = float(value)
@@ -106,9 +109,14 @@ class BaseRolloutWorker:
     client, evaluator and publisher); the explicit form
     `Worker(config, inference_client, evaluator, publish, worker_id)` works too."""
 
-    def __init__(self, config=None, inference_client: InferenceClient | None = None,
-                 evaluator: Evaluator | None = None, publish: Callable[[Any], None] | None = None,
-                 worker_id: str | None = None):
+    def __init__(
+        self,
+        config=None,
+        inference_client: InferenceClient | None = None,
+        evaluator: Evaluator | None = None,
+        publish: Callable[[Any], None] | None = None,
+        worker_id: str | None = None,
+    ):
         parts = getattr(_RUNTIME, "parts", None) or (None, None, None, "worker")
         # a plain dict gets attribute access (`self._config.temperature`) and records the
         # keys read (runtime/config_reads.py); an OmegaConf DictConfig (the guide's unit
@@ -152,16 +160,13 @@ class BaseRolloutWorker:
             extra["metrics"] = {**self._local.logged, **(extra.get("metrics") or {})}
             trajectory = Trajectory(**{**trajectory.__dict__, "extra_fields": extra})
         if len(trajectory.loss_mask) != len(trajectory.tokens):
-            self._local.error = (f"loss_mask has {len(trajectory.loss_mask)} entries for "
-                                 f"{len(trajectory.tokens)} tokens")
+            self._local.error = f"loss_mask has {len(trajectory.loss_mask)} entries for {len(trajectory.tokens)} tokens"
             return FAIL
         if trajectory.logprobs is not None and len(trajectory.logprobs) != len(trajectory.tokens):
-            self._local.error = (f"logprobs has {len(trajectory.logprobs)} entries for "
-                                 f"{len(trajectory.tokens)} tokens")
+            self._local.error = f"logprobs has {len(trajectory.logprobs)} entries for {len(trajectory.tokens)} tokens"
             return FAIL
         if trajectory.token_versions is not None and len(trajectory.token_versions) != len(trajectory.tokens):
-            self._local.error = (f"token_versions has {len(trajectory.token_versions)} entries for "
-                                 f"{len(trajectory.tokens)} tokens")
+            self._local.error = f"token_versions has {len(trajectory.token_versions)} entries for {len(trajectory.tokens)} tokens"
             return FAIL
         completions = self._inference_client.recorded()
         logprobs, token_versions = trajectory.logprobs, trajectory.token_versions
@@ -173,12 +178,12 @@ class BaseRolloutWorker:
                 return FAIL
             token_versions = token_versions if token_versions is not None else found_versions
         versions = {c.weight_version for c in completions}
-        weight_version = trajectory.weight_version if trajectory.weight_version is not None else \
-            (min(versions) if versions else 0)
+        weight_version = (
+            trajectory.weight_version if trajectory.weight_version is not None else (min(versions) if versions else 0)
+        )
         if weight_version < task.min_weight_version:
             return RE_ROLLOUT  # generated by a policy older than this task allows
-        self._local.put = build_events(task, trajectory, logprobs, weight_version, completions, self.worker_id,
-                                       token_versions)
+        self._local.put = build_events(task, trajectory, logprobs, weight_version, completions, self.worker_id, token_versions)
         return SUCCESS
 
     # --- driving tasks ---------------------------------------------------------------------
@@ -231,17 +236,36 @@ class BaseRolloutWorker:
             return
         if "trace" not in event.extra_fields and event.error is None:
             event.extra_fields["trace"] = [
-                {"type": "llm", "prompt_tokens": len(c.prompt_token_ids), "response_tokens": len(c.response_token_ids),
-                 "response": c.response_text, "finish_reason": c.finish_reason, "weight_version": c.weight_version}
-                for c in self._inference_client.recorded()]
+                {
+                    "type": "llm",
+                    "prompt_tokens": len(c.prompt_token_ids),
+                    "response_tokens": len(c.response_token_ids),
+                    "response": c.response_text,
+                    "finish_reason": c.finish_reason,
+                    "weight_version": c.weight_version,
+                }
+                for c in self._inference_client.recorded()
+            ]
         folder = self._config.get("trace_path")
         if folder:
             path = Path(folder) / event.run_id / f"{event.trajectory_id}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"trajectory_id": event.trajectory_id, "group_id": event.group_id,
-                                        "step": event.step, "reward": evaluation.reward, "prompt": event.prompt_text,
-                                        "response": event.response_text, "error": event.error,
-                                        "trace": event.extra_fields.get("trace", [])}, default=str, indent=1))
+            path.write_text(
+                json.dumps(
+                    {
+                        "trajectory_id": event.trajectory_id,
+                        "group_id": event.group_id,
+                        "step": event.step,
+                        "reward": evaluation.reward,
+                        "prompt": event.prompt_text,
+                        "response": event.response_text,
+                        "error": event.error,
+                        "trace": event.extra_fields.get("trace", []),
+                    },
+                    default=str,
+                    indent=1,
+                )
+            )
 
 
 @register_rollout_worker("single_turn")
@@ -268,10 +292,12 @@ class SingleTurnWorker(BaseRolloutWorker):
                 left.append((task, max_retries))
         completions = self._inference_client.submit_many([(prompt, task.is_val) for task, _, _, prompt in ready])
         for (task, row, query, _), completion in zip(ready, completions):
+
             def score(row=row, query=query, completion=completion):
                 if isinstance(completion, BaseException):
                     raise completion
                 return self._score(row, query, self._inference_client.record(completion))
+
             if self._attempt(task, score):
                 self._publish_put()
             elif max_retries > 0:
@@ -290,20 +316,34 @@ class SingleTurnWorker(BaseRolloutWorker):
         return query, prompt
 
     def _score(self, task: dict[str, Any], query: str | list[dict[str, Any]], result: dict[str, Any]) -> str:
-        info = {"prompt_tokens": result["prompt_tokens"], "response_tokens": result["response_tokens"],
-                "prompt_messages": as_messages(query),
-                "response_message": {"role": "assistant", "content": result["response"]},
-                "finish_reason": result["finish_reason"], "is_final": True, "start": len(result["prompt_tokens"])}
+        info = {
+            "prompt_tokens": result["prompt_tokens"],
+            "response_tokens": result["response_tokens"],
+            "prompt_messages": as_messages(query),
+            "response_message": {"role": "assistant", "content": result["response"]},
+            "finish_reason": result["finish_reason"],
+            "is_final": True,
+            "start": len(result["prompt_tokens"]),
+        }
         tokens = result["prompt_tokens"] + result["response_tokens"]
         mask = token_loss_mask(self.get_train_loss_mask([info]), [info], len(tokens))
         outcome = run_evaluator(self.evaluator, task.get("data", {}), BaseEvaluationTarget(result["response"]))
-        return self._put_trajectory(Trajectory(
-            tokens=tokens, loss_mask=mask,
-            reward=outcome.result.reward, is_val=task.get("is_val", False),
-            extra_fields={"metrics": outcome.result.metrics, "ground_truth": outcome.result.ground_truth,
-                          "extra_info": outcome.result.extra_info,
-                          "evaluator_error": outcome.error, "response": result["response"],
-                          "finish_reason": result["finish_reason"]}))
+        return self._put_trajectory(
+            Trajectory(
+                tokens=tokens,
+                loss_mask=mask,
+                reward=outcome.result.reward,
+                is_val=task.get("is_val", False),
+                extra_fields={
+                    "metrics": outcome.result.metrics,
+                    "ground_truth": outcome.result.ground_truth,
+                    "extra_info": outcome.result.extra_info,
+                    "evaluator_error": outcome.error,
+                    "response": result["response"],
+                    "finish_reason": result["finish_reason"],
+                },
+            )
+        )
 
 
 register_rollout_worker("simple")(SingleTurnWorker)  # the guide's name for it
@@ -321,16 +361,18 @@ def token_loss_mask(mask: list, infos: list[dict[str, Any]], length: int) -> lis
     out = [0] * length
     if len(mask) == len(infos):
         for (start, size), value in zip(spans, mask):
-            out[start:start + size] = [value] * size
+            out[start : start + size] = [value] * size
         return out
     if len(mask) == sum(size for _, size in spans):
         cursor = 0
         for start, size in spans:
-            out[start:start + size] = mask[cursor:cursor + size]
+            out[start : start + size] = mask[cursor : cursor + size]
             cursor += size
         return out
-    raise ValueError(f"get_train_loss_mask returned {len(mask)} values: expected one per LLM call ({len(infos)}), "
-                     f"one per response token ({sum(size for _, size in spans)}) or one per token ({length})")
+    raise ValueError(
+        f"get_train_loss_mask returned {len(mask)} values: expected one per LLM call ({len(infos)}), "
+        f"one per response token ({sum(size for _, size in spans)}) or one per token ({length})"
+    )
 
 
 def trajectory_from_dict(values: dict[str, Any]) -> Trajectory:
@@ -340,8 +382,11 @@ def trajectory_from_dict(values: dict[str, Any]) -> Trajectory:
     missing = [key for key in ("tokens", "loss_mask") if key not in values]
     if missing:
         raise ValueError(f"the trajectory dict has no {' or '.join(missing)}")
-    known = {key: values.pop(key) for key in ("tokens", "loss_mask", "reward", "is_val", "logprobs", "turns",
-                                              "weight_version", "token_versions") if key in values}
+    known = {
+        key: values.pop(key)
+        for key in ("tokens", "loss_mask", "reward", "is_val", "logprobs", "turns", "weight_version", "token_versions")
+        if key in values
+    }
     extra = values.pop("extra_fields", None) or {}
     known["loss_mask"] = [int(bool(m)) for m in known["loss_mask"]]
     return Trajectory(**known, extra_fields={**values, **extra})
@@ -351,15 +396,28 @@ def task_dict(task: Task) -> dict[str, Any]:
     row = dict(task.data)
     # `run_id` is the group, as in the guide (its trainers group a prompt's rollouts by
     # it); the run itself is `streamrl_run_id`.
-    row.update(task_id=task.task_id, group_id=task.group_id, run_id=task.group_id, streamrl_run_id=task.run_id,
-               is_val=task.is_val,
-               step=task.step, data=task.data, prompt=task.prompt if task.prompt else task.data.get("prompt", ""))
+    row.update(
+        task_id=task.task_id,
+        group_id=task.group_id,
+        run_id=task.group_id,
+        streamrl_run_id=task.run_id,
+        is_val=task.is_val,
+        step=task.step,
+        data=task.data,
+        prompt=task.prompt if task.prompt else task.data.get("prompt", ""),
+    )
     return row
 
 
-def build_events(task: Task, trajectory: Trajectory, logprobs: list[float], weight_version: int,
-                 completions: list[Completion], worker_id: str, token_versions: list[int] | None = None
-                 ) -> tuple[TrajectoryEvent, Evaluation]:
+def build_events(
+    task: Task,
+    trajectory: Trajectory,
+    logprobs: list[float],
+    weight_version: int,
+    completions: list[Completion],
+    worker_id: str,
+    token_versions: list[int] | None = None,
+) -> tuple[TrajectoryEvent, Evaluation]:
     """The rollout's events. Its identity (ids, group, step) and whether it is a
     validation rollout come from the task, whatever the worker's trajectory says: a
     worker that forgets to copy `is_val` must not turn validation prompts into training
@@ -372,30 +430,67 @@ def build_events(task: Task, trajectory: Trajectory, logprobs: list[float], weig
     extra_info = extra.pop("extra_info", None) or {}
     prompt_length = next((i for i, m in enumerate(trajectory.loss_mask) if m), len(trajectory.tokens))
     event = TrajectoryEvent(
-        run_id=task.run_id, trajectory_id=task.task_id, task_id=task.task_id, group_id=task.group_id,
-        sample_index=task.sample_index, group_size=task.group_size, weight_version=weight_version,
+        run_id=task.run_id,
+        trajectory_id=task.task_id,
+        task_id=task.task_id,
+        group_id=task.group_id,
+        sample_index=task.sample_index,
+        group_size=task.group_size,
+        weight_version=weight_version,
         tokens=pack_int32(trajectory.tokens),
-        loss_mask=pack_mask(trajectory.loss_mask), logprobs=pack_float32(logprobs), prompt_length=prompt_length,
+        loss_mask=pack_mask(trajectory.loss_mask),
+        logprobs=pack_float32(logprobs),
+        prompt_length=prompt_length,
         token_versions=pack_int32(token_versions) if spans_versions else b"",
         prompt_text=task.prompt if isinstance(task.prompt, str) else json.dumps(task.prompt, ensure_ascii=False),
         response_text=str(extra.get("response", "")),
         finish_reason=str(extra.pop("finish_reason", completions[-1].finish_reason if completions else "")),
-        turns=[Turn(**turn) for turn in trajectory.turns or []], worker_id=worker_id, is_val=task.is_val,
-        step=task.step, extra_fields=extra)
+        turns=[Turn(**turn) for turn in trajectory.turns or []],
+        worker_id=worker_id,
+        is_val=task.is_val,
+        step=task.step,
+        extra_fields=extra,
+    )
     evaluation = Evaluation(
-        run_id=task.run_id, trajectory_id=task.task_id, task_id=task.task_id, group_id=task.group_id,
-        reward=float(trajectory.reward), metrics=metrics, ground_truth=extra.get("ground_truth"),
-        extra_info=extra_info, evaluator="rollout", is_val=task.is_val, step=task.step,
-        error=extra.get("evaluator_error"))
+        run_id=task.run_id,
+        trajectory_id=task.task_id,
+        task_id=task.task_id,
+        group_id=task.group_id,
+        reward=float(trajectory.reward),
+        metrics=metrics,
+        ground_truth=extra.get("ground_truth"),
+        extra_info=extra_info,
+        evaluator="rollout",
+        is_val=task.is_val,
+        step=task.step,
+        error=extra.get("evaluator_error"),
+    )
     return event, evaluation
 
 
 def failed_events(task: Task, error: str, worker_id: str) -> tuple[TrajectoryEvent, Evaluation]:
-    event = TrajectoryEvent(run_id=task.run_id, trajectory_id=task.task_id, task_id=task.task_id,
-                            group_id=task.group_id, sample_index=task.sample_index, group_size=task.group_size,
-                            worker_id=worker_id,
-                            is_val=task.is_val, step=task.step, finish_reason="error", error=error)
-    evaluation = Evaluation(run_id=task.run_id, trajectory_id=task.task_id, task_id=task.task_id,
-                            group_id=task.group_id, reward=0.0, evaluator="rollout", is_val=task.is_val,
-                            step=task.step, error=error)
+    event = TrajectoryEvent(
+        run_id=task.run_id,
+        trajectory_id=task.task_id,
+        task_id=task.task_id,
+        group_id=task.group_id,
+        sample_index=task.sample_index,
+        group_size=task.group_size,
+        worker_id=worker_id,
+        is_val=task.is_val,
+        step=task.step,
+        finish_reason="error",
+        error=error,
+    )
+    evaluation = Evaluation(
+        run_id=task.run_id,
+        trajectory_id=task.task_id,
+        task_id=task.task_id,
+        group_id=task.group_id,
+        reward=0.0,
+        evaluator="rollout",
+        is_val=task.is_val,
+        step=task.step,
+        error=error,
+    )
     return event, evaluation

@@ -86,14 +86,17 @@ def interpreter_for(run_as: int | None) -> str:
     for candidate in ("/usr/bin/python3", "/usr/local/bin/python3", shutil.which("python3") or ""):
         if candidate and os.path.exists(candidate) and _everyone_can_run(candidate):
             return candidate
-    raise RuntimeError("the code sandbox runs programs as user nobody when the run is root, and no Python "
-                       f"interpreter is open to that user ({sys.executable} is not): install python3 system-wide")
+    raise RuntimeError(
+        "the code sandbox runs programs as user nobody when the run is root, and no Python "
+        f"interpreter is open to that user ({sys.executable} is not): install python3 system-wide"
+    )
 
 
 def _process_count(uid: int) -> int:
     """Processes whose real user is `uid`: what RLIMIT_NPROC counts."""
-    return sum(1 for process in psutil.process_iter(["uids"])
-               if process.info["uids"] is not None and process.info["uids"].real == uid)
+    return sum(
+        1 for process in psutil.process_iter(["uids"]) if process.info["uids"] is not None and process.info["uids"].real == uid
+    )
 
 
 def _limit_child(limits: SandboxLimits, run_as: int | None, nproc: int):
@@ -108,6 +111,7 @@ def _limit_child(limits: SandboxLimits, run_as: int | None, nproc: int):
             os.setgid(run_as)
             os.setuid(run_as)
         resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
     return apply
 
 
@@ -139,9 +143,15 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) 
             handle.write(code)
         os.chmod(program, 0o644)
         process = subprocess.Popen(
-            [interpreter_for(run_as), "-I", "-S", program], cwd=folder, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env={"PATH": "/usr/bin:/bin", "HOME": folder, "LANG": "C.UTF-8"},
-            start_new_session=True, preexec_fn=_limit_child(limits, run_as, nproc))
+            [interpreter_for(run_as), "-I", "-S", program],
+            cwd=folder,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={"PATH": "/usr/bin:/bin", "HOME": folder, "LANG": "C.UTF-8"},
+            start_new_session=True,
+            preexec_fn=_limit_child(limits, run_as, nproc),
+        )
         timed_out = False
         try:
             stdout, stderr = process.communicate(stdin.encode(), timeout=limits.wall_seconds)
@@ -157,5 +167,10 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits | None = None) 
         finally:
             _kill_session(process.pid)  # children left behind by a program that exited
     cap = limits.max_output_bytes
-    return SandboxResult(process.returncode, stdout[:cap].decode(errors="replace"), stderr[-cap:].decode(errors="replace"),
-                         timed_out, time.monotonic() - started)
+    return SandboxResult(
+        process.returncode,
+        stdout[:cap].decode(errors="replace"),
+        stderr[-cap:].decode(errors="replace"),
+        timed_out,
+        time.monotonic() - started,
+    )

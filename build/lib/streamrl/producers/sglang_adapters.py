@@ -10,7 +10,7 @@ servers are started with LoRA on, sized from `trainer.lora`.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from streamrl.producers.sglang_server import InferenceServerError
 from streamrl.runtime.device import resolve_device
@@ -24,15 +24,19 @@ def adapter_name(version: int) -> str:
 
 def lora_server_args(lora, device: str) -> dict:
     """Launch options of a managed server that loads `trainer.lora`'s adapters."""
-    args = {"enable-lora": True, "max-lora-rank": lora.rank, "lora-target-modules": list(lora.target_modules),
-            "max-loaded-loras": 2, "max-loras-per-batch": 2}  # the one served and the next, while it loads
+    args = {
+        "enable-lora": True,
+        "max-lora-rank": lora.rank,
+        "lora-target-modules": list(lora.target_modules),
+        "max-loaded-loras": 2,
+        "max-loras-per-batch": 2,
+    }  # the one served and the next, while it loads
     if resolve_device(device).type == "cpu":  # the only LoRA backend without GPU kernels
         args["lora-backend"] = "torch_native"
     return args
 
 
-def load_adapter(post: Callable[[str, dict], dict], url: str, version: int, folder: str,
-                 previous: str | None) -> str:
+def load_adapter(post: Callable[[str, dict], dict], url: str, version: int, folder: str, previous: str | None) -> str:
     """Load `version`'s adapter from `folder` on the server at `url` and make it the version
     it reports; unload `previous`. Returns the loaded adapter's name."""
     name = adapter_name(version)
@@ -40,9 +44,11 @@ def load_adapter(post: Callable[[str, dict], dict], url: str, version: int, fold
         post("/unload_lora_adapter", {"lora_name": name})
     body = post("/load_lora_adapter", {"lora_name": name, "lora_path": folder})
     if not body.get("success"):
-        raise InferenceServerError(f"{url} refused LoRA adapter version {version} from {folder}: "
-                                   f"{body.get('error_message') or body.get('message') or body} (a server "
-                                   f"started without --enable-lora, or with a smaller --max-lora-rank?)")
+        raise InferenceServerError(
+            f"{url} refused LoRA adapter version {version} from {folder}: "
+            f"{body.get('error_message') or body.get('message') or body} (a server "
+            f"started without --enable-lora, or with a smaller --max-lora-rank?)"
+        )
     body = post("/update_weight_version", {"new_version": str(version), "abort_all_requests": False})
     if not body.get("success"):
         raise InferenceServerError(f"{url} loaded adapter {name} but did not take it as its weight version: {body}")

@@ -15,8 +15,8 @@ loads the version's folder instead.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 from streamrl.producers.sglang_server import InferenceServerError
 from streamrl.runtime.weight_transport import GO_KEY, RANK_OFFSET_KEY, VERSION_KEY
@@ -33,37 +33,58 @@ def claim_rank_offset(broadcast: WeightBroadcast, version: int, ranks: int, wait
     from torch.distributed import TCPStore  # here: only a worker that receives broadcasts needs torch
 
     try:
-        store = TCPStore(broadcast.address, broadcast.port, is_master=False, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=STORE_CONNECT_TIMEOUT_S))
+        store = TCPStore(
+            broadcast.address,
+            broadcast.port,
+            is_master=False,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=STORE_CONNECT_TIMEOUT_S),
+        )
         holds = store.get(VERSION_KEY).decode()
         if holds != str(version):
-            raise InferenceServerError(f"the rendezvous {broadcast.address}:{broadcast.port} is version {holds}'s, "
-                                       f"not {version}'s")
+            raise InferenceServerError(
+                f"the rendezvous {broadcast.address}:{broadcast.port} is version {holds}'s, not {version}'s"
+            )
         end = store.add(RANK_OFFSET_KEY, ranks)
         if end > broadcast.world_size:
-            raise InferenceServerError(f"version {version}'s group has {broadcast.world_size} ranks and they are "
-                                       f"taken (a worker that restarted during its broadcast?)")
+            raise InferenceServerError(
+                f"version {version}'s group has {broadcast.world_size} ranks and they are "
+                f"taken (a worker that restarted during its broadcast?)"
+            )
         store.wait([GO_KEY], datetime.timedelta(seconds=wait_s))
         if store.get(GO_KEY) != b"1":
-            raise InferenceServerError(f"the learner gave up on version {version}'s broadcast: not every server "
-                                       f"of the {broadcast.world_size - 1} ranks claimed its rank in time")
+            raise InferenceServerError(
+                f"the learner gave up on version {version}'s broadcast: not every server "
+                f"of the {broadcast.world_size - 1} ranks claimed its rank in time"
+            )
     except InferenceServerError:
         raise
     except Exception as exc:  # DistNetworkError, DistStoreError: the broadcast is over (or never started)
-        raise InferenceServerError(f"version {version}'s rendezvous {broadcast.address}:{broadcast.port} did not "
-                                   f"answer ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+        raise InferenceServerError(
+            f"version {version}'s rendezvous {broadcast.address}:{broadcast.port} did not "
+            f"answer ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        ) from None
     return end - ranks
 
 
-def receive_broadcast(post: Callable[[str, str, dict], dict], urls: list[str], broadcast: WeightBroadcast,
-                      version: int, ranks_per_server: int, flush: Callable[[str], None], wait_s: float) -> None:
+def receive_broadcast(
+    post: Callable[[str, str, dict], dict],
+    urls: list[str],
+    broadcast: WeightBroadcast,
+    version: int,
+    ranks_per_server: int,
+    flush: Callable[[str], None],
+    wait_s: float,
+) -> None:
     """Every server of `urls` receives `version` from the broadcast; raises
     InferenceServerError if one did not. `post(url, route, payload)` returns the answer's
     body (a refusal's too); `flush(url)` empties a server's prefix cache."""
     first = claim_rank_offset(broadcast, version, ranks_per_server * len(urls), wait_s)
     with ThreadPoolExecutor(max_workers=len(urls), thread_name_prefix="weight-broadcast") as pool:
-        futures = [pool.submit(_receive_on, post, url, broadcast, version, first + i * ranks_per_server, flush)
-                   for i, url in enumerate(urls)]
+        futures = [
+            pool.submit(_receive_on, post, url, broadcast, version, first + i * ranks_per_server, flush)
+            for i, url in enumerate(urls)
+        ]
         errors = [str(exc) for exc in (f.exception() for f in futures) if exc is not None]
     if errors:
         raise InferenceServerError("; ".join(errors))
@@ -78,20 +99,35 @@ def _receive_on(post, url: str, broadcast: WeightBroadcast, version: int, rank_o
 
     step("/begin_weight_update", {})
     try:
-        step("/init_weights_update_group", {"master_address": broadcast.address, "master_port": broadcast.port,
-                                            "rank_offset": rank_offset, "world_size": broadcast.world_size,
-                                            "group_name": broadcast.group_name, "backend": broadcast.backend})
+        step(
+            "/init_weights_update_group",
+            {
+                "master_address": broadcast.address,
+                "master_port": broadcast.port,
+                "rank_offset": rank_offset,
+                "world_size": broadcast.world_size,
+                "group_name": broadcast.group_name,
+                "backend": broadcast.backend,
+            },
+        )
         try:
             start = 0
             for index, size in enumerate(broadcast.bucket_sizes):
                 last = index == len(broadcast.bucket_sizes) - 1
                 part = slice(start, start + size)
                 start += size
-                body = step("/update_weights_from_distributed",
-                            {"names": broadcast.names[part], "dtypes": broadcast.dtypes[part],
-                             "shapes": broadcast.shapes[part], "group_name": broadcast.group_name,
-                             "load_format": "flattened_bucket", "flush_cache": last,
-                             **({"weight_version": str(version)} if last else {})})
+                body = step(
+                    "/update_weights_from_distributed",
+                    {
+                        "names": broadcast.names[part],
+                        "dtypes": broadcast.dtypes[part],
+                        "shapes": broadcast.shapes[part],
+                        "group_name": broadcast.group_name,
+                        "load_format": "flattened_bucket",
+                        "flush_cache": last,
+                        **({"weight_version": str(version)} if last else {}),
+                    },
+                )
             if not body.get("success", True):  # loaded; aborted requests were still leaving the scheduler
                 flush(url)
         finally:

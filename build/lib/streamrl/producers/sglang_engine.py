@@ -44,9 +44,15 @@ from streamrl.schema.events import WeightBroadcast
 
 log = logging.getLogger("streamrl.sglang")
 ABORTED = "abort"
-WEIGHT_ROUTES = ("/update_weights_from_disk", "/begin_weight_update", "/init_weights_update_group",
-                 "/update_weights_from_distributed", "/destroy_weights_update_group", "/end_weight_update",
-                 *ADAPTER_ROUTES)
+WEIGHT_ROUTES = (
+    "/update_weights_from_disk",
+    "/begin_weight_update",
+    "/init_weights_update_group",
+    "/update_weights_from_distributed",
+    "/destroy_weights_update_group",
+    "/end_weight_update",
+    *ADAPTER_ROUTES,
+)
 
 
 @dataclass
@@ -84,9 +90,18 @@ def parse_generate(body: dict) -> Generated:
 class SGLangEngine:
     """The engine front a worker's InferenceClient drives, over one or more servers."""
 
-    def __init__(self, servers: list[Server], tokenizer, partial_rollout: str = "resume",
-                 request_timeout_s: float = 600.0, sync_timeout_s: float = 300.0, max_retries: int = 3,
-                 api_key: str | None = None, ranks_per_server: int = 1, adapters: bool = False):
+    def __init__(
+        self,
+        servers: list[Server],
+        tokenizer,
+        partial_rollout: str = "resume",
+        request_timeout_s: float = 600.0,
+        sync_timeout_s: float = 300.0,
+        max_retries: int = 3,
+        api_key: str | None = None,
+        ranks_per_server: int = 1,
+        adapters: bool = False,
+    ):
         self.servers = servers
         self.tokenizer = tokenizer
         self.partial_rollout = partial_rollout
@@ -140,11 +155,15 @@ class SGLangEngine:
             if out.finish_reason != ABORTED:
                 finish = "stop" if out.finish_reason == "stop" else "length"
                 break
-        return Completion(prompt_token_ids=list(prompt), response_token_ids=tokens,
-                          response_text=self.tokenizer.decode(tokens, skip_special_tokens=True),
-                          logprobs=logprobs, finish_reason=finish,
-                          weight_version=min(versions) if versions else (self.version or 0),
-                          token_versions=versions if len(set(versions)) > 1 else [])
+        return Completion(
+            prompt_token_ids=list(prompt),
+            response_token_ids=tokens,
+            response_text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+            logprobs=logprobs,
+            finish_reason=finish,
+            weight_version=min(versions) if versions else (self.version or 0),
+            token_versions=versions if len(set(versions)) > 1 else [],
+        )
 
     def _admit(self) -> tuple[Server, int | None, int]:
         """A server for one request, once no update is under way: (server, the version it
@@ -161,8 +180,7 @@ class SGLangEngine:
             self._in_flight -= 1
             self._gate.notify_all()
 
-    def _generate(self, server: Server, input_ids: list[int], params: SamplingParams,
-                  max_new_tokens: int) -> Generated | None:
+    def _generate(self, server: Server, input_ids: list[int], params: SamplingParams, max_new_tokens: int) -> Generated | None:
         sampling = {"max_new_tokens": max_new_tokens, "temperature": params.temperature, "top_p": params.top_p}
         if params.stop_token_ids:
             sampling["stop_token_ids"] = list(params.stop_token_ids)
@@ -173,8 +191,7 @@ class SGLangEngine:
         out = parse_generate(body)
         expected = self.version
         if expected is not None and out.weight_version != str(expected):
-            log.warning("%s answered with weight version %r, not %d: re-syncing it", server.url,
-                        out.weight_version, expected)
+            log.warning("%s answered with weight version %r, not %d: re-syncing it", server.url, out.weight_version, expected)
             return None
         return out
 
@@ -195,8 +212,11 @@ class SGLangEngine:
         if client is None:
             # idle connections are dropped before the server's keep-alive timeout
             # (uvicorn: 5 s) can close one under a new request
-            client = httpx.Client(timeout=httpx.Timeout(self._request_timeout_s, connect=10.0, pool=10.0),
-                                  headers=self._headers, limits=httpx.Limits(keepalive_expiry=2.0))
+            client = httpx.Client(
+                timeout=httpx.Timeout(self._request_timeout_s, connect=10.0, pool=10.0),
+                headers=self._headers,
+                limits=httpx.Limits(keepalive_expiry=2.0),
+            )
             self._clients.client = client
             self._all_clients.append(client)
         return client
@@ -213,8 +233,7 @@ class SGLangEngine:
             epoch = server.epoch
             try:
                 with server.slots or contextlib.nullcontext():
-                    response = self.http.post(server.url + route, json=payload,
-                                              timeout=timeout or httpx.USE_CLIENT_DEFAULT)
+                    response = self.http.post(server.url + route, json=payload, timeout=timeout or httpx.USE_CLIENT_DEFAULT)
             except httpx.TransportError as exc:
                 self._drop_client()
                 attempt += 1
@@ -230,8 +249,7 @@ class SGLangEngine:
                 # this request's fault (too long for the context, ...): its rollout fails, the worker goes on
                 raise ValueError(f"the inference server refused the request: {response.text[:300]}")
             if response.status_code != 200:
-                raise InferenceServerError(f"{server.url}{route} answered HTTP {response.status_code}: "
-                                           f"{response.text[:300]}")
+                raise InferenceServerError(f"{server.url}{route} answered HTTP {response.status_code}: {response.text[:300]}")
             return response.json() if response.content else {}
 
     def _repair(self, server: Server, epoch: int, attempt: int, error: Exception) -> None:
@@ -243,21 +261,30 @@ class SGLangEngine:
             if server.managed is not None and not server.managed.alive():
                 log.warning("the SGLang server %s died (%s): restarting it", server.url, error)
                 if server.managed.restarts >= self.max_retries:
-                    raise InferenceServerError(f"the managed SGLang server {server.url} died "
-                                               f"{server.managed.restarts + 1} times; its log ends:\n"
-                                               f"{server.managed.log_tail()}")
+                    raise InferenceServerError(
+                        f"the managed SGLang server {server.url} died "
+                        f"{server.managed.restarts + 1} times; its log ends:\n"
+                        f"{server.managed.log_tail()}"
+                    )
                 server.managed.restart()
                 server.epoch += 1
                 self._load(server)
                 return
             if attempt > self.max_retries:
-                raise InferenceServerError(f"inference server {server.url} did not answer after {attempt} tries "
-                                           f"({type(error).__name__}: {error})")
+                raise InferenceServerError(
+                    f"inference server {server.url} did not answer after {attempt} tries ({type(error).__name__}: {error})"
+                )
             if attempt == 1 and isinstance(error, (httpx.RemoteProtocolError, httpx.ReadError)):
                 return  # a connection the server had just closed: try again at once
             delay = backoff_delay(attempt, 1.0, 30.0)
-            log.warning("inference server %s did not answer (%s); retry %d/%d in %.0f s", server.url,
-                        error, attempt, self.max_retries, delay)
+            log.warning(
+                "inference server %s did not answer (%s); retry %d/%d in %.0f s",
+                server.url,
+                error,
+                attempt,
+                self.max_retries,
+                delay,
+            )
             time.sleep(delay)
 
     # --- weights ----------------------------------------------------------------------------------
@@ -280,8 +307,10 @@ class SGLangEngine:
                     self._post(server, "/abort_request", {"abort_all": True}, timeout=self.sync_timeout_s)
             with self._gate:
                 if not self._gate.wait_for(lambda: self._in_flight == 0, timeout=self.sync_timeout_s):
-                    raise InferenceServerError(f"requests still in flight {self.sync_timeout_s:.0f} s after "
-                                               f"aborting them for weight version {weight_version}")
+                    raise InferenceServerError(
+                        f"requests still in flight {self.sync_timeout_s:.0f} s after "
+                        f"aborting them for weight version {weight_version}"
+                    )
             previous = (self.version_path, self.version, self._folder_follows)
             self.version_path, self.version = str(model_path), weight_version
             self._folder_follows = broadcast is not None  # written after the broadcast
@@ -304,17 +333,22 @@ class SGLangEngine:
         """The current version from the learner's broadcast, on every server, verified;
         False (logged) when it did not arrive, and the folder is to be loaded instead."""
         try:
-            receive_broadcast(lambda url, route, payload: self._post(self._server(url), route, payload,
-                                                                       timeout=self.sync_timeout_s),
-                              [server.url for server in self.servers], broadcast, self.version,
-                              self.ranks_per_server, lambda url: self._flush_cache(self._server(url)),
-                              self.sync_timeout_s)
+            receive_broadcast(
+                lambda url, route, payload: self._post(self._server(url), route, payload, timeout=self.sync_timeout_s),
+                [server.url for server in self.servers],
+                broadcast,
+                self.version,
+                self.ranks_per_server,
+                lambda url: self._flush_cache(self._server(url)),
+                self.sync_timeout_s,
+            )
             for server in self.servers:
                 self._check_serves(server)
             return True
         except InferenceServerError as exc:
-            log.warning("weight version %d did not arrive by broadcast (%s): loading its folder %s", self.version,
-                        exc, self.version_path)
+            log.warning(
+                "weight version %d did not arrive by broadcast (%s): loading its folder %s", self.version, exc, self.version_path
+            )
             self.broadcast_fallbacks += 1
             return False
 
@@ -328,19 +362,26 @@ class SGLangEngine:
         if self._folder_follows:
             self._wait_for_folder()
         if self.adapters:
-            server.adapter = load_adapter(lambda route, payload: self._post(server, route, payload,
-                                                                            timeout=self.sync_timeout_s),
-                                          server.url, self.version, self.version_path,
-                                          server.adapter)
+            server.adapter = load_adapter(
+                lambda route, payload: self._post(server, route, payload, timeout=self.sync_timeout_s),
+                server.url,
+                self.version,
+                self.version_path,
+                server.adapter,
+            )
             self._check_serves(server)
             return
-        body = self._post(server, "/update_weights_from_disk",
-                          {"model_path": self.version_path, "weight_version": str(self.version)},
-                          timeout=self.sync_timeout_s)
+        body = self._post(
+            server,
+            "/update_weights_from_disk",
+            {"model_path": self.version_path, "weight_version": str(self.version)},
+            timeout=self.sync_timeout_s,
+        )
         if not body.get("success"):
             if "cache was not flushed" not in str(body.get("message")):
-                raise InferenceServerError(f"{server.url} refused weight version {self.version} from "
-                                           f"{self.version_path}: {body.get('message', body)}")
+                raise InferenceServerError(
+                    f"{server.url} refused weight version {self.version} from {self.version_path}: {body.get('message', body)}"
+                )
             # Loaded, but aborted requests were still leaving the scheduler: the prefix cache
             # (KV of the old weights) must go before anything is served from it.
             self._flush_cache(server)
@@ -352,24 +393,27 @@ class SGLangEngine:
         deadline = time.monotonic() + self.sync_timeout_s
         while not Path(self.version_path).is_dir():
             if time.monotonic() > deadline:
-                raise InferenceServerError(f"weight version {self.version}'s folder {self.version_path} did not "
-                                           f"appear within {self.sync_timeout_s:.0f} s")
+                raise InferenceServerError(
+                    f"weight version {self.version}'s folder {self.version_path} did not "
+                    f"appear within {self.sync_timeout_s:.0f} s"
+                )
             time.sleep(0.2)
 
     def _check_serves(self, server: Server) -> None:
-        probe = {"input_ids": [self.tokenizer.eos_token_id or 0],
-                 "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+        probe = {"input_ids": [self.tokenizer.eos_token_id or 0], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
         served = str(self._post(server, "/generate", probe)["meta_info"].get("weight_version"))
         if served != str(self.version):
-            raise InferenceServerError(f"{server.url} reports weight version {served!r} after loading "
-                                       f"version {self.version}")
+            raise InferenceServerError(f"{server.url} reports weight version {served!r} after loading version {self.version}")
 
     def _flush_cache(self, server: Server) -> None:
-        response = self.http.post(f"{server.url}/flush_cache", params={"timeout": self.sync_timeout_s},
-                                  timeout=self.sync_timeout_s + 10)
+        response = self.http.post(
+            f"{server.url}/flush_cache", params={"timeout": self.sync_timeout_s}, timeout=self.sync_timeout_s + 10
+        )
         if response.status_code != 200:
-            raise InferenceServerError(f"{server.url} loaded weight version {self.version} but could not flush "
-                                       f"its cache within {self.sync_timeout_s:.0f} s: {response.text[:200]}")
+            raise InferenceServerError(
+                f"{server.url} loaded weight version {self.version} but could not flush "
+                f"its cache within {self.sync_timeout_s:.0f} s: {response.text[:200]}"
+            )
 
     def close(self) -> None:
         for client in self._all_clients:
@@ -392,21 +436,36 @@ def sglang_backend(recipe, seed: int, settings, logs: Path) -> SGLangEngine:
     if service.url:
         servers = [Server(url, slots=threading.Semaphore(slots)) for url in server_urls(service.url)]
     else:
-        server_args = {**({"api-key": service.api_key} if service.api_key else {}),
-                       "random-seed": seed, **(lora_server_args(lora, recipe.trainer.device) if adapters else {}),
-                       **service.server_args}
+        server_args = {
+            **({"api-key": service.api_key} if service.api_key else {}),
+            "random-seed": seed,
+            **(lora_server_args(lora, recipe.trainer.device) if adapters else {}),
+            **service.server_args,
+        }
         servers = []
         try:
             for index in range(service.num_servers):
-                managed = ManagedServer(settings.sglang_python, recipe.rollout_worker.model_path,
-                                        recipe.trainer.device, server_args, logs / f"sglang-{seed}-{index}.log",
-                                        service.startup_timeout_s)
+                managed = ManagedServer(
+                    settings.sglang_python,
+                    recipe.rollout_worker.model_path,
+                    recipe.trainer.device,
+                    server_args,
+                    logs / f"sglang-{seed}-{index}.log",
+                    service.startup_timeout_s,
+                )
                 servers.append(Server(managed.start().url, managed=managed, slots=threading.Semaphore(slots)))
         except BaseException:
             for server in servers:
                 server.managed.stop()
             raise
-    return SGLangEngine(servers, tokenizer, partial_rollout=service.partial_rollout or "resume",
-                        request_timeout_s=service.request_timeout_s, sync_timeout_s=service.weight_sync_timeout_s,
-                        max_retries=service.max_retries, api_key=service.api_key,
-                        ranks_per_server=ranks_per_server(service.server_args), adapters=adapters)
+    return SGLangEngine(
+        servers,
+        tokenizer,
+        partial_rollout=service.partial_rollout or "resume",
+        request_timeout_s=service.request_timeout_s,
+        sync_timeout_s=service.weight_sync_timeout_s,
+        max_retries=service.max_retries,
+        api_key=service.api_key,
+        ranks_per_server=ranks_per_server(service.server_args),
+        adapters=adapters,
+    )

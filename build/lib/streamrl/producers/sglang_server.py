@@ -30,8 +30,13 @@ log = logging.getLogger("streamrl.sglang")
 
 CPU_KERNEL_SHIM = Path(__file__).resolve().parents[1] / "contrib" / "sglang_cpu"
 CPU_SERVER_ARGS = {
-    "device": "cpu", "dtype": "float32", "attention-backend": "torch_native", "sampling-backend": "pytorch",
-    "disable-cuda-graph": True, "disable-overlap-schedule": True, "max-total-tokens": 8192,
+    "device": "cpu",
+    "dtype": "float32",
+    "attention-backend": "torch_native",
+    "sampling-backend": "pytorch",
+    "disable-cuda-graph": True,
+    "disable-overlap-schedule": True,
+    "max-total-tokens": 8192,
 }
 
 
@@ -77,15 +82,17 @@ def check_sglang_python(python: Path) -> Path:
     if not python.exists():
         raise InferenceServerError(
             f"no SGLang environment at {python}: run `make sglang-env` (builds it once per machine, "
-            "about 11 GB) or set STREAMRL_SGLANG_PYTHON to the python of an environment with sglang")
+            "about 11 GB) or set STREAMRL_SGLANG_PYTHON to the python of an environment with sglang"
+        )
     return python
 
 
 class ManagedServer:
     """One SGLang server process owned by this worker."""
 
-    def __init__(self, python: Path, model_path: str, device: str, server_args: dict, log_path: Path,
-                 startup_timeout_s: float = 300.0):
+    def __init__(
+        self, python: Path, model_path: str, device: str, server_args: dict, log_path: Path, startup_timeout_s: float = 300.0
+    ):
         self.python = check_sglang_python(python)
         self.model_path = model_path
         self.device = device
@@ -112,12 +119,13 @@ class ManagedServer:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CPU_KERNEL_SHIM), env.get("PYTHONPATH")]))
         return env
 
-    def start(self) -> "ManagedServer":
+    def start(self) -> ManagedServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         with open(self.log_path, "ab") as out:
-            self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT,
-                                            env=self.environment(), start_new_session=True)
+            self.process = subprocess.Popen(
+                self.command(), stdout=out, stderr=subprocess.STDOUT, env=self.environment(), start_new_session=True
+            )
         log.info("starting SGLang on port %d, pid %d (log: %s)", self.port, self.process.pid, self.log_path)
         self.wait_healthy()
         log.info("SGLang on port %d is up after %.0f s", self.port, time.monotonic() - started)
@@ -130,8 +138,10 @@ class ManagedServer:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
-                raise InferenceServerError(f"the SGLang server on port {self.port} exited with code "
-                                           f"{self.process.returncode} while starting:\n{self.log_tail()}")
+                raise InferenceServerError(
+                    f"the SGLang server on port {self.port} exited with code "
+                    f"{self.process.returncode} while starting:\n{self.log_tail()}"
+                )
             try:
                 if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
                     return
@@ -139,9 +149,11 @@ class ManagedServer:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise InferenceServerError(f"the SGLang server on port {self.port} did not answer /health within "
-                                   f"{self.startup_timeout_s:.0f} s (service.inference_service.startup_timeout_s); "
-                                   f"its log, {self.log_path}, ends:\n{self.log_tail()}")
+        raise InferenceServerError(
+            f"the SGLang server on port {self.port} did not answer /health within "
+            f"{self.startup_timeout_s:.0f} s (service.inference_service.startup_timeout_s); "
+            f"its log, {self.log_path}, ends:\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 15) -> str:
         try:

@@ -28,14 +28,25 @@ import importlib
 import inspect
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import jsonschema
 import yaml
 
 from streamrl.runtime.plugins import LoadError, load_module
+
+
+def jsonschema_module():
+    """jsonschema, imported when a tool config is read (the `agents` extra brings it)."""
+    from streamrl.runtime.extras import missing_extra
+
+    try:
+        import jsonschema
+    except ModuleNotFoundError as exc:
+        raise missing_extra(exc, "an agent's tool arguments check") or exc from None
+    return jsonschema
 
 
 class ToolConfigError(ValueError):
@@ -92,8 +103,7 @@ def tool_method(cls: type, spec: str) -> Callable[..., Any]:
     try:
         instance = cls()
     except TypeError as exc:
-        raise LoadError(f"{spec!r}: the tool class {cls.__name__} must be constructible without arguments "
-                        f"({exc})") from None
+        raise LoadError(f"{spec!r}: the tool class {cls.__name__} must be constructible without arguments ({exc})") from None
     method = getattr(instance, "execute", None)
     if callable(method):
         return method
@@ -102,8 +112,7 @@ def tool_method(cls: type, spec: str) -> Callable[..., Any]:
     raise LoadError(f"{spec!r}: the tool class {cls.__name__} has neither an execute method nor __call__")
 
 
-JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "list": "array",
-              "dict": "object"}
+JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "list": "array", "dict": "object"}
 
 
 def schema_from_function(name: str, description: str | None, function: Callable[..., Any]) -> dict:
@@ -119,9 +128,14 @@ def schema_from_function(name: str, description: str | None, function: Callable[
         properties[parameter.name] = {"type": JSON_TYPES.get(getattr(annotation, "__name__", str(annotation)), "string")}
         if parameter.default is parameter.empty:
             required.append(parameter.name)
-    return {"type": "function", "function": {
-        "name": name, "description": description or (inspect.getdoc(function) or "").split("\n")[0],
-        "parameters": {"type": "object", "properties": properties, "required": required}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description or (inspect.getdoc(function) or "").split("\n")[0],
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
 
 
 class ToolRegistry:
@@ -130,8 +144,9 @@ class ToolRegistry:
         self.max_output_chars = max_output_chars
 
     @classmethod
-    def from_config(cls, entries: list[dict], base_dir: Path, source: str = "tools",
-                    max_output_chars: int = 2000) -> "ToolRegistry":
+    def from_config(
+        cls, entries: list[dict], base_dir: Path, source: str = "tools", max_output_chars: int = 2000
+    ) -> ToolRegistry:
         tools = []
         for i, entry in enumerate(entries or []):
             where = f"{source}[{i}]"
@@ -140,8 +155,9 @@ class ToolRegistry:
             if "binding" in entry:  # the guide's form: name, binding, description
                 unknown = set(entry) - {"name", "binding", "description"}
                 if unknown:
-                    raise ToolConfigError(f"{where}: unknown key(s) {sorted(unknown)} (a `binding:` tool has "
-                                          "name, binding, description)")
+                    raise ToolConfigError(
+                        f"{where}: unknown key(s) {sorted(unknown)} (a `binding:` tool has name, binding, description)"
+                    )
                 try:
                     function = load_callable(str(entry["binding"]), base_dir)
                 except LoadError as exc:
@@ -151,17 +167,21 @@ class ToolRegistry:
                 continue
             unknown = set(entry) - {"callable", "tool_schema"}
             if unknown:
-                raise ToolConfigError(f"{where}: unknown key(s) {sorted(unknown)} (expected callable and "
-                                      "tool_schema, or name, binding and description)")
+                raise ToolConfigError(
+                    f"{where}: unknown key(s) {sorted(unknown)} (expected callable and "
+                    "tool_schema, or name, binding and description)"
+                )
             schema = entry.get("tool_schema")
             name = (schema or {}).get("function", {}).get("name") if isinstance(schema, dict) else None
             if not name:
                 raise ToolConfigError(f"{where}.tool_schema.function.name: required")
+            jsonschema = jsonschema_module()
             try:
                 jsonschema.Draft202012Validator.check_schema(schema["function"].get("parameters", {}))
             except jsonschema.SchemaError as exc:
-                raise ToolConfigError(f"{where}.tool_schema.function.parameters: not a valid JSON schema: "
-                                      f"{exc.message}") from None
+                raise ToolConfigError(
+                    f"{where}.tool_schema.function.parameters: not a valid JSON schema: {exc.message}"
+                ) from None
             if not entry.get("callable"):
                 raise ToolConfigError(f"{where}.callable: required ('module:function')")
             try:
@@ -172,7 +192,7 @@ class ToolRegistry:
         return cls(tools, max_output_chars)
 
     @classmethod
-    def from_file(cls, path: str | Path, max_output_chars: int = 2000) -> "ToolRegistry":
+    def from_file(cls, path: str | Path, max_output_chars: int = 2000) -> ToolRegistry:
         path = Path(path)
         try:
             document = yaml.safe_load(path.read_text())
@@ -194,17 +214,23 @@ class ToolRegistry:
         if tool is None:
             output = f"error: unknown tool {name!r} (available: {', '.join(sorted(self.tools)) or 'none'})"
             return ToolResult(name, arguments, output, False, time.perf_counter() - started)
+        jsonschema = jsonschema_module()
         try:
             jsonschema.validate(arguments, tool.parameters)
         except jsonschema.ValidationError as exc:
             where = "/".join(str(p) for p in exc.absolute_path) or "arguments"
-            return ToolResult(name, arguments, f"error: invalid arguments for {name} ({where}): {exc.message}",
-                              False, time.perf_counter() - started)
+            return ToolResult(
+                name,
+                arguments,
+                f"error: invalid arguments for {name} ({where}): {exc.message}",
+                False,
+                time.perf_counter() - started,
+            )
         try:
             value = tool.function(**arguments, task=task) if tool.wants_task else tool.function(**arguments)
             output, ok = value if isinstance(value, str) else json.dumps(value, default=str), True
         except Exception as exc:  # the model reads what went wrong; the rollout goes on
             output, ok = f"error: {name} raised {type(exc).__name__}: {exc}", False
         if len(output) > self.max_output_chars:
-            output = output[:self.max_output_chars] + "...(truncated)"
+            output = output[: self.max_output_chars] + "...(truncated)"
         return ToolResult(name, arguments, output, ok, time.perf_counter() - started)

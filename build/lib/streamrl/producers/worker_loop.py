@@ -30,10 +30,9 @@ from pathlib import Path
 
 from kafka import TopicPartition
 
-import streamrl.producers.agent_worker  # noqa: F401  (registers the "agent" worker type)
-import streamrl.producers.openai_engine  # noqa: F401  (registers the "openai" inference backend)
+import streamrl.producers.agent_worker
+import streamrl.producers.openai_engine
 import streamrl.producers.sglang_engine  # noqa: F401  (registers the "sglang" inference backend)
-from streamrl.runtime.config_reads import unread_keys
 from streamrl.producers.evaluator import Evaluator
 from streamrl.producers.evaluator_builtins import make_evaluator as build_evaluator
 from streamrl.producers.inference import INFERENCE_BACKENDS, SamplingParams
@@ -41,6 +40,7 @@ from streamrl.producers.rollout import ROLLOUT_WORKERS, BaseRolloutWorker, Infer
 from streamrl.runtime.bus import EventPublisher, RunReader
 from streamrl.runtime.chat_template import ChatRenderer
 from streamrl.runtime.config import Recipe
+from streamrl.runtime.config_reads import unread_keys
 from streamrl.runtime.plugins import load_class
 from streamrl.runtime.settings import Settings
 from streamrl.schema.events import RunEvent, Task, WeightVersion
@@ -91,8 +91,15 @@ class WeightWatcher:
         return None
 
 
-def run_worker(settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int, int] = (0, 1),
-               stop: threading.Event | None = None, idle_exit_s: float | None = None, name: str | None = None) -> int:
+def run_worker(
+    settings: Settings,
+    run_id: str,
+    recipe: Recipe,
+    shard: tuple[int, int] = (0, 1),
+    stop: threading.Event | None = None,
+    idle_exit_s: float | None = None,
+    name: str | None = None,
+) -> int:
     """Serve tasks until stopped; returns the number of tasks completed.
 
     With `STREAMRL_PARTITION_ASSIGNMENT=group` (the default) the worker joins the run's
@@ -105,8 +112,9 @@ class WorkerLoop:
     """One worker process: its engine, its reader of tasks, its publisher, and the weight
     version its engine holds."""
 
-    def __init__(self, settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int, int],
-                 stop: threading.Event, name: str | None):
+    def __init__(
+        self, settings: Settings, run_id: str, recipe: Recipe, shard: tuple[int, int], stop: threading.Event, name: str | None
+    ):
         self.settings, self.run_id, self.stop = settings, run_id, stop
         self.cfg, self.mode = recipe.rollout_worker, recipe.weight.sync_mode
         self.transport = recipe.weight.transport
@@ -123,13 +131,22 @@ class WorkerLoop:
             SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature, top_p=cfg.top_p),
             SamplingParams(max_new_tokens=cfg.max_response_length, temperature=recipe.validate.temperature),
             max_prompt_tokens=min(cfg.max_prompt_length, recipe.data.max_prompt_length),
-            chat=ChatRenderer(self.engine.tokenizer, recipe.data.apply_chat_template, recipe.data.chat_template))
+            chat=ChatRenderer(self.engine.tokenizer, recipe.data.apply_chat_template, recipe.data.chat_template),
+        )
         # a group's trajectories (and its evaluations) leave as one record each
         self.publisher = EventPublisher(settings, bundle=True, stage="worker")
-        self.worker = make_worker(worker_class(recipe), cfg.worker_config(), client, make_evaluator(recipe),
-                                  self.publisher.publish, worker_id)
-        self.tasks = RunReader(settings, run_id, ["tasks"], group_id=f"{WORKER_GROUP}.{run_id}", shard=shard,
-                               stage="worker", member=name if in_group else None)
+        self.worker = make_worker(
+            worker_class(recipe), cfg.worker_config(), client, make_evaluator(recipe), self.publisher.publish, worker_id
+        )
+        self.tasks = RunReader(
+            settings,
+            run_id,
+            ["tasks"],
+            group_id=f"{WORKER_GROUP}.{run_id}",
+            shard=shard,
+            stage="worker",
+            member=name if in_group else None,
+        )
         self.watcher = WeightWatcher(settings, run_id)
         self.loaded_version = -1
         self._load_lock = threading.Lock()
@@ -198,12 +215,21 @@ class WorkerLoop:
         unread = unread_keys(self.worker._config, self.cfg.extra)
         if not unread:
             return
-        message = (f"rollout_worker: {', '.join(unread)} read by nothing in the first rollouts of "
-                   f"{type(self.worker).__name__} (a misspelt key?); declare the worker's keys with "
-                   f"`config_keys = (...)` to have the others refused when the recipe is checked")
+        message = (
+            f"rollout_worker: {', '.join(unread)} read by nothing in the first rollouts of "
+            f"{type(self.worker).__name__} (a misspelt key?); declare the worker's keys with "
+            f"`config_keys = (...)` to have the others refused when the recipe is checked"
+        )
         log.warning(message)
-        self.publisher.publish(RunEvent(run_id=self.run_id, kind="config_unread", name="rollout_worker",
-                                        message=message, details={"section": "rollout_worker", "keys": unread}))
+        self.publisher.publish(
+            RunEvent(
+                run_id=self.run_id,
+                kind="config_unread",
+                name="rollout_worker",
+                message=message,
+                details={"section": "rollout_worker", "keys": unread},
+            )
+        )
         self.publisher.flush()
 
     def _weights_for(self, batch: list[Task]) -> bool:

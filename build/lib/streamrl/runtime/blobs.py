@@ -22,7 +22,7 @@ class PostgresBlobStore:
         self._conn = conn
 
     @classmethod
-    def open(cls, database_url: str) -> "PostgresBlobStore":
+    def open(cls, database_url: str) -> PostgresBlobStore:
         return cls(connect(database_url, autocommit=True))
 
     def put(self, sha256: str, data: bytes) -> None:

@@ -45,6 +45,7 @@ def is_current(directory: str | Path) -> bool:
     except (OSError, ValueError):
         return False
 
+
 CHATML_TEMPLATE = r"""
 {%- if tools %}
 {{- '<|im_start|>system\n' }}
@@ -158,18 +159,57 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {
-    "chatml": Family("chatml", "qwen2", ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
-                     ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"),
-                     bos=None, eos="<|im_end|>", pad="<|endoftext|>", chat_template=CHATML_TEMPLATE.strip(),
-                     add_bos=False),
-    "llama3": Family("llama3", "llama", ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
-                                         "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "<|finetune_right_pad_id|>"),
-                     ("<|python_tag|>",), bos="<|begin_of_text|>", eos="<|eot_id|>", pad="<|finetune_right_pad_id|>",
-                     chat_template=LLAMA3_TEMPLATE.strip(), add_bos=True),
-    "mistral": Family("mistral", "mistral", ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]",
-                                             "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"),
-                      ("[TOOL_CALLS]",), bos="<s>", eos="</s>", pad="<unk>", chat_template=MISTRAL_TEMPLATE.strip(),
-                      add_bos=True),
+    "chatml": Family(
+        "chatml",
+        "qwen2",
+        ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"),
+        bos=None,
+        eos="<|im_end|>",
+        pad="<|endoftext|>",
+        chat_template=CHATML_TEMPLATE.strip(),
+        add_bos=False,
+    ),
+    "llama3": Family(
+        "llama3",
+        "llama",
+        (
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+            "<|eom_id|>",
+            "<|finetune_right_pad_id|>",
+        ),
+        ("<|python_tag|>",),
+        bos="<|begin_of_text|>",
+        eos="<|eot_id|>",
+        pad="<|finetune_right_pad_id|>",
+        chat_template=LLAMA3_TEMPLATE.strip(),
+        add_bos=True,
+    ),
+    "mistral": Family(
+        "mistral",
+        "mistral",
+        (
+            "<unk>",
+            "<s>",
+            "</s>",
+            "[INST]",
+            "[/INST]",
+            "[AVAILABLE_TOOLS]",
+            "[/AVAILABLE_TOOLS]",
+            "[TOOL_RESULTS]",
+            "[/TOOL_RESULTS]",
+        ),
+        ("[TOOL_CALLS]",),
+        bos="<s>",
+        eos="</s>",
+        pad="<unk>",
+        chat_template=MISTRAL_TEMPLATE.strip(),
+        add_bos=True,
+    ),
 }
 # the family of a model_type `streamrl model init` builds
 FAMILY_OF_MODEL_TYPE = {"qwen2": "chatml", "qwen3": "chatml", "llama": "llama3", "mistral": "mistral"}

@@ -18,18 +18,32 @@ import time
 from typing import Protocol
 
 from kafka import KafkaConsumer, KafkaProducer, OffsetAndMetadata, TopicPartition
-from kafka.errors import (CommitFailedError, FencedInstanceIdError, IllegalGenerationError, RebalanceInProgressError,
-                          UnknownMemberIdError)
+from kafka.errors import (
+    CommitFailedError,
+    FencedInstanceIdError,
+    IllegalGenerationError,
+    RebalanceInProgressError,
+    UnknownMemberIdError,
+)
 
-from streamrl.schema import codec
-from streamrl.schema.events import DeadLetter, Event
 from streamrl.runtime.blobs import PostgresBlobStore
 from streamrl.runtime.outage import BrokerWatch
-from streamrl.runtime.topic_admin import WindowTopics, track_topic
-from streamrl.schema.topics import (ROTATED_KINDS, event_key, recent_windows, rotates, run_pattern, topic_for, topic_name,
-                           topic_window, windows_to_hold)
-from streamrl.schema.topology import STAGE_FOLDERS, TopologyError, check_reads, check_writes
 from streamrl.runtime.settings import Settings, SettingsError
+from streamrl.runtime.topic_admin import WindowTopics, track_topic
+from streamrl.schema import codec
+from streamrl.schema.events import DeadLetter, Event
+from streamrl.schema.topics import (
+    ROTATED_KINDS,
+    event_key,
+    recent_windows,
+    rotates,
+    run_pattern,
+    topic_for,
+    topic_name,
+    topic_window,
+    windows_to_hold,
+)
+from streamrl.schema.topology import STAGE_FOLDERS, TopologyError, check_reads, check_writes
 
 log = logging.getLogger("streamrl.bus")
 
@@ -141,8 +155,9 @@ class EventPublisher:
     trajectories of one group, a group's samples. For producers that flush after each
     batch of work anyway (they commit their input offsets after the flush)."""
 
-    def __init__(self, settings: Settings, blobs: BlobWriter | None = None, bundle: bool = False,
-                 stage: str = "", **producer_overrides):
+    def __init__(
+        self, settings: Settings, blobs: BlobWriter | None = None, bundle: bool = False, stage: str = "", **producer_overrides
+    ):
         """`stage`: the stage publishing (schema/topology.py); each event is then checked
         against the topics that stage writes. Empty: not checked (tests, benchmarks)."""
         self._settings = settings
@@ -232,8 +247,16 @@ class EventPublisher:
 
 def dead_letter(record, run_id: str, error: str, stage: str) -> DeadLetter:
     """A record that could not be used, kept whole with its coordinates and the reason."""
-    return DeadLetter(run_id=run_id, source_topic=record.topic, source_partition=record.partition,
-                      source_offset=record.offset, key=record.key, raw=record.value or b"", error=error, stage=stage)
+    return DeadLetter(
+        run_id=run_id,
+        source_topic=record.topic,
+        source_partition=record.partition,
+        source_offset=record.offset,
+        key=record.key,
+        raw=record.value or b"",
+        error=error,
+        stage=stage,
+    )
 
 
 class RunReader:
@@ -255,10 +278,21 @@ class RunReader:
     DeadLetter for the caller to publish (nothing is dropped silently).
     """
 
-    def __init__(self, settings: Settings, run_id: str, kinds: list[str], group_id: str | None,
-                 shard: tuple[int, int] = (0, 1), start_offsets: dict[TopicPartition, int] | None = None,
-                 from_beginning: bool = False, stage: str = "", wait_s: float = 30.0, member: str | None = None,
-                 keep_window=recent_windows, **consumer_overrides):
+    def __init__(
+        self,
+        settings: Settings,
+        run_id: str,
+        kinds: list[str],
+        group_id: str | None,
+        shard: tuple[int, int] = (0, 1),
+        start_offsets: dict[TopicPartition, int] | None = None,
+        from_beginning: bool = False,
+        stage: str = "",
+        wait_s: float = 30.0,
+        member: str | None = None,
+        keep_window=recent_windows,
+        **consumer_overrides,
+    ):
         """`keep_window(window, newest)`: which of a rotating run's windows to hold
         (schema/topics.py; the learner holds those with steps it has not trained)."""
         self.settings = settings
@@ -286,8 +320,10 @@ class RunReader:
         self._windows_checked, self._keep = 0.0, keep_window
         if member is not None:  # the group decides, and starts each partition at its committed offset
             if self._windows is not None and rotates(run_id):
-                raise SettingsError(f"run {run_id} rotates its topics (service.broker.window_steps), which group "
-                                    "members do not follow: use STREAMRL_PARTITION_ASSIGNMENT=shard")
+                raise SettingsError(
+                    f"run {run_id} rotates its topics (service.broker.window_steps), which group "
+                    "members do not follow: use STREAMRL_PARTITION_ASSIGNMENT=shard"
+                )
             self.consumer.subscribe(topics)
             return
         self._start_offsets, self._from_start = start_offsets, from_beginning or group_id is None
@@ -307,8 +343,12 @@ class RunReader:
             return []
         self._windows_checked = time.monotonic()
         index, count = self._shard
-        return [TopicPartition(topic, p) for topic in windows_to_hold(self.consumer.topics(), self._windows, self._keep)
-                for p in self.consumer.partitions_for_topic(topic) or () if p % count == index]
+        return [
+            TopicPartition(topic, p)
+            for topic in windows_to_hold(self.consumer.topics(), self._windows, self._keep)
+            for p in self.consumer.partitions_for_topic(topic) or ()
+            if p % count == index
+        ]
 
     def _assign(self, partitions: list[TopicPartition]) -> None:
         """Hold `partitions`: new ones start at their start offset (a new window's at 0),
@@ -344,8 +384,9 @@ class RunReader:
                 break
             if time.monotonic() > deadline:
                 missing = [t for t, p in found.items() if not p]
-                raise RuntimeError(f"topics {missing} do not exist (was the run published? "
-                                   f"`streamrl topics {self.run_id}` creates them)")
+                raise RuntimeError(
+                    f"topics {missing} do not exist (was the run published? `streamrl topics {self.run_id}` creates them)"
+                )
             time.sleep(0.2)
         ordered = sorted(TopicPartition(t, p) for t, parts in found.items() for p in parts)
         return [tp for tp in ordered if tp.partition % count == index]
@@ -359,8 +400,10 @@ class RunReader:
         try:
             batch = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
         except FencedInstanceIdError:
-            raise SettingsError(f"another member of {self.consumer.config['group_id']} took the name "
-                                f"{self.member!r} (STREAMRL_GROUP_MEMBERSHIP=static): give each one its own --name") from None
+            raise SettingsError(
+                f"another member of {self.consumer.config['group_id']} took the name "
+                f"{self.member!r} (STREAMRL_GROUP_MEMBERSHIP=static): give each one its own --name"
+            ) from None
         events, dead = [], []
         for tp, records in batch.items():
             for record in records:
@@ -397,8 +440,9 @@ class RunReader:
         except (CommitFailedError, RebalanceInProgressError, IllegalGenerationError, UnknownMemberIdError) as exc:
             if self.member is None:
                 raise
-            log.warning("%s: commit refused after a rebalance (%s); the new owners re-read those events",
-                        self.stage, type(exc).__name__)
+            log.warning(
+                "%s: commit refused after a rebalance (%s); the new owners re-read those events", self.stage, type(exc).__name__
+            )
             return False
         return True
 

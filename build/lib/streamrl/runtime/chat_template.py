@@ -67,9 +67,11 @@ class ChatRenderer:
         if isinstance(self.template, dict):  # a tokenizer with named templates: the default one
             self.template = self.template.get("default")
         if mode == "true" and not self.template:
-            raise ChatTemplateError(f"data.apply_chat_template is true, but the tokenizer "
-                                    f"({getattr(tokenizer, 'name_or_path', '?')}) has no chat template "
-                                    "(set data.chat_template, or apply_chat_template: false for raw text)")
+            raise ChatTemplateError(
+                f"data.apply_chat_template is true, but the tokenizer "
+                f"({getattr(tokenizer, 'name_or_path', '?')}) has no chat template "
+                "(set data.chat_template, or apply_chat_template: false for raw text)"
+            )
         self.templated = mode == "true" or (mode == "auto" and bool(self.template))
         self.mode = mode
 
@@ -90,8 +92,13 @@ class ChatRenderer:
         return encode(self.tokenizer, self.prompt_text(prompt, tools))
 
     # --- turns between the model's ------------------------------------------------------
-    def continuation(self, history: list[dict[str, Any]], new_messages: list[dict[str, Any]],
-                     sampled_ids: list[int], tools: list[dict] | None = None) -> tuple[str, list[int]]:
+    def continuation(
+        self,
+        history: list[dict[str, Any]],
+        new_messages: list[dict[str, Any]],
+        sampled_ids: list[int],
+        tools: list[dict] | None = None,
+    ) -> tuple[str, list[int]]:
         """(text, ids) that follow an assistant turn: its close, `new_messages` (tool
         results, a user reply) and the next assistant header. `history` ends with that
         assistant turn; `sampled_ids` are its ids as sampled."""
@@ -109,7 +116,7 @@ class ChatRenderer:
             if closing in TURN_END_TOKENS or sampled_ids[-1] == self.tokenizer.eos_token_id:
                 closing_text = self.tokenizer.decode([sampled_ids[-1]], skip_special_tokens=False)
                 if after.startswith(closing_text):  # the model closed its turn itself
-                    after = after[len(closing_text):]
+                    after = after[len(closing_text) :]
         return after, encode(self.tokenizer, after)
 
     def turn_end_id(self) -> int | None:
@@ -122,23 +129,32 @@ class ChatRenderer:
                 return after[0]
         return self.tokenizer.eos_token_id
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
-               add_generation_prompt: bool = False) -> str:
+    def render(self, messages: list[dict[str, Any]], tools: list[dict] | None = None, add_generation_prompt: bool = False) -> str:
         try:
-            return self.tokenizer.apply_chat_template(messages, tools=tools or None, chat_template=self.template,
-                                                      add_generation_prompt=add_generation_prompt, tokenize=False)
+            return self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools or None,
+                chat_template=self.template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+            )
         except Exception as exc:  # jinja's errors (raise_exception in a template) are plain Exceptions
             raise ChatTemplateError(f"the chat template refused the conversation: {type(exc).__name__}: {exc}") from exc
 
     def _why_no_template(self, what: str) -> str:
         if self.mode == "false":
             return f"{what} needs a chat template, and data.apply_chat_template is false"
-        return (f"{what} needs a chat template, and the tokenizer ({getattr(self.tokenizer, 'name_or_path', '?')}) "
-                "has none: set data.chat_template (a .jinja file) or use a model with one")
+        return (
+            f"{what} needs a chat template, and the tokenizer ({getattr(self.tokenizer, 'name_or_path', '?')}) "
+            "has none: set data.chat_template (a .jinja file) or use a model with one"
+        )
 
 
-def demonstration_tokens(renderer: ChatRenderer, messages: list[dict[str, Any]], tools: list[dict] | None = None,
-                         ) -> tuple[list[int], list[int]]:
+def demonstration_tokens(
+    renderer: ChatRenderer,
+    messages: list[dict[str, Any]],
+    tools: list[dict] | None = None,
+) -> tuple[list[int], list[int]]:
     """A worked episode (system/user..., then assistant, tool and user turns) laid out as
     the agent loop lays it out, with the loss mask on the assistant turns and the token
     that closes each: what a supervised warm-up trains on."""

@@ -6,12 +6,24 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import types
 import typing
 from dataclasses import MISSING, field
 
 
-def knob(default=MISSING, help: str = "", *, factory=None, ge=None, gt=None, le=None, lt=None,
-         path: bool = False, internal: bool = False, **extra):
+def knob(
+    default=MISSING,
+    help: str = "",
+    *,
+    factory=None,
+    ge=None,
+    gt=None,
+    le=None,
+    lt=None,
+    path: bool = False,
+    internal: bool = False,
+    **extra,
+):
     """A recipe field: its default (or `factory` for a list, mapping or section), what it
     means (`help`), and for a number the bounds it must keep (`ge`/`gt`/`le`/`lt`)."""
     metadata = {"help": help, **extra}
@@ -51,13 +63,17 @@ def describe_range(bounds: dict) -> str:
 
 
 def out_of_range(value, bounds: dict) -> bool:
-    return (("ge" in bounds and value < bounds["ge"]) or ("gt" in bounds and value <= bounds["gt"])
-            or ("le" in bounds and value > bounds["le"]) or ("lt" in bounds and value >= bounds["lt"]))
+    return (
+        ("ge" in bounds and value < bounds["ge"])
+        or ("gt" in bounds and value <= bounds["gt"])
+        or ("le" in bounds and value > bounds["le"])
+        or ("lt" in bounds and value >= bounds["lt"])
+    )
 
 
 def _scalar_type(tp):
     """`Optional[X]` -> X; a Union of several -> None; anything else as it is."""
-    if typing.get_origin(tp) is typing.Union:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return args[0] if len(args) == 1 else None
     return tp
@@ -78,6 +94,5 @@ def missing_files(values: dict, schema: type, bases: list, prefix: str = "") -> 
                 where = f"{prefix}{f.name}" + (f"[{i}]" if isinstance(value, list) else "")
                 file = re.sub(r"\.py:[A-Za-z_]\w*$", ".py", str(item))  # file.py:Class names a file
                 if not any((base / file).exists() for base in bases):
-                    problems.append(f"{where}: file not found: {item} (relative to "
-                                    f"{' or '.join(str(base) for base in bases)})")
+                    problems.append(f"{where}: file not found: {item} (relative to {' or '.join(str(base) for base in bases)})")
     return problems

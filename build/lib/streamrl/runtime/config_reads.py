@@ -89,8 +89,9 @@ class ConfigSection(WorkerConfig):
     """One section of the recipe as a trainer's `config` holds it (see `trainer_config`)."""
 
     def __init__(self, section: str, values: dict):
-        super().__init__({key: ConfigSection(f"{section}.{key}", value) if isinstance(value, dict) else value
-                          for key, value in values.items()})
+        super().__init__(
+            {key: ConfigSection(f"{section}.{key}", value) if isinstance(value, dict) else value for key, value in values.items()}
+        )
         object.__setattr__(self, "section", section)
 
     def __reduce__(self):

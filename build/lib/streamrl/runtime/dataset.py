@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 _MISSING = object()
@@ -57,8 +58,9 @@ def prompt_problem(prompt: Any) -> str | None:
     return None
 
 
-def read_rows(files: list[str], kind: str = "jsonl", required_keys: tuple[str, ...] = (),
-              prompt_keys: tuple[str, ...] = ()) -> list[dict]:
+def read_rows(
+    files: list[str], kind: str = "jsonl", required_keys: tuple[str, ...] = (), prompt_keys: tuple[str, ...] = ()
+) -> list[dict]:
     """Every row of `files`; each must reach `required_keys` (dotted paths allowed), and
     `prompt_keys` must hold a prompt (text or chat messages)."""
     rows: list[dict] = []
@@ -92,7 +94,8 @@ def _file_rows(path: Path, kind: str) -> Iterator[tuple[str, dict]]:
                 raise DatasetError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
             yield f"{path}:{number}", row
     elif kind == "parquet":
-        import pyarrow.parquet as pq  # noqa: PLC0415  (only parquet recipes pay for pyarrow)
+        import pyarrow.parquet as pq
+
         for number, row in enumerate(pq.read_table(path).to_pylist(), start=1):
             yield f"{path}: row {number}", row
     else:
@@ -101,7 +104,7 @@ def _file_rows(path: Path, kind: str) -> Iterator[tuple[str, dict]]:
 
 def _hf_rows(path: Path) -> Iterator[tuple[str, dict]]:
     try:
-        import datasets  # noqa: PLC0415  (only recipes with a datasets folder pay for it)
+        import datasets
     except ImportError:
         raise DatasetError(f"{path}: data.type hf needs the `datasets` package (pip install datasets)") from None
     try:
@@ -109,8 +112,9 @@ def _hf_rows(path: Path) -> Iterator[tuple[str, dict]]:
     except (FileNotFoundError, ValueError) as exc:
         raise DatasetError(f"{path}: not a saved Hugging Face dataset: {exc}") from None
     if isinstance(loaded, datasets.DatasetDict):
-        raise DatasetError(f"{path}: a DatasetDict with splits {', '.join(loaded)}: name one split's folder "
-                           f"(e.g. {path / next(iter(loaded))})")
+        raise DatasetError(
+            f"{path}: a DatasetDict with splits {', '.join(loaded)}: name one split's folder (e.g. {path / next(iter(loaded))})"
+        )
     for number, row in enumerate(loaded, start=1):
         yield f"{path}: row {number}", dict(row)
 
@@ -162,8 +166,10 @@ def data_section_problems(recipe) -> list[str]:
     for key, default in defaults.items():
         value = getattr(recipe.validate.data, key)
         if value != getattr(recipe.data, key) and value != default:
-            problems.append(f"validate.data.{key}: validation rows are rendered and scored as training rows are "
-                            f"(data.{key}); set it there only")
+            problems.append(
+                f"validate.data.{key}: validation rows are rendered and scored as training rows are "
+                f"(data.{key}); set it there only"
+            )
     return problems
 
 
@@ -179,8 +185,10 @@ def resolve_chat_template(value: str | None, bases: list[Path]) -> str | None:
     for base in bases:
         if (base / value).is_file():
             return (base / value).read_text()
-    raise DatasetError(f"data.chat_template: file not found: {value} (relative to "
-                       f"{' or '.join(str(b) for b in bases)}), and not a template's text")
+    raise DatasetError(
+        f"data.chat_template: file not found: {value} (relative to "
+        f"{' or '.join(str(b) for b in bases)}), and not a template's text"
+    )
 
 
 def saved_chat_template(model_path: str | None) -> str | None:

@@ -24,12 +24,12 @@ def psycopg_url(url: str) -> str:
     """psycopg wants plain postgresql://; accept SQLAlchemy's driver-qualified form too."""
     for prefix in ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql://" + url[len(prefix):]
+            return "postgresql://" + url[len(prefix) :]
     return url
 
 
 def sqlalchemy_url(url: str) -> str:
-    return "postgresql+psycopg://" + psycopg_url(url)[len("postgresql://"):]
+    return "postgresql+psycopg://" + psycopg_url(url)[len("postgresql://") :]
 
 
 def connect(url: str, **kwargs) -> psycopg.Connection:

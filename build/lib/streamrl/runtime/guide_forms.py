@@ -14,37 +14,50 @@ from typing import Any
 # guide key -> (StreamRL key, why StreamRL keeps it there)
 MOVED: dict[str, tuple[str, str]] = {
     "rollout_worker.nexau_agent_config_path": (
-        "rollout_worker.agent_config_path", "the agent loop is StreamRL's own; the config keeps the guide's shape"),
-    "rollout_worker.nexau_agent_workspace": (
-        "rollout_worker.agent_workspace", "as above"),
+        "rollout_worker.agent_config_path",
+        "the agent loop is StreamRL's own; the config keeps the guide's shape",
+    ),
+    "rollout_worker.nexau_agent_workspace": ("rollout_worker.agent_workspace", "as above"),
     "trainer.algorithm": (
-        "algorithm", "one algorithm section: the stream processor (advantages) and the learner (loss) both read it"),
+        "algorithm",
+        "one algorithm section: the stream processor (advantages) and the learner (loss) both read it",
+    ),
     "trainer.train_service": ("service.train_service", "services live under service:"),
     "train_service": ("service.train_service", "services live under service:"),
     "trainer.sync_weight_path": ("weight.sync_weight_path", "weight sync settings live under weight:"),
     "trainer.max_prompt_length": ("rollout_worker.max_prompt_length", "the rollout worker enforces it"),
     "trainer.max_response_length": ("rollout_worker.max_response_length", "the rollout worker samples it"),
-    "data.rollout_repeat_n": ("rollout_worker.rollout_repeat_n", "the samples per prompt; the publisher "
-                                                                 "and the worker read it there"),
+    "data.rollout_repeat_n": (
+        "rollout_worker.rollout_repeat_n",
+        "the samples per prompt; the publisher and the worker read it there",
+    ),
     "data.max_response_length": ("rollout_worker.max_response_length", "the rollout worker samples it"),
     "algorithm.critic.kl_ctrl": ("algorithm.kl_ctrl", "GRPO has no critic; the KL controller is the algorithm's"),
-    "algorithm.kl_ctrl.kl_reward_coef": ("algorithm.kl_ctrl.kl_coef", "one coefficient for the KL in the "
-                                                                      "reward and the KL loss"),
+    "algorithm.kl_ctrl.kl_reward_coef": ("algorithm.kl_ctrl.kl_coef", "one coefficient for the KL in the reward and the KL loss"),
     "service.inference_service.base_url": ("service.inference_service.url", "url takes one server or a list"),
-    "algorithm.off_policy_correction": ("algorithm.policy_loss", "StreamRL's earlier name: the key selects the "
-                                                                 "whole policy loss (GSPO included), not only a "
-                                                                 "correction"),
+    "algorithm.off_policy_correction": (
+        "algorithm.policy_loss",
+        "StreamRL's earlier name: the key selects the whole policy loss (GSPO included), not only a correction",
+    ),
 }
 
 # guide key -> (values that are accepted because they are what StreamRL does, why others are refused)
 REFUSED: dict[str, tuple[tuple, str]] = {
-    "launch_mode": (("local",), "`streamrl run` starts local processes; on a cluster start each process with "
-                                "its own command (streamrl worker / learner / processor / sink)"),
+    "launch_mode": (
+        ("local",),
+        "`streamrl run` starts local processes; on a cluster start each process with "
+        "its own command (streamrl worker / learner / processor / sink)",
+    ),
     "hydra": ((), "recipes compose with `defaults:` looked up next to the recipe and in its parent folders"),
-    "resource": ((), "StreamRL does not schedule Kubernetes pods: size the learner with trainer.nproc_per_node "
-                     "and nnodes, the rollouts with rollout_worker.num_workers"),
-    "runtime_monitor": ((), "processes are supervised by `streamrl run` (--max-restarts, --restart-window) and "
-                            "a lost service ends them with exit 3"),
+    "resource": (
+        (),
+        "StreamRL does not schedule Kubernetes pods: size the learner with trainer.nproc_per_node "
+        "and nnodes, the rollouts with rollout_worker.num_workers",
+    ),
+    "runtime_monitor": (
+        (),
+        "processes are supervised by `streamrl run` (--max-restarts, --restart-window) and a lost service ends them with exit 3",
+    ),
     "algorithm.inference_service": ((), "the reference model of the KL terms is the recipe's model at step 0"),
     "data.tokenizer_path": ((), "the tokenizer is the one saved with rollout_worker.model_path"),
 }
@@ -82,8 +95,10 @@ def _merge(into: dict, path: str, value: Any, source: str, problems: list[str]) 
         for key, item in value.items():
             _merge(into, f"{path}.{key}", item, f"{source}.{key}", problems)
     elif last in node and node[last] != value:
-        problems.append(f"{source}: the guide's spelling of {path}, which is also given with another value "
-                        f"({value!r} vs {node[last]!r}); give one")
+        problems.append(
+            f"{source}: the guide's spelling of {path}, which is also given with another value "
+            f"({value!r} vs {node[last]!r}); give one"
+        )
     else:
         node[last] = value
 
@@ -105,15 +120,19 @@ def train_service_problems(values: dict) -> list[str]:
         problems: list[str] = []
         config = service.get("config")
         if isinstance(config, dict) and "learning_rate" in config:
-            _merge(values, "trainer.lr", config.pop("learning_rate"), "service.train_service.config.learning_rate",
-                   problems)
+            _merge(values, "trainer.lr", config.pop("learning_rate"), "service.train_service.config.learning_rate", problems)
         return problems
     if backend not in SELF_HOSTED_BACKENDS:
-        return [f"service.train_service.backend: {backend!r} is not supported: remote trainers speak the Tinker "
-                f"API (backend: tinker, e.g. `streamrl serve-training`); the self-hosted learner "
-                f"({' | '.join(SELF_HOSTED_BACKENDS)}) is StreamRL's own"]
-    problems = [f"service.train_service.{key}: not used by the self-hosted learner (StreamRL's learner runs as "
-                "its own processes: streamrl learner / torchrun)" for key in sorted(set(service) - {"backend", "world_size"})]
+        return [
+            f"service.train_service.backend: {backend!r} is not supported: remote trainers speak the Tinker "
+            f"API (backend: tinker, e.g. `streamrl serve-training`); the self-hosted learner "
+            f"({' | '.join(SELF_HOSTED_BACKENDS)}) is StreamRL's own"
+        ]
+    problems = [
+        f"service.train_service.{key}: not used by the self-hosted learner (StreamRL's learner runs as "
+        "its own processes: streamrl learner / torchrun)"
+        for key in sorted(set(service) - {"backend", "world_size"})
+    ]
     if "world_size" in service:
         _merge(values, "trainer.nproc_per_node", service["world_size"], "service.train_service.world_size", problems)
     _pop(values, "service.train_service")
@@ -132,8 +151,10 @@ def torch_data_type(values: dict) -> list[str]:
         if len(kinds) == 1 and kinds <= {"jsonl", "parquet"}:
             data["type"] = kinds.pop()
         else:
-            problems.append(f"{section}.type: torch reads jsonl or parquet files by their extension; "
-                            f"these files are {sorted(kinds) or 'none'}: name the type (jsonl or parquet)")
+            problems.append(
+                f"{section}.type: torch reads jsonl or parquet files by their extension; "
+                f"these files are {sorted(kinds) or 'none'}: name the type (jsonl or parquet)"
+            )
     return problems
 
 

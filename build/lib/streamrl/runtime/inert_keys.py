@@ -10,9 +10,9 @@ passes whatever the combination. Checked by `recipe validate` and before every r
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import reduce
-from typing import Callable
 
 from streamrl.runtime.config import Recipe
 
@@ -62,8 +62,12 @@ def no_learner_accuracy(recipe: Recipe) -> bool:
     """The learner measures held-out accuracy itself only for a built-in single-turn
     worker with validation rows (learner/policy.py val_accuracy)."""
     worker = recipe.rollout_worker
-    return (not recipe.validate.data.data_files or worker.type != "single_turn"
-            or bool(worker.custom_rollout_worker_module_path) or remote(recipe))
+    return (
+        not recipe.validate.data.data_files
+        or worker.type != "single_turn"
+        or bool(worker.custom_rollout_worker_module_path)
+        or remote(recipe)
+    )
 
 
 @dataclass(frozen=True)
@@ -82,32 +86,51 @@ RULES = (
     Inert("validate.data.shuffle", always, VALIDATION_ROWS),
     Inert("validate.data.seed", always, VALIDATION_ROWS),
     Inert("validate.data.max_prompt_length", always, "data.max_prompt_length bounds every prompt, validation's too"),
-    Inert("data.max_rows", always, "for validate.data; the training rows are bounded by trainer.total_train_steps "
-                                   "or total_epochs"),
+    Inert(
+        "data.max_rows", always, "for validate.data; the training rows are bounded by trainer.total_train_steps or total_epochs"
+    ),
     Inert("algorithm.kl_estimator", kl_off, KL),
     Inert("algorithm.kl_ctrl", kl_off, KL),
     Inert("service.inference_service.max_retries", embedded_engine, EMBEDDED),
     Inert("service.inference_service.request_timeout_s", embedded_engine, EMBEDDED),
-    Inert("algorithm.clip_ratio_low", remote_without_clipping,
-          "a remote trainer clips only with service.train_service.config.loss_fn ppo or cispo"),
-    Inert("algorithm.clip_ratio_high", remote_without_clipping,
-          "a remote trainer clips only with service.train_service.config.loss_fn ppo or cispo"),
+    Inert(
+        "algorithm.clip_ratio_low",
+        remote_without_clipping,
+        "a remote trainer clips only with service.train_service.config.loss_fn ppo or cispo",
+    ),
+    Inert(
+        "algorithm.clip_ratio_high",
+        remote_without_clipping,
+        "a remote trainer clips only with service.train_service.config.loss_fn ppo or cispo",
+    ),
     Inert("algorithm.clip_ratio_c", remote, "the service's losses have no dual clip"),
     Inert("algorithm.policy_loss", remote, "the service's loss is service.train_service.config.loss_fn"),
     Inert("trainer.dtype", remote, REMOTE),
     Inert("trainer.gradient_checkpointing", remote, REMOTE),
     Inert("trainer.shared_prefix", remote, REMOTE),
-    Inert("trainer.shared_prefix", no_shared_prefix,
-          "a shared prefix runs with one learner process (trainer.nproc_per_node 1), padded rows (trainer.packing "
-          "not packed) and trainer.gradient_checkpointing false"),
-    Inert("trainer.lora", remote, "the model is in the training service: a remote trainer's LoRA rank is "
-                                  "service.tinker_service.lora_rank"),
+    Inert(
+        "trainer.shared_prefix",
+        no_shared_prefix,
+        "a shared prefix runs with one learner process (trainer.nproc_per_node 1), padded rows (trainer.packing "
+        "not packed) and trainer.gradient_checkpointing false",
+    ),
+    Inert(
+        "trainer.lora",
+        remote,
+        "the model is in the training service: a remote trainer's LoRA rank is service.tinker_service.lora_rank",
+    ),
     Inert("trainer.warmup_check_every", no_warmup_target, "read only with trainer.warmup_until_accuracy"),
-    Inert("trainer.warmup_until_accuracy", no_learner_accuracy,
-          "the learner measures held-out accuracy only with validate.data.data_files and a built-in single_turn "
-          "worker, and not with a remote trainer"),
-    Inert("weight.staleness_threshold", sync_mode, "weight.sync_mode sync trains every step on rollouts of the "
-                                                   "newest version (staleness 0)"),
+    Inert(
+        "trainer.warmup_until_accuracy",
+        no_learner_accuracy,
+        "the learner measures held-out accuracy only with validate.data.data_files and a built-in single_turn "
+        "worker, and not with a remote trainer",
+    ),
+    Inert(
+        "weight.staleness_threshold",
+        sync_mode,
+        "weight.sync_mode sync trains every step on rollouts of the newest version (staleness 0)",
+    ),
 )
 
 
@@ -118,14 +141,20 @@ def value_at(recipe, key: str):
 def changed(value, default, key: str) -> list[tuple[str, object]]:
     """(key, value) for the key, or for each field of a section, set away from its default."""
     if dataclasses.is_dataclass(value) and dataclasses.is_dataclass(default):
-        return [pair for f in dataclasses.fields(value)
-                for pair in changed(getattr(value, f.name), getattr(default, f.name), f"{key}.{f.name}")]
+        return [
+            pair
+            for f in dataclasses.fields(value)
+            for pair in changed(getattr(value, f.name), getattr(default, f.name), f"{key}.{f.name}")
+        ]
     return [(key, value)] if value != default else []
 
 
 def inert_key_problems(recipe: Recipe) -> list[str]:
     """A problem for each key set away from its default where nothing reads it."""
     defaults = Recipe()
-    return [f"{key}: {value!r} does nothing here: {rule.why}"
-            for rule in RULES if rule.when(recipe)
-            for key, value in changed(value_at(recipe, rule.key), value_at(defaults, rule.key), rule.key)]
+    return [
+        f"{key}: {value!r} does nothing here: {rule.why}"
+        for rule in RULES
+        if rule.when(recipe)
+        for key, value in changed(value_at(recipe, rule.key), value_at(defaults, rule.key), rule.key)
+    ]

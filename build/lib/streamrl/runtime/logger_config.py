@@ -23,7 +23,8 @@ class WandbOptions:
     entity: str = knob("", "the W&B entity (team or user)")
     tags: list[str] = knob(help="the run's W&B tags", factory=list)
     mode: Literal["auto", "online", "offline"] = knob(
-        "auto", "auto: online with an API key (WANDB_API_KEY, or the guide's WANDB_KEY), else offline files")
+        "auto", "auto: online with an API key (WANDB_API_KEY, or the guide's WANDB_KEY), else offline files"
+    )
     dir: str = knob("", "default: $STREAMRL_HOME/trackers/RUN")
 
 

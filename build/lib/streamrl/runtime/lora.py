@@ -36,8 +36,7 @@ def lora_spec(section) -> LoraSpec | None:
     """The recipe's `trainer.lora` section as a spec (None: no adapter, full fine-tuning)."""
     if section is None:
         return None
-    return LoraSpec(rank=section.rank, alpha=section.alpha, dropout=section.dropout,
-                    target_modules=tuple(section.target_modules))
+    return LoraSpec(rank=section.rank, alpha=section.alpha, dropout=section.dropout, target_modules=tuple(section.target_modules))
 
 
 def lora_targets(train_attn: bool, train_mlp: bool, train_unembed: bool) -> tuple[str, ...]:
@@ -62,8 +61,7 @@ def with_lora(model, spec: LoraSpec):
 
     if "lm_head" in spec.target_modules and model.config.tie_word_embeddings:
         model = untied(model)
-    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
-                        target_modules=list(spec.target_modules))
+    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=list(spec.target_modules))
     return get_peft_model(model, config)
 
 
@@ -95,8 +93,7 @@ def merged_state_dict(state: dict[str, torch.Tensor], scale: float) -> dict[str,
 def adapter_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A LoRA model's adapter weights under the names peft saves them by (its adapter
     name, `default`, left out), as `adapter_model.safetensors` holds them."""
-    return {name.replace(".default.", "."): value for name, value in state.items()
-            if ".lora_A." in name or ".lora_B." in name}
+    return {name.replace(".default.", "."): value for name, value in state.items() if ".lora_A." in name or ".lora_B." in name}
 
 
 def write_adapter_folder(final: Path, model, state: dict[str, torch.Tensor]) -> Path:
@@ -108,8 +105,10 @@ def write_adapter_folder(final: Path, model, state: dict[str, torch.Tensor]) -> 
 
     def fill(folder: Path) -> None:
         model.peft_config["default"].save_pretrained(folder)
-        save_file({name: value.contiguous() for name, value in adapter_state_dict(state).items()},
-                  folder / "adapter_model.safetensors")
+        save_file(
+            {name: value.contiguous() for name, value in adapter_state_dict(state).items()}, folder / "adapter_model.safetensors"
+        )
+
     return write_folder(final, fill)
 
 

@@ -14,8 +14,8 @@ import logging
 import threading
 import time
 
-from streamrl.runtime.services import redact
 from streamrl.runtime.backoff import backoff_delay
+from streamrl.runtime.services import redact
 from streamrl.runtime.settings import Settings
 
 log = logging.getLogger("streamrl.outage")
@@ -31,14 +31,15 @@ def how_to_recover(run_id: str | None) -> str:
 
 
 def postgres_lost(settings: Settings, run_id: str | None, waited_s: float, detail: str) -> ServiceLost:
-    return ServiceLost(f"PostgreSQL at {redact(settings.database_url)} did not answer for {waited_s:.0f} s "
-                       f"({detail.strip().splitlines()[0] if detail.strip() else 'no answer'}): "
-                       f"{how_to_recover(run_id)}.")
+    return ServiceLost(
+        f"PostgreSQL at {redact(settings.database_url)} did not answer for {waited_s:.0f} s "
+        f"({detail.strip().splitlines()[0] if detail.strip() else 'no answer'}): "
+        f"{how_to_recover(run_id)}."
+    )
 
 
 def broker_lost(settings: Settings, run_id: str | None, waited_s: float, detail: str) -> ServiceLost:
-    return ServiceLost(f"the Kafka broker at {settings.kafka_bootstrap} {detail} for {waited_s:.0f} s: "
-                       f"{how_to_recover(run_id)}.")
+    return ServiceLost(f"the Kafka broker at {settings.kafka_bootstrap} {detail} for {waited_s:.0f} s: {how_to_recover(run_id)}.")
 
 
 class PostgresOutage:
@@ -55,8 +56,11 @@ class PostgresOutage:
         now = time.monotonic()
         if self.since is None:
             self.since = now
-            log.warning("lost PostgreSQL (%s); retrying for up to %d s", str(exc).strip().splitlines()[0]
-                        if str(exc).strip() else type(exc).__name__, self.settings.service_wait_s)
+            log.warning(
+                "lost PostgreSQL (%s); retrying for up to %d s",
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                self.settings.service_wait_s,
+            )
         if now - self.since > self.settings.service_wait_s:
             raise postgres_lost(self.settings, self.run_id, now - self.since, str(exc)) from exc
         self.tries += 1

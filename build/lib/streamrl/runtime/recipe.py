@@ -26,11 +26,11 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from streamrl.runtime.weight_transport import transport_problems
 from streamrl.runtime.config import Recipe, check_against, coerce_strings, missing_files
-from streamrl.runtime.service_config import TinkerService, window_problems
-from streamrl.runtime.guide_forms import apply_guide_forms
 from streamrl.runtime.dataset import DatasetError, data_section_problems, resolve_chat_template
+from streamrl.runtime.guide_forms import apply_guide_forms
+from streamrl.runtime.service_config import TinkerService, window_problems
+from streamrl.runtime.weight_transport import transport_problems
 
 
 class RecipeError(ValueError):
@@ -40,6 +40,7 @@ class RecipeError(ValueError):
 
 
 # --- composition -----------------------------------------------------------------------
+
 
 def _find_default(name: str, recipe_dir: Path) -> Path:
     for folder in (recipe_dir, *recipe_dir.parents):
@@ -100,8 +101,9 @@ def section_shape_problems(values: dict, schema: type, prefix: str = "") -> list
 
 def parse_overrides(overrides: list[str] | None) -> dict:
     """`key.path=value` arguments (values read as YAML: 1e-4, true, [a, b]) as a mapping."""
-    problems = [f"{item!r}: expected key.path=value" for item in overrides or []
-                if "=" not in item or not item.split("=", 1)[0].strip()]
+    problems = [
+        f"{item!r}: expected key.path=value" for item in overrides or [] if "=" not in item or not item.split("=", 1)[0].strip()
+    ]
     if problems:
         raise RecipeError(Path("command line"), problems)
     try:
@@ -121,23 +123,23 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     guide_problems = apply_guide_forms(own)  # the guide's spellings moved to StreamRL's keys
     override_values = parse_overrides(overrides)
     if "environment" in override_values:
-        guide_problems.append("command line: environment.*: the scripts run before the recipe is read; set "
-                              "them in the recipe")
+        guide_problems.append("command line: environment.*: the scripts run before the recipe is read; set them in the recipe")
     guide_problems += [f"command line: {p}" for p in apply_guide_forms(override_values)]
     shape = section_shape_problems(override_values, Recipe)
     if shape:
         raise RecipeError(path, guide_problems + [f"command line: {p}" for p in shape])
     try:
-        merged = OmegaConf.merge(OmegaConf.create(Recipe().to_dict()), OmegaConf.create(own),
-                                 OmegaConf.create(override_values))
+        merged = OmegaConf.merge(OmegaConf.create(Recipe().to_dict()), OmegaConf.create(own), OmegaConf.create(override_values))
         values = OmegaConf.to_container(merged, resolve=True)
     except (OmegaConfBaseException, TypeError, ValueError) as exc:
         key = getattr(exc, "full_key", "") or "interpolation"
         raise RecipeError(path, [f"{key}: {exc.msg if hasattr(exc, 'msg') else exc}"]) from None
     coerce_strings(values, Recipe)
     problems = guide_problems + check_against(values, Recipe)
-    custom = {"rollout_worker": (values.get("rollout_worker") or {}).get("custom_rollout_worker_module_path"),
-              "algorithm": (values.get("trainer") or {}).get("custom_trainer_module_path")}
+    custom = {
+        "rollout_worker": (values.get("rollout_worker") or {}).get("custom_rollout_worker_module_path"),
+        "algorithm": (values.get("trainer") or {}).get("custom_trainer_module_path"),
+    }
     for section, custom_code in custom.items():
         if custom_code:
             # a custom worker's or trainer's own settings live in its section, as in the
@@ -160,6 +162,7 @@ def with_derived_defaults(recipe: Recipe) -> Recipe:
 
 
 # --- preparing a recipe to run -----------------------------------------------------------
+
 
 def path_bases(recipe_dir: Path) -> list[Path]:
     """Where a recipe's relative paths are looked up: its own folder, then the working
@@ -187,8 +190,13 @@ def resolve_paths(recipe: Recipe, base: Path) -> Recipe:
     for section in (recipe.data, recipe.validate.data):
         section.data_files = [_absolute(f, base) for f in section.data_files]
     worker = recipe.rollout_worker
-    for key in ("model_path", "evaluator_module_path", "custom_rollout_worker_module_path",
-                "agent_config_path", "agent_workspace"):
+    for key in (
+        "model_path",
+        "evaluator_module_path",
+        "custom_rollout_worker_module_path",
+        "agent_config_path",
+        "agent_workspace",
+    ):
         setattr(worker, key, _absolute(getattr(worker, key), base))
     recipe.trainer.custom_trainer_module_path = _absolute(recipe.trainer.custom_trainer_module_path, base)
     recipe.algorithm.custom_advantage_module_path = _absolute(recipe.algorithm.custom_advantage_module_path, base)
@@ -223,11 +231,15 @@ def run_setup_script(path: str | Path) -> None:
     script_path = _script(path, "setup_script")
     if script_path is None or script_path.suffix == ".sh":
         return
-    result = subprocess.run([sys.executable, str(script_path)], cwd=script_path.parent,
-                            capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(script_path)], cwd=script_path.parent, capture_output=True, text=True)
     if result.returncode != 0:
-        raise RecipeError(path, [f"environment.setup_script: {script_path.name} exited {result.returncode}: "
-                                 f"{(result.stderr or result.stdout).strip()[-2000:]}"])
+        raise RecipeError(
+            path,
+            [
+                f"environment.setup_script: {script_path.name} exited {result.returncode}: "
+                f"{(result.stderr or result.stdout).strip()[-2000:]}"
+            ],
+        )
 
 
 def apply_env_script(path: str | Path) -> dict[str, str]:
@@ -244,11 +256,13 @@ def apply_env_script(path: str | Path) -> dict[str, str]:
             scripts.append((key, script))
     changed = {}
     for key, script_path in scripts:
-        result = subprocess.run(["bash", "-c", 'set -a; . "$0" >&2; env -0', str(script_path)],
-                                cwd=script_path.parent, capture_output=True, text=True)
+        result = subprocess.run(
+            ["bash", "-c", 'set -a; . "$0" >&2; env -0', str(script_path)], cwd=script_path.parent, capture_output=True, text=True
+        )
         if result.returncode != 0:
-            raise RecipeError(path, [f"environment.{key}: {script_path.name} exited {result.returncode}: "
-                                     f"{result.stderr.strip()[-2000:]}"])
+            raise RecipeError(
+                path, [f"environment.{key}: {script_path.name} exited {result.returncode}: {result.stderr.strip()[-2000:]}"]
+            )
         for entry in result.stdout.split("\0"):
             name, sep, value = entry.partition("=")
             if sep and name and os.environ.get(name) != value and name not in ("_", "SHLVL", "PWD", "OLDPWD"):
@@ -262,24 +276,34 @@ def consistency_problems(recipe: Recipe) -> list[str]:
     problems = []
     pool, worker = recipe.trajectory_pool, recipe.rollout_worker
     if recipe.algorithm.batch_size is not None and recipe.algorithm.batch_size != pool.batch_size:
-        problems.append(f"algorithm.batch_size: {recipe.algorithm.batch_size} differs from trajectory_pool.batch_size "
-                        f"({pool.batch_size}), the groups per step")
+        problems.append(
+            f"algorithm.batch_size: {recipe.algorithm.batch_size} differs from trajectory_pool.batch_size "
+            f"({pool.batch_size}), the groups per step"
+        )
     if pool.group_size is not None and pool.group_size != worker.rollout_repeat_n:
-        problems.append(f"trajectory_pool.group_size: {pool.group_size} differs from "
-                        f"rollout_worker.rollout_repeat_n ({worker.rollout_repeat_n}), the samples per prompt")
+        problems.append(
+            f"trajectory_pool.group_size: {pool.group_size} differs from "
+            f"rollout_worker.rollout_repeat_n ({worker.rollout_repeat_n}), the samples per prompt"
+        )
     if recipe.trainer.type in ("custom", "self_hosted") and not recipe.trainer.custom_trainer_module_path:
-        problems.append(f"trainer.custom_trainer_module_path: required when trainer.type is {recipe.trainer.type} "
-                        "(the file of your trainer class)")
+        problems.append(
+            f"trainer.custom_trainer_module_path: required when trainer.type is {recipe.trainer.type} "
+            "(the file of your trainer class)"
+        )
     problems += remote_training_problems(recipe)
     # ranges are on the fields themselves (runtime/config.py) and checked with the types
     if recipe.algorithm.do_old_log_prob_compute and recipe.trainer.nproc_per_node * recipe.trainer.nnodes > 1:
-        problems.append("algorithm.do_old_log_prob_compute: with one learner process only (the recomputation runs "
-                        "where the step is prepared, on rank 0, and a sharded model needs every rank)")
+        problems.append(
+            "algorithm.do_old_log_prob_compute: with one learner process only (the recomputation runs "
+            "where the step is prepared, on rank 0, and a sharded model needs every rank)"
+        )
     if recipe.trainer.custom_trainer_class_name and not recipe.trainer.custom_trainer_module_path:
         problems.append("trainer.custom_trainer_class_name: needs trainer.custom_trainer_module_path (the file)")
     elif recipe.trainer.custom_trainer_class_name and ".py:" in recipe.trainer.custom_trainer_module_path:
-        problems.append("trainer.custom_trainer_class_name: the module path names a class already "
-                        "(file.py:Class); give the class in one place")
+        problems.append(
+            "trainer.custom_trainer_class_name: the module path names a class already "
+            "(file.py:Class); give the class in one place"
+        )
     if worker.trace_path and not worker.save_trace:
         problems.append("rollout_worker.trace_path: traces are written only with save_trace: true")
     problems += algorithm_number_problems(recipe.algorithm) + data_section_problems(recipe)
@@ -293,19 +317,28 @@ def algorithm_number_problems(algorithm) -> list[str]:
     the fields)."""
     problems = []
     if algorithm.loss_scale_factor is not None and algorithm.loss_agg_mode != "seq-mean-token-sum-norm":
-        problems.append(f"algorithm.loss_scale_factor: read only by loss_agg_mode seq-mean-token-sum-norm "
-                        f"(this recipe's is {algorithm.loss_agg_mode})")
+        problems.append(
+            f"algorithm.loss_scale_factor: read only by loss_agg_mode seq-mean-token-sum-norm "
+            f"(this recipe's is {algorithm.loss_agg_mode})"
+        )
     if algorithm.grpo_std_epsilon != 1e-6 and algorithm.type != "grpo":
-        problems.append(f"algorithm.grpo_std_epsilon: read only by algorithm.type grpo (this recipe's is "
-                        f"{algorithm.type})")
+        problems.append(f"algorithm.grpo_std_epsilon: read only by algorithm.type grpo (this recipe's is {algorithm.type})")
     return problems
 
 
 # Which inference backends read which `service.inference_service` keys (the rest: all).
-SERVER_KEYS = {"url": ("sglang", "openai"), "api_key": ("sglang", "openai"), "num_servers": ("sglang",),
-               "server_args": ("sglang",), "partial_rollout": ("sglang",), "startup_timeout_s": ("sglang",),
-               "weight_sync_timeout_s": ("sglang",), "model_tag": ("openai",),
-               "allow_text_round_trip": ("openai",), "allow_unsynced_weights": ("openai",)}
+SERVER_KEYS = {
+    "url": ("sglang", "openai"),
+    "api_key": ("sglang", "openai"),
+    "num_servers": ("sglang",),
+    "server_args": ("sglang",),
+    "partial_rollout": ("sglang",),
+    "startup_timeout_s": ("sglang",),
+    "weight_sync_timeout_s": ("sglang",),
+    "model_tag": ("openai",),
+    "allow_text_round_trip": ("openai",),
+    "allow_unsynced_weights": ("openai",),
+}
 
 
 MANAGED_ONLY = ("num_servers", "server_args", "startup_timeout_s")
@@ -316,17 +349,24 @@ def inference_service_problems(recipe: Recipe) -> list[str]:
     service = recipe.service.inference_service
     defaults = type(service)()
     prefix = "service.inference_service."
-    problems = [f"{prefix}{key}: not used by backend {service.backend} (only by {' and '.join(backends)})"
-                for key, backends in SERVER_KEYS.items()
-                if service.backend not in backends and getattr(service, key) != getattr(defaults, key)]
+    problems = [
+        f"{prefix}{key}: not used by backend {service.backend} (only by {' and '.join(backends)})"
+        for key, backends in SERVER_KEYS.items()
+        if service.backend not in backends and getattr(service, key) != getattr(defaults, key)
+    ]
     if service.backend == "openai" and not service.url:
         problems.append(f"{prefix}url: backend openai needs the server's url")
     if service.url:
-        problems += [f"{prefix}{key}: for managed servers only; with url the servers are the ones listed"
-                     for key in MANAGED_ONLY if getattr(service, key) != getattr(defaults, key)]
+        problems += [
+            f"{prefix}{key}: for managed servers only; with url the servers are the ones listed"
+            for key in MANAGED_ONLY
+            if getattr(service, key) != getattr(defaults, key)
+        ]
     if service.partial_rollout and recipe.weight.sync_mode != "fully-async":
-        problems.append(f"{prefix}partial_rollout: only weight.sync_mode fully-async interrupts requests "
-                        f"for a weight update (this recipe: {recipe.weight.sync_mode})")
+        problems.append(
+            f"{prefix}partial_rollout: only weight.sync_mode fully-async interrupts requests "
+            f"for a weight update (this recipe: {recipe.weight.sync_mode})"
+        )
     if service.num_servers < 1 or service.max_batch_size < 1 or service.max_retries < 0:
         problems.append(f"{prefix}num_servers, max_batch_size: must be >= 1; max_retries: >= 0")
     return problems
@@ -343,11 +383,12 @@ def with_inference_url(recipe: Recipe, urls: list[str]) -> Recipe:
     recipe describes (and with them `num_servers`, `server_args`, `startup_timeout_s`)."""
     service = recipe.service.inference_service
     if service.backend not in SERVER_KEYS["url"]:
-        raise RecipeError("--inference-url", [f"service.inference_service.backend is {service.backend}: an "
-                                              "inference url needs backend sglang or openai"])
+        raise RecipeError(
+            "--inference-url",
+            [f"service.inference_service.backend is {service.backend}: an inference url needs backend sglang or openai"],
+        )
     defaults = type(service)()
-    service = dataclasses.replace(service, url=server_urls(urls),
-                                  **{key: getattr(defaults, key) for key in MANAGED_ONLY})
+    service = dataclasses.replace(service, url=server_urls(urls), **{key: getattr(defaults, key) for key in MANAGED_ONLY})
     return dataclasses.replace(recipe, service=dataclasses.replace(recipe.service, inference_service=service))
 
 
@@ -374,28 +415,41 @@ def remote_training_problems(recipe: Recipe) -> list[str]:
     trainer, service = recipe.trainer, recipe.service.train_service
     remote = trainer.type in REMOTE_TRAINER_TYPES
     if not remote:
-        problems = [f"service.train_service.backend: {service.backend} is for trainer.type remote_api_grpo or "
-                    f"remote_api_cross_entropy (the trainer is {trainer.type})"] if service.backend != "none" else []
+        problems = (
+            [
+                f"service.train_service.backend: {service.backend} is for trainer.type remote_api_grpo or "
+                f"remote_api_cross_entropy (the trainer is {trainer.type})"
+            ]
+            if service.backend != "none"
+            else []
+        )
         if recipe.service.tinker_service != TinkerService():
             problems.append(f"service.tinker_service: read only by a remote_api_* trainer (the trainer is {trainer.type})")
         return problems
     problems = []
     if service.backend != "tinker" or not service.url:
-        problems.append(f"trainer.type: {trainer.type} trains through a remote training service: set "
-                        "service.train_service.backend: tinker and service.train_service.url (e.g. a "
-                        "`streamrl serve-training`)")
+        problems.append(
+            f"trainer.type: {trainer.type} trains through a remote training service: set "
+            "service.train_service.backend: tinker and service.train_service.url (e.g. a "
+            "`streamrl serve-training`)"
+        )
     why = "the model lives in the training service, not in this process"
-    for key, value in (("algorithm.use_kl_loss", recipe.algorithm.use_kl_loss),
-                       ("algorithm.use_kl_in_reward", recipe.algorithm.use_kl_in_reward),
-                       ("algorithm.do_old_log_prob_compute", recipe.algorithm.do_old_log_prob_compute)):
+    for key, value in (
+        ("algorithm.use_kl_loss", recipe.algorithm.use_kl_loss),
+        ("algorithm.use_kl_in_reward", recipe.algorithm.use_kl_in_reward),
+        ("algorithm.do_old_log_prob_compute", recipe.algorithm.do_old_log_prob_compute),
+    ):
         if value:
             problems.append(f"{key}: not available with trainer.type {trainer.type} ({why})")
     if trainer.nproc_per_node != 1 or trainer.nnodes != 1:
-        problems.append(f"trainer.nproc_per_node / nnodes: a {trainer.type} trainer is one client process; "
-                        "the service decides its own GPUs")
+        problems.append(
+            f"trainer.nproc_per_node / nnodes: a {trainer.type} trainer is one client process; the service decides its own GPUs"
+        )
     if service.config.loss_fn not in (None, "importance_sampling", "ppo", "cispo", "cross_entropy"):
-        problems.append(f"service.train_service.config.loss_fn: {service.config.loss_fn!r} is not one of "
-                        "importance_sampling, ppo, cispo, cross_entropy")
+        problems.append(
+            f"service.train_service.config.loss_fn: {service.config.loss_fn!r} is not one of "
+            "importance_sampling, ppo, cispo, cross_entropy"
+        )
     if recipe.service.tinker_service.lora_rank < 0:
         problems.append("service.tinker_service.lora_rank: must be >= 0 (0: full fine-tuning)")
     return problems

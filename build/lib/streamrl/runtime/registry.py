@@ -16,9 +16,11 @@ anywhere. A recipe or plugin registers its own with the same decorator.
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
 
 class UnknownName(KeyError, ValueError):
     """A name no registry entry has. A KeyError (a lookup) and a ValueError (bad input)."""
@@ -28,7 +30,7 @@ class UnknownName(KeyError, ValueError):
 
 
 # recipe key path -> the registry of its allowed values
-REGISTRIES: dict[str, "Registry"] = {}
+REGISTRIES: dict[str, Registry] = {}
 
 
 class Registry(Generic[T]):
@@ -47,11 +49,13 @@ class Registry(Generic[T]):
 
     def register(self, name: str, *, replace: bool = False) -> Callable[[T], T]:
         """Decorator: `@REGISTRY.register("name")` over a function or class."""
+
         def add(entry: T) -> T:
             if name in self._entries and not replace:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
             self._entries[name] = entry
             return entry
+
         return add
 
     def get(self, name: str) -> T:

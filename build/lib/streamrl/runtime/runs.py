@@ -11,11 +11,11 @@ import signal
 import threading
 import time
 
-from streamrl.schema.events import RunEvent
-from streamrl.schema.topics import set_window_steps
 from streamrl.runtime.bus import RunReader
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.settings import Settings
+from streamrl.schema.events import RunEvent
+from streamrl.schema.topics import set_window_steps
 
 
 class RunNotFound(LookupError):
@@ -31,9 +31,11 @@ def assignment_problem(run_id: str, recorded: str | None, mine: str) -> str | No
     if recorded is None or recorded == mine:  # a run created before the choice was recorded: not checked
         return None
     how = {"shard": "fixed shards (what `streamrl run` gives its processes)", "group": "consumer groups"}
-    return (f"run {run_id!r} shares its partitions by {how.get(recorded, recorded)}, and this process would use "
-            f"{how.get(mine, mine)}: set STREAMRL_PARTITION_ASSIGNMENT={recorded} to join it (a run that "
-            f"workers join by hand is started with STREAMRL_PARTITION_ASSIGNMENT=group)")
+    return (
+        f"run {run_id!r} shares its partitions by {how.get(recorded, recorded)}, and this process would use "
+        f"{how.get(mine, mine)}: set STREAMRL_PARTITION_ASSIGNMENT={recorded} to join it (a run that "
+        f"workers join by hand is started with STREAMRL_PARTITION_ASSIGNMENT=group)"
+    )
 
 
 def fetch_run_config(settings: Settings, run_id: str, timeout_s: float = 60.0, check_assignment: bool = False) -> Recipe:
@@ -46,8 +48,7 @@ def fetch_run_config(settings: Settings, run_id: str, timeout_s: float = 60.0, c
             events, _ = reader.poll(timeout_ms=200)
             for event, _, _ in events:
                 if isinstance(event, RunEvent) and event.kind == "created":
-                    problem = assignment_problem(run_id, event.details.get("partition_assignment"),
-                                                 settings.partition_assignment)
+                    problem = assignment_problem(run_id, event.details.get("partition_assignment"), settings.partition_assignment)
                     if check_assignment and problem:
                         raise AssignmentMismatch(problem)
                     recipe = Recipe.from_dict(event.config)
@@ -55,8 +56,10 @@ def fetch_run_config(settings: Settings, run_id: str, timeout_s: float = 60.0, c
                     return recipe
     finally:
         reader.close()
-    raise RunNotFound(f"run {run_id!r} has no 'created' event on its runs topic after {timeout_s:.0f} s "
-                      "(publish it first: streamrl publish RECIPE --run RUN)")
+    raise RunNotFound(
+        f"run {run_id!r} has no 'created' event on its runs topic after {timeout_s:.0f} s "
+        "(publish it first: streamrl publish RECIPE --run RUN)"
+    )
 
 
 def stop_on_signals() -> threading.Event:

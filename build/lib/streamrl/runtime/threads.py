@@ -63,8 +63,7 @@ def learner_threads(recipe: Recipe, cores: int | None = None) -> int:
 
 def worker_threads(recipe: Recipe, cores: int | None = None) -> int:
     """torch threads of each rollout worker."""
-    return share_of_cores(recipe.rollout_worker.num_threads, computing_workers(recipe), learner_ranks(recipe), recipe,
-                          cores)
+    return share_of_cores(recipe.rollout_worker.num_threads, computing_workers(recipe), learner_ranks(recipe), recipe, cores)
 
 
 def share_of_cores(configured: int | None, alike: int, others: int, recipe: Recipe, cores: int | None) -> int:

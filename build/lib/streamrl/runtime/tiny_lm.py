@@ -45,23 +45,41 @@ def build_tokenizer(family: str = "chatml") -> PreTrainedTokenizerFast:
     if spec.add_bos:
         bos_id = tokenizer.token_to_id(spec.bos)
         tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{spec.bos} $A", pair=f"{spec.bos} $A {spec.bos} $B", special_tokens=[(spec.bos, bos_id)])
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=spec.bos, eos_token=spec.eos,
-                                      pad_token=spec.pad, clean_up_tokenization_spaces=False)
+            single=f"{spec.bos} $A", pair=f"{spec.bos} $A {spec.bos} $B", special_tokens=[(spec.bos, bos_id)]
+        )
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token=spec.bos, eos_token=spec.eos, pad_token=spec.pad, clean_up_tokenization_spaces=False
+    )
     wrapped.chat_template = spec.chat_template
     return wrapped
 
 
-def tiny_config(tokenizer, family: str = "chatml", hidden_size: int = 128, layers: int = 2, heads: int = 4,
-                max_positions: int = 128, **overrides):
+def tiny_config(
+    tokenizer,
+    family: str = "chatml",
+    hidden_size: int = 128,
+    layers: int = 2,
+    heads: int = 4,
+    max_positions: int = 128,
+    **overrides,
+):
     """A small config of the family's architecture, its vocabulary exactly the tokenizer's
     (SGLang samples ids beyond it otherwise)."""
     return AutoConfig.for_model(
-        FAMILIES[family].model_type, vocab_size=len(tokenizer), hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=heads, max_position_embeddings=max_positions, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, **overrides)
+        FAMILIES[family].model_type,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **overrides,
+    )
 
 
 def build_tiny_model(directory: str | Path, seed: int = 0, family: str = "chatml", **config_overrides) -> Path:

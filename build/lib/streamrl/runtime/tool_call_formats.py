@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from streamrl.runtime.plugins import load_function
 from streamrl.runtime.registry import Registry
@@ -121,8 +122,9 @@ def parse_llama3_json(text: str) -> ParsedTurn:
         try:
             payload, end = decoder.raw_decode(visible, position)
         except json.JSONDecodeError as exc:
-            parsed.errors.append(f"tool call is not valid JSON ({exc.msg} at character {exc.pos}): "
-                                 f"{visible[position:position + 200]}")
+            parsed.errors.append(
+                f"tool call is not valid JSON ({exc.msg} at character {exc.pos}): {visible[position : position + 200]}"
+            )
             break
         _add(parsed, call_from_json(payload, visible[position:end], arguments_key="parameters"))
         position = end

@@ -13,8 +13,9 @@ from streamrl.runtime.settings import Settings
 from streamrl.schema.topics import ROTATED_KINDS, WRITTEN_WINDOWS, run_topics, window_topic
 
 
-def create_topics(settings: Settings, names: list[str], partitions: int | None = None,
-                  configs: dict[str, str] | None = None) -> list[str]:
+def create_topics(
+    settings: Settings, names: list[str], partitions: int | None = None, configs: dict[str, str] | None = None
+) -> list[str]:
     """Create the topics that do not exist yet (with the topic `configs`, e.g.
     retention.ms); returns the names created."""
     admin = KafkaAdminClient(**settings.kafka_client_options())
@@ -24,8 +25,7 @@ def create_topics(settings: Settings, names: list[str], partitions: int | None =
         created = []
         for name in missing:
             try:
-                admin.create_topics([NewTopic(name, partitions or settings.topic_partitions, 1,
-                                              topic_configs=configs or {})])
+                admin.create_topics([NewTopic(name, partitions or settings.topic_partitions, 1, topic_configs=configs or {})])
                 created.append(name)
             except TopicAlreadyExistsError:  # another process won the race
                 pass
@@ -34,8 +34,9 @@ def create_topics(settings: Settings, names: list[str], partitions: int | None =
         admin.close()
 
 
-def create_run_topics(settings: Settings, run_id: str, partitions: int | None = None,
-                      configs: dict[str, str] | None = None) -> list[str]:
+def create_run_topics(
+    settings: Settings, run_id: str, partitions: int | None = None, configs: dict[str, str] | None = None
+) -> list[str]:
     return create_topics(settings, list(run_topics(run_id).values()), partitions, configs)
 
 

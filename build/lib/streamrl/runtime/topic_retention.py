@@ -33,6 +33,7 @@ DELETE_WAIT_S = 30.0
 @dataclass
 class Retired:
     """What happened to a finished run's topics."""
+
     removed: list[str]
     records: int  # the records the removed topics held (all in the ledger)
     behind: dict[str, int]  # topic -> records found past what the ledger holds (topics then kept)
@@ -40,13 +41,17 @@ class Retired:
     def sentence(self, run_id: str) -> str:
         if self.behind:
             lag = ", ".join(sorted(topic.rsplit(".", 1)[-1] for topic in self.behind))
-            return (f"kept run {run_id}'s topics on the broker: the ledger does not hold all their records yet "
-                    f"(records past its position on: {lag}); "
-                    f"`streamrl sink --run {run_id}` writes them, `streamrl topics {run_id} --remove` then frees them")
+            return (
+                f"kept run {run_id}'s topics on the broker: the ledger does not hold all their records yet "
+                f"(records past its position on: {lag}); "
+                f"`streamrl sink --run {run_id}` writes them, `streamrl topics {run_id} --remove` then frees them"
+            )
         if not self.removed:
             return f"run {run_id} has no topics left on the broker"
-        return (f"removed run {run_id}'s {len(self.removed)} topics from the broker "
-                f"(the ledger holds all {self.records} records they held)")
+        return (
+            f"removed run {run_id}'s {len(self.removed)} topics from the broker "
+            f"(the ledger holds all {self.records} records they held)"
+        )
 
 
 def existing_run_topics(run_id: str, listed) -> list[str]:
@@ -59,8 +64,11 @@ def run_partitions(settings: Settings, run_id: str) -> list[TopicPartition]:
     """Every partition of the run's topics the broker still has."""
     consumer = make_consumer(settings, None)
     try:
-        return [TopicPartition(topic, p) for topic in existing_run_topics(run_id, consumer.topics())
-                for p in consumer.partitions_for_topic(topic) or ()]
+        return [
+            TopicPartition(topic, p)
+            for topic in existing_run_topics(run_id, consumer.topics())
+            for p in consumer.partitions_for_topic(topic) or ()
+        ]
     finally:
         consumer.close()
 
@@ -68,13 +76,16 @@ def run_partitions(settings: Settings, run_id: str) -> list[TopicPartition]:
 def ledger_positions(settings: Settings, topics: list[str]) -> dict[TopicPartition, int]:
     """How far the ledger sink has written each partition (the furthest of any sink)."""
     with connect(settings.database_url, autocommit=True) as conn:
-        rows = conn.execute("select topic, partition, max(next_offset) from consumer_offsets where topic = any(%s) "
-                            "group by topic, partition", (topics,)).fetchall()
+        rows = conn.execute(
+            "select topic, partition, max(next_offset) from consumer_offsets where topic = any(%s) group by topic, partition",
+            (topics,),
+        ).fetchall()
     return {TopicPartition(topic, partition): offset for topic, partition, offset in rows}
 
 
-def records_past(settings: Settings, positions: dict[TopicPartition, int], partitions: list[TopicPartition],
-                 quiet_polls: int = 2) -> dict[str, int]:
+def records_past(
+    settings: Settings, positions: dict[TopicPartition, int], partitions: list[TopicPartition], quiet_polls: int = 2
+) -> dict[str, int]:
     """topic -> records the broker holds from `positions` on (none: absent), read rather
     than asked for: the embedded broker's ListOffsets(latest) answers the last batch's
     base offset, not the log's end. Stops at the first records found (the answer is then
@@ -136,11 +147,16 @@ def topic_configs(broker: Broker, settings: Settings) -> dict[str, str]:
     """The topic configs a run creates its topics with: `retention.ms` and
     `retention.bytes` on an external Kafka; refused on the embedded broker, which
     expires nothing."""
-    configs = {name: str(value) for name, value in (("retention.ms", broker.retention_ms),
-                                                    ("retention.bytes", broker.retention_bytes)) if value is not None}
+    configs = {
+        name: str(value)
+        for name, value in (("retention.ms", broker.retention_ms), ("retention.bytes", broker.retention_bytes))
+        if value is not None
+    }
     if configs and not settings.kafka_bootstrap_env:
         key = "retention_ms" if broker.retention_ms is not None else "retention_bytes"
-        raise ValueError(f"service.broker.{key}: the embedded broker does not expire records (it holds a run's "
-                         "topics in memory until the run is over and they are removed; service.broker.window_steps "
-                         "bounds a long run); set it with an external Kafka (STREAMRL_KAFKA_BOOTSTRAP)")
+        raise ValueError(
+            f"service.broker.{key}: the embedded broker does not expire records (it holds a run's "
+            "topics in memory until the run is over and they are removed; service.broker.window_steps "
+            "bounds a long run); set it with an external Kafka (STREAMRL_KAFKA_BOOTSTRAP)"
+        )
     return configs

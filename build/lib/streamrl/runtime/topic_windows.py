@@ -48,8 +48,7 @@ RETIRE_EVERY_S = 2.0
 def window_closed(window: int, window_steps: int, snapshot: int | None, windows_seen: set[int]) -> bool:
     """Whether no reader needs the window any more (its records aside): the learner's
     snapshot is past its last step and the readers' hold has moved past it."""
-    return (snapshot is not None and (window + 1) * window_steps - 1 <= snapshot
-            and window + HELD_WINDOWS in windows_seen)
+    return snapshot is not None and (window + 1) * window_steps - 1 <= snapshot and window + HELD_WINDOWS in windows_seen
 
 
 @dataclass
@@ -75,8 +74,9 @@ class SinkWindows:
             steps = self.steps_of(conn, run_id)
             if steps is None:
                 continue
-            snapshot = conn.execute("select max(sequence) from run_events where run_id = %s and kind = 'snapshot'",
-                                    (run_id,)).fetchone()[0]
+            snapshot = conn.execute(
+                "select max(sequence) from run_events where run_id = %s and kind = 'snapshot'", (run_id,)
+            ).fetchone()[0]
             for window in sorted(seen):
                 if not window_closed(window, steps, snapshot, seen):
                     break
@@ -87,8 +87,9 @@ class SinkWindows:
 
     def steps_of(self, conn, run_id: str) -> int | None:
         if run_id not in self.window_steps:
-            row = conn.execute("select (config->'service'->'broker'->>'window_steps')::int from runs "
-                               "where run_id = %s", (run_id,)).fetchone()
+            row = conn.execute(
+                "select (config->'service'->'broker'->>'window_steps')::int from runs where run_id = %s", (run_id,)
+            ).fetchone()
             if row is None or row[0] is None:
                 return None  # not created yet in the ledger, or it does not rotate
             self.window_steps[run_id] = row[0]
@@ -123,10 +124,11 @@ def windows_left(settings: Settings, run_id: str, steps: int, window_steps: int)
     consumer = make_consumer(settings, None)
     try:
         pattern = re.compile(run_pattern(run_id))
-        left = sorted({w for topic in consumer.topics() if pattern.match(topic)
-                       for w in [topic_window(topic)] if w is not None})
+        left = sorted({w for topic in consumer.topics() if pattern.match(topic) for w in [topic_window(topic)] if w is not None})
     finally:
         consumer.close()
     opened = steps // window_steps + 2  # the last step's window and the one made ahead of it
-    return (f"{opened - len(left)} of run {run_id}'s {opened} topic windows ({window_steps} steps each) left the "
-            f"broker while it trained; {len(left)} remained at its end")
+    return (
+        f"{opened - len(left)} of run {run_id}'s {opened} topic windows ({window_steps} steps each) left the "
+        f"broker while it trained; {len(left)} remained at its end"
+    )

@@ -45,8 +45,7 @@ def ranks_per_server(server_args: dict) -> int:
 def broadcast_world_size(recipe) -> int:
     """The learner's rank 0 and every server rank of every worker."""
     service = recipe.service.inference_service
-    servers_per_worker = len(service.url) if isinstance(service.url, list) else (1 if service.url else
-                                                                                  service.num_servers)
+    servers_per_worker = len(service.url) if isinstance(service.url, list) else (1 if service.url else service.num_servers)
     return 1 + recipe.rollout_worker.num_workers * servers_per_worker * ranks_per_server(service.server_args)
 
 
@@ -63,14 +62,20 @@ def adapter_version_problems(recipe) -> list[str]:
     prefix = "trainer.lora.versions: adapter "
     problems = []
     if service.backend != "sglang":
-        problems.append(f"{prefix}needs SGLang servers (service.inference_service.backend sglang; this recipe's is "
-                        f"{service.backend}): the embedded engine and OpenAI servers load whole models")
+        problems.append(
+            f"{prefix}needs SGLang servers (service.inference_service.backend sglang; this recipe's is "
+            f"{service.backend}): the embedded engine and OpenAI servers load whole models"
+        )
     if recipe.weight.transport == "distributed":
-        problems.append(f"{prefix}is a folder of megabytes that each server loads; weight.transport distributed "
-                        f"broadcasts whole models (use one or the other)")
+        problems.append(
+            f"{prefix}is a folder of megabytes that each server loads; weight.transport distributed "
+            f"broadcasts whole models (use one or the other)"
+        )
     if "lm_head" in lora.target_modules:
-        problems.append(f"{prefix}with 'lm_head' in target_modules: the adapter unties the output embeddings, "
-                        f"which the servers' base model shares with the input ones; use versions: merged")
+        problems.append(
+            f"{prefix}with 'lm_head' in target_modules: the adapter unties the output embeddings, "
+            f"which the servers' base model shares with the input ones; use versions: merged"
+        )
     return problems
 
 
@@ -85,24 +90,28 @@ def transport_problems(recipe) -> list[str]:
         return problems
     prefix = "weight.transport: distributed "
     if service.backend != "sglang":
-        problems.append(f"{prefix}needs SGLang servers (service.inference_service.backend sglang; this recipe's is "
-                        f"{service.backend}): the embedded engine and OpenAI servers load folders")
+        problems.append(
+            f"{prefix}needs SGLang servers (service.inference_service.backend sglang; this recipe's is "
+            f"{service.backend}): the embedded engine and OpenAI servers load folders"
+        )
     if recipe.trainer.type.startswith("remote_api"):
-        problems.append(f"{prefix}needs the self-hosted learner: a remote trainer's weights stay in the training "
-                        f"service")
+        problems.append(f"{prefix}needs the self-hosted learner: a remote trainer's weights stay in the training service")
     if weight.sync_mode == "batch-async":
-        problems.append(f"{prefix}is applied as each version arrives, which batch-async forbids (versions change "
-                        f"only between a worker's batches); use sync or fully-async, or weight.transport disk")
+        problems.append(
+            f"{prefix}is applied as each version arrives, which batch-async forbids (versions change "
+            f"only between a worker's batches); use sync or fully-async, or weight.transport disk"
+        )
     if service.url and recipe.rollout_worker.num_workers > 1:
-        problems.append(f"{prefix}with service.inference_service.url and rollout_worker.num_workers > 1: every "
-                        f"worker would join the same servers to the group; give each worker managed servers "
-                        f"(num_servers) or run one worker")
+        problems.append(
+            f"{prefix}with service.inference_service.url and rollout_worker.num_workers > 1: every "
+            f"worker would join the same servers to the group; give each worker managed servers "
+            f"(num_servers) or run one worker"
+        )
     try:
         unsupported = [key for key in UNSUPPORTED_ARGS if server_int(service.server_args, key) > 1]
         ranks_per_server(service.server_args)
     except ValueError as exc:
-        return problems + [str(exc)]
+        return [*problems, str(exc)]
     if unsupported:
-        problems.append(f"{prefix}broadcasts to tensor-parallel ranks only (server_args {', '.join(unsupported)} "
-                        f"> 1)")
+        problems.append(f"{prefix}broadcasts to tensor-parallel ranks only (server_args {', '.join(unsupported)} > 1)")
     return problems

@@ -19,11 +19,10 @@ Anything else is not a StreamRL event and `decode` raises `CodecError` saying wh
 from __future__ import annotations
 
 import hashlib
+import typing
 
 import msgspec
 import zstandard
-
-import typing
 
 from streamrl.schema.events import ALL_EVENT_TYPES, Event
 
@@ -38,7 +37,7 @@ DEFAULT_COMPRESS_OVER = 256 * 1024
 MAX_DECOMPRESSED_BYTES = 512 * 1024 * 1024
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(typing.Union[ALL_EVENT_TYPES])
+_decoder = msgspec.msgpack.Decoder(typing.Union[ALL_EVENT_TYPES])  # noqa: UP007 (a tuple of types, unpacked by Union[])
 _zstd_compressor = zstandard.ZstdCompressor(level=3)
 _zstd_decompressor = zstandard.ZstdDecompressor()
 

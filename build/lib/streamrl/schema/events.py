@@ -278,8 +278,17 @@ class WeightVersion(Event, tag="weight_version", kw_only=True):
         return (self.version,)
 
 
-RUN_EVENT_KINDS = ("created", "started", "finished", "failed", "replayed_from", "resumed", "resume_checked",
-                   "config_unread", "snapshot")
+RUN_EVENT_KINDS = (
+    "created",
+    "started",
+    "finished",
+    "failed",
+    "replayed_from",
+    "resumed",
+    "resume_checked",
+    "config_unread",
+    "snapshot",
+)
 
 
 class RunEvent(Event, tag="run_event", kw_only=True):
@@ -322,7 +331,14 @@ class DeadLetter(Event, tag="dead_letter", kw_only=True):
 
 
 EVENT_TYPES: tuple[type[Event], ...] = (
-    Task, Trajectory, Evaluation, Sample, TrainStep, WeightVersion, RunEvent, DeadLetter,
+    Task,
+    Trajectory,
+    Evaluation,
+    Sample,
+    TrainStep,
+    WeightVersion,
+    RunEvent,
+    DeadLetter,
 )
 # The main record of each topic; a topic may also carry secondary records (below).
 EVENT_BY_KIND: dict[str, type[Event]] = {cls.KIND: cls for cls in EVENT_TYPES}

@@ -10,19 +10,40 @@ free-form structures (metrics, data rows, turns) are JSONB so SQL can reach into
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 from sqlalchemy import (
-    ARRAY, BigInteger, Boolean, Column, DateTime, Float, Index, Integer, LargeBinary,
-    MetaData, Table, Text, func,
+    ARRAY,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+    func,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
 from streamrl.schema.events import (
-    DeadLetter, Evaluation, Event, GroupFiltered, RunEvent, Sample, Task, TrainStep, Trajectory, WeightVersion,
-    unpack_int32, unpack_mask,
+    DeadLetter,
+    Evaluation,
+    Event,
+    GroupFiltered,
+    RunEvent,
+    Sample,
+    Task,
+    TrainStep,
+    Trajectory,
+    WeightVersion,
+    unpack_int32,
+    unpack_mask,
 )
 
 metadata = MetaData()
@@ -43,7 +64,8 @@ def _event_columns() -> list[Column]:
 
 
 runs = Table(
-    "runs", metadata,
+    "runs",
+    metadata,
     Column("run_id", Text, primary_key=True),
     Column("name", Text),
     Column("status", Text, nullable=False, server_default="unknown"),
@@ -54,7 +76,9 @@ runs = Table(
 )
 
 run_events = Table(
-    "run_events", metadata, *_event_columns(),
+    "run_events",
+    metadata,
+    *_event_columns(),
     Column("kind", Text, nullable=False),
     Column("sequence", Integer, nullable=False),
     Column("name", Text),
@@ -66,7 +90,9 @@ run_events = Table(
 )
 
 tasks = Table(
-    "tasks", metadata, *_event_columns(),
+    "tasks",
+    metadata,
+    *_event_columns(),
     Column("task_id", Text, nullable=False),
     Column("group_id", Text, nullable=False),
     Column("sample_index", Integer, nullable=False),
@@ -82,7 +108,9 @@ tasks = Table(
 )
 
 trajectories = Table(
-    "trajectories", metadata, *_event_columns(),
+    "trajectories",
+    metadata,
+    *_event_columns(),
     Column("trajectory_id", Text, nullable=False),
     Column("task_id", Text, nullable=False),
     Column("group_id", Text, nullable=False),
@@ -116,7 +144,9 @@ trajectories = Table(
 )
 
 evaluations = Table(
-    "evaluations", metadata, *_event_columns(),
+    "evaluations",
+    metadata,
+    *_event_columns(),
     Column("trajectory_id", Text, nullable=False),
     Column("task_id", Text),
     Column("group_id", Text, nullable=False),
@@ -135,7 +165,9 @@ evaluations = Table(
 )
 
 samples = Table(
-    "samples", metadata, *_event_columns(),
+    "samples",
+    metadata,
+    *_event_columns(),
     Column("trajectory_id", Text, nullable=False),
     Column("group_id", Text, nullable=False),
     Column("advantage", Float, nullable=False),
@@ -159,7 +191,9 @@ samples = Table(
 )
 
 filtered_groups = Table(
-    "filtered_groups", metadata, *_event_columns(),
+    "filtered_groups",
+    metadata,
+    *_event_columns(),
     Column("group_id", Text, nullable=False),
     Column("reason", Text, nullable=False),
     Column("step", Integer, nullable=False),
@@ -171,7 +205,9 @@ filtered_groups = Table(
 )
 
 train_steps = Table(
-    "train_steps", metadata, *_event_columns(),
+    "train_steps",
+    metadata,
+    *_event_columns(),
     Column("step", Integer, nullable=False),
     Column("weight_version", Integer, nullable=False),
     Column("loss", Float, nullable=False),
@@ -194,7 +230,9 @@ train_steps = Table(
 )
 
 weight_versions = Table(
-    "weight_versions", metadata, *_event_columns(),
+    "weight_versions",
+    metadata,
+    *_event_columns(),
     Column("version", Integer, nullable=False),
     Column("step", Integer, nullable=False),
     Column("uri", Text),
@@ -204,7 +242,9 @@ weight_versions = Table(
 )
 
 dead_letters = Table(
-    "dead_letters", metadata, *_event_columns(),
+    "dead_letters",
+    metadata,
+    *_event_columns(),
     Column("source_topic", Text, nullable=False),
     Column("source_partition", Integer, nullable=False),
     Column("source_offset", BigInteger, nullable=False),
@@ -218,7 +258,8 @@ dead_letters = Table(
 
 # Payloads too large for one Kafka message, stored by content hash (see schema.codec).
 blobs = Table(
-    "blobs", metadata,
+    "blobs",
+    metadata,
     Column("sha256", Text, primary_key=True),
     Column("size", BigInteger, nullable=False),
     Column("data", LargeBinary, nullable=False),
@@ -270,13 +311,12 @@ def field_column_mismatches(event_type: type[Event], table: Table) -> list[str]:
 _NESTED = {Trajectory: ("turns",), WeightVersion: ("broadcast",)}
 
 
-def event_row(event: Event, topic: str | None = None, partition: int | None = None,
-              offset: int | None = None) -> dict[str, Any]:
+def event_row(event: Event, topic: str | None = None, partition: int | None = None, offset: int | None = None) -> dict[str, Any]:
     """The ledger row of `event` (plain Python values; JSONB columns hold builtins)."""
     row = msgspec.structs.asdict(event)  # shallow and fast: this runs for every row the sink writes
     for name in _NESTED.get(type(event), ()):
         row[name] = msgspec.to_builtins(row[name])
-    row["created_at"] = datetime.fromtimestamp(event.created_at, tz=timezone.utc)
+    row["created_at"] = datetime.fromtimestamp(event.created_at, tz=UTC)
     row["kafka_topic"], row["kafka_partition"], row["kafka_offset"] = topic, partition, offset
     derive = _DERIVED.get(type(event))
     if derive:
@@ -303,7 +343,8 @@ def query_events(conn, event_type: type[Event], query: str, params: tuple) -> li
 # the rows it consumed: the database, not the broker, is the source of truth for
 # progress, so a killed consumer resumes exactly where its last commit left it.
 consumer_offsets = Table(
-    "consumer_offsets", metadata,
+    "consumer_offsets",
+    metadata,
     Column("consumer", Text, primary_key=True),
     Column("topic", Text, primary_key=True),
     Column("partition", Integer, primary_key=True),

@@ -17,7 +17,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 service_metadata = MetaData()
 
 service_api_keys = Table(
-    "service_api_keys", service_metadata,
+    "service_api_keys",
+    service_metadata,
     Column("key_id", Text, primary_key=True),
     Column("name", Text, nullable=False),
     Column("key_sha256", Text, nullable=False, unique=True),  # the key itself is never stored
@@ -26,7 +27,8 @@ service_api_keys = Table(
 )
 
 service_sessions = Table(
-    "service_sessions", service_metadata,
+    "service_sessions",
+    service_metadata,
     Column("session_id", Text, primary_key=True),
     Column("key_id", Text, nullable=False),
     Column("sdk_version", Text),
@@ -37,7 +39,8 @@ service_sessions = Table(
 )
 
 service_models = Table(
-    "service_models", service_metadata,
+    "service_models",
+    service_metadata,
     Column("model_id", Text, primary_key=True),
     Column("session_id", Text, nullable=False),
     Column("base_model", Text, nullable=False),
@@ -52,7 +55,8 @@ service_models = Table(
 )
 
 service_requests = Table(
-    "service_requests", service_metadata,
+    "service_requests",
+    service_metadata,
     Column("request_id", Text, primary_key=True),
     Column("model_id", Text),
     Column("seq_id", Integer),
@@ -71,7 +75,8 @@ service_requests = Table(
 )
 
 service_checkpoints = Table(
-    "service_checkpoints", service_metadata,
+    "service_checkpoints",
+    service_metadata,
     Column("path", Text, primary_key=True),  # tinker://MODEL/weights/NAME or .../sampler_weights/NAME
     Column("model_id", Text, nullable=False),
     Column("kind", Text, nullable=False),  # state | sampler

@@ -13,7 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streamrl.schema.events import (
-    DeadLetter, Evaluation, Event, GroupFiltered, RunEvent, Sample, Task, TrainStep, Trajectory, WeightVersion,
+    DeadLetter,
+    Evaluation,
+    Event,
+    GroupFiltered,
+    RunEvent,
+    Sample,
+    Task,
+    TrainStep,
+    Trajectory,
+    WeightVersion,
 )
 
 # stage -> the folder its code lives in
@@ -44,25 +53,76 @@ class Topic:
     purpose: str
 
 
-TOPOLOGY: dict[str, Topic] = {topic.kind: topic for topic in (
-    Topic("tasks", (Task,), "group id", ("publisher", "demo"), ("worker", "sink"),
-          "a step's prompts, one task per sample, a group's tasks in one record"),
-    Topic("trajectories", (Trajectory,), "group id", ("worker", "replay", "recovery", "demo"),
-          ("processor", "sink", "replay"), "finished rollouts: exact tokens, loss mask, behaviour logprobs"),
-    Topic("evaluations", (Evaluation,), "group id", ("worker", "replay", "recovery", "demo"),
-          ("processor", "tracker", "sink", "replay"), "each rollout's reward and metrics (validation included)"),
-    Topic("samples", (Sample, GroupFiltered), "group id", ("processor", "recovery", "demo"), ("learner", "sink"),
-          "what the learner trains on, and the groups that give none (and why)"),
-    Topic("steps", (TrainStep,), "run id", ("learner", "demo"), ("tracker", "sink", "learner"),
-          "one record per optimizer step: loss, metrics, the samples it trained (a restarted learner re-trains "
-          "those after its snapshot)"),
-    Topic("weights", (WeightVersion,), "run id", ("learner", "demo"), ("worker", "publisher", "sink"),
-          "each weight version the learner publishes"),
-    Topic("runs", (RunEvent,), "run id", ("app", "publisher", "learner", "worker", "replay", "recovery", "demo"),
-          ("config", "processor", "sink"), "the run's life: created (with its recipe), started, finished, failed"),
-    Topic("dead_letters", (DeadLetter,), "run id", EVERY_STAGE, ("sink",),
-          "records a reader could not decode, kept whole with where they came from"),
-)}
+TOPOLOGY: dict[str, Topic] = {
+    topic.kind: topic
+    for topic in (
+        Topic(
+            "tasks",
+            (Task,),
+            "group id",
+            ("publisher", "demo"),
+            ("worker", "sink"),
+            "a step's prompts, one task per sample, a group's tasks in one record",
+        ),
+        Topic(
+            "trajectories",
+            (Trajectory,),
+            "group id",
+            ("worker", "replay", "recovery", "demo"),
+            ("processor", "sink", "replay"),
+            "finished rollouts: exact tokens, loss mask, behaviour logprobs",
+        ),
+        Topic(
+            "evaluations",
+            (Evaluation,),
+            "group id",
+            ("worker", "replay", "recovery", "demo"),
+            ("processor", "tracker", "sink", "replay"),
+            "each rollout's reward and metrics (validation included)",
+        ),
+        Topic(
+            "samples",
+            (Sample, GroupFiltered),
+            "group id",
+            ("processor", "recovery", "demo"),
+            ("learner", "sink"),
+            "what the learner trains on, and the groups that give none (and why)",
+        ),
+        Topic(
+            "steps",
+            (TrainStep,),
+            "run id",
+            ("learner", "demo"),
+            ("tracker", "sink", "learner"),
+            "one record per optimizer step: loss, metrics, the samples it trained (a restarted learner re-trains "
+            "those after its snapshot)",
+        ),
+        Topic(
+            "weights",
+            (WeightVersion,),
+            "run id",
+            ("learner", "demo"),
+            ("worker", "publisher", "sink"),
+            "each weight version the learner publishes",
+        ),
+        Topic(
+            "runs",
+            (RunEvent,),
+            "run id",
+            ("app", "publisher", "learner", "worker", "replay", "recovery", "demo"),
+            ("config", "processor", "sink"),
+            "the run's life: created (with its recipe), started, finished, failed",
+        ),
+        Topic(
+            "dead_letters",
+            (DeadLetter,),
+            "run id",
+            EVERY_STAGE,
+            ("sink",),
+            "records a reader could not decode, kept whole with where they came from",
+        ),
+    )
+}
 
 
 class TopologyError(ValueError):

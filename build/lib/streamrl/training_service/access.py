@@ -62,6 +62,7 @@ class Access:
 @dataclass
 class Service:
     """What every route works with (on `app.state.service`)."""
+
     store: ServiceStore
     executor: Executor
     access: Access
@@ -71,14 +72,18 @@ class Service:
         """429 when `key_id` is at its limit of `new` things (a session, a model, or a
         request waiting to run), before anything is recorded."""
         usage = self.store.key_usage(key_id)
-        held, limit = {"session": ("sessions", self.limits.max_sessions_per_key),
-                       "model": ("models", self.limits.max_models_per_key)}.get(new, ("pending", 0))
+        held, limit = {
+            "session": ("sessions", self.limits.max_sessions_per_key),
+            "model": ("models", self.limits.max_models_per_key),
+        }.get(new, ("pending", 0))
         if new in ("session", "model") and usage[held] >= limit:
-            raise HTTPException(429, f"this API key holds {usage[held]} {held}: the service's max_{held}_per_key "
-                                     f"is {limit}")
+            raise HTTPException(429, f"this API key holds {usage[held]} {held}: the service's max_{held}_per_key is {limit}")
         if usage["pending"] >= self.limits.max_pending_per_key:
-            raise HTTPException(429, f"this API key has {usage['pending']} requests waiting to run: the service's "
-                                     f"max_pending_per_key is {self.limits.max_pending_per_key}; retry once they finish")
+            raise HTTPException(
+                429,
+                f"this API key has {usage['pending']} requests waiting to run: the service's "
+                f"max_pending_per_key is {self.limits.max_pending_per_key}; retry once they finish",
+            )
 
     def future(self, request_id: str, model_id: str | None = None, **extra) -> dict:
         """The API's answer to an accepted request; the executor is woken to run it."""
@@ -104,4 +109,3 @@ def parse(model: type[pydantic.BaseModel], body: bytes):
     except pydantic.ValidationError as error:
         fields = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:5])
         raise HTTPException(400, f"{model.__name__}: {fields}") from None
-

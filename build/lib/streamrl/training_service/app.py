@@ -44,5 +44,4 @@ def unstorable(request: Request, error: Exception):
     """A value PostgreSQL cannot hold (a NUL character, a number past its column) is the
     client's malformed input: a 400 naming it, never a 500."""
     cause = getattr(error, "orig", None) or error  # SQLAlchemy's error names the statement: psycopg's, the value
-    return JSONResponse({"detail": f"a value in the request cannot be stored: {str(cause).splitlines()[0]}"},
-                        status_code=400)
+    return JSONResponse({"detail": f"a value in the request cannot be stored: {str(cause).splitlines()[0]}"}, status_code=400)

@@ -21,15 +21,19 @@ from pathlib import Path
 
 import torch
 
-from streamrl.training_service.names import CHECKPOINT_NAME
 from streamrl.training_service.model import TrainableModel
+from streamrl.training_service.names import CHECKPOINT_NAME
 from streamrl.training_service.sampler import Sampler
 from streamrl.training_service.store import ServiceStore
-from streamrl.training_service.wire import WireError, decode_forward_backward, encode_forward_backward_output, encode_sample_response
+from streamrl.training_service.wire import (
+    WireError,
+    decode_forward_backward,
+    encode_forward_backward_output,
+    encode_sample_response,
+)
 
 log = logging.getLogger("streamrl.serve_training")
-TRAINING_KINDS = ("create_model", "load_weights", "forward_backward", "optim_step", "save_weights",
-                  "save_weights_for_sampler")
+TRAINING_KINDS = ("create_model", "load_weights", "forward_backward", "optim_step", "save_weights", "save_weights_for_sampler")
 
 
 def interleaved_by_key(rows: list[dict]) -> list[dict]:
@@ -63,8 +67,10 @@ class Executor:
         rows = self.store.models_to_restore()
         missing = sorted({row["base_model"] for row in rows} - set(self.base_models))
         if missing:  # an open session cannot continue on a model this service does not hold
-            raise ValueError(f"the ledger has open sessions on base models this service is not started with: "
-                             f"{', '.join(missing)}; add --model NAME=FOLDER for each (or finish those sessions)")
+            raise ValueError(
+                f"the ledger has open sessions on base models this service is not started with: "
+                f"{', '.join(missing)}; add --model NAME=FOLDER for each (or finish those sessions)"
+            )
         for row in rows:
             self.restore(row)
         for target in (self.training_loop, self.sampling_loop):
@@ -122,8 +128,7 @@ class Executor:
             while progressed and not self.stop.is_set():
                 progressed = False
                 for model_id in list(self.next_seq):  # a session may finish (release) meanwhile
-                    if (seq := self.next_seq.get(model_id)) is None or \
-                            (row := self.store.request_at(model_id, seq)) is None:
+                    if (seq := self.next_seq.get(model_id)) is None or (row := self.store.request_at(model_id, seq)) is None:
                         continue
                     self.run(row)
                     progressed = True
@@ -150,8 +155,9 @@ class Executor:
             user = isinstance(error, (WireError, ValueError, KeyError))
             log.warning("request %s (%s) failed: %s", request_id, kind, error if user else traceback.format_exc())
             if not replay:
-                self.store.finish(request_id, None, None, error=f"{type(error).__name__}: {error}",
-                                  category="user" if user else "server")
+                self.store.finish(
+                    request_id, None, None, error=f"{type(error).__name__}: {error}", category="user" if user else "server"
+                )
             self._finished(request_id)
             return
         if replay:
@@ -226,14 +232,18 @@ class Executor:
         if payload.get("sampling_session_seq_id") is not None:  # save_weights_and_get_sampling_client
             session_id = row["model_id"].split(":")[0]
             sampling_session = f"{session_id}:sample:{payload['sampling_session_seq_id']}"
-            self.store.add_sampling_session(sampling_session, str(folder),
-                                            self.store.model(row["model_id"])["base_model"], path)
+            self.store.add_sampling_session(sampling_session, str(folder), self.store.model(row["model_id"])["base_model"], path)
             answer["sampling_session_id"] = sampling_session
         return json.dumps(answer).encode(), "json", None
 
     def do_sample(self, row: dict):
         payload = json.loads(row["payload"])
         tokens = [t for chunk in payload["prompt"]["chunks"] for t in chunk.get("tokens", [])]
-        sequences, prompt_lp = self.sampler.sample(payload["folder"], tokens, payload.get("num_samples", 1),
-                                                   payload.get("sampling_params") or {}, bool(payload.get("prompt_logprobs")))
+        sequences, prompt_lp = self.sampler.sample(
+            payload["folder"],
+            tokens,
+            payload.get("num_samples", 1),
+            payload.get("sampling_params") or {},
+            bool(payload.get("prompt_logprobs")),
+        )
         return encode_sample_response(sequences, prompt_lp), "proto", None

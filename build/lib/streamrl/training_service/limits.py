@@ -32,7 +32,7 @@ class ServiceLimits:
     max_pending_per_key: int = 256  # requests of one key accepted and not yet run
 
     @classmethod
-    def from_pairs(cls, pairs: list[str]) -> "ServiceLimits":
+    def from_pairs(cls, pairs: list[str]) -> ServiceLimits:
         """`NAME=VALUE` pairs over the defaults; an unknown name or a bad value is a ValueError."""
         known = {f.name for f in dataclasses.fields(cls)}
         values = {}
@@ -97,11 +97,19 @@ class BodyLimit:
             await self._refuse(send, error.args[0])
 
     async def _refuse(self, send: Send, size: int | None) -> None:
-        detail = (f"the request body: {size} bytes is over the service's max_body_bytes ({self.max_bytes})"
-                  if size is not None else "the request body: Content-Length is not a number")
-        body = ('{"detail": "%s"}' % detail).encode()
-        await send({"type": "http.response.start", "status": 413 if size is not None else 400,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        detail = (
+            f"the request body: {size} bytes is over the service's max_body_bytes ({self.max_bytes})"
+            if size is not None
+            else "the request body: Content-Length is not a number"
+        )
+        body = (f'{{"detail": "{detail}"}}').encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413 if size is not None else 400,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 

@@ -23,6 +23,8 @@ from streamrl.runtime.lora import LoraSpec, base_of, lora_targets, merged_state_
 from streamrl.training_service.wire import ForwardBackward
 
 MICRO_BATCH_TOKENS = 16384  # padded tokens per forward pass
+
+
 class TrainableModel:
     def __init__(self, base_model: str, lora: dict | None, seed: int | None, device: torch.device):
         self.base_model, self.lora, self.device = base_model, lora, device
@@ -31,9 +33,14 @@ class TrainableModel:
         self.tokenizer = AutoTokenizer.from_pretrained(base_model)
         self.spec = None
         if lora:  # the learner's LoRA (runtime/lora.py); alpha 32, as Tinker's adapters
-            self.spec = LoraSpec(rank=lora["rank"], alpha=32.0, dropout=0.0,
-                                 target_modules=lora_targets(lora.get("train_attn", True), lora.get("train_mlp", True),
-                                                             lora.get("train_unembed", True)))
+            self.spec = LoraSpec(
+                rank=lora["rank"],
+                alpha=32.0,
+                dropout=0.0,
+                target_modules=lora_targets(
+                    lora.get("train_attn", True), lora.get("train_mlp", True), lora.get("train_unembed", True)
+                ),
+            )
             model = with_lora(model, self.spec)
         self.model = model.to(device)
         self.params = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
@@ -61,18 +68,24 @@ class TrainableModel:
                 targets[row, :n] = torch.as_tensor(request.data[i].inputs["target_tokens"].astype(np.int64))
                 attention[row, :n] = 1
             with torch.set_grad_enabled(not request.forward_only):
-                logits = self.model(input_ids=tokens.to(self.device), attention_mask=attention.to(self.device),
-                                    use_cache=False).logits
+                logits = self.model(
+                    input_ids=tokens.to(self.device), attention_mask=attention.to(self.device), use_cache=False
+                ).logits
                 logprobs = torch.log_softmax(logits.float(), -1).gather(-1, targets.to(self.device)[..., None])[..., 0]
                 losses = []
                 for row, i in enumerate(group):
                     datum, n = request.data[i], len(request.data[i].tokens)
-                    inputs = {name: torch.as_tensor(value.astype(np.float32), device=self.device)
-                              for name, value in datum.inputs.items() if name != "target_tokens"}
+                    inputs = {
+                        name: torch.as_tensor(value.astype(np.float32), device=self.device)
+                        for name, value in datum.inputs.items()
+                        if name != "target_tokens"
+                    }
                     token_loss = loss_fn(logprobs[row, :n], inputs, request.loss_fn_config)
                     losses.append(token_loss.sum())
-                    outputs[i] = {"logprobs": logprobs[row, :n].detach().cpu().numpy(),
-                                  "elementwise_loss": token_loss.detach().cpu().numpy()}
+                    outputs[i] = {
+                        "logprobs": logprobs[row, :n].detach().cpu().numpy(),
+                        "elementwise_loss": token_loss.detach().cpu().numpy(),
+                    }
                 loss = torch.stack(losses).sum()
                 if not request.forward_only:
                     loss.backward()
@@ -81,8 +94,12 @@ class TrainableModel:
 
     def optim_step(self, adam: dict) -> dict[str, float]:
         for group in self.optimizer.param_groups:
-            group.update(lr=adam.get("learning_rate", 1e-4), betas=(adam.get("beta1", 0.9), adam.get("beta2", 0.95)),
-                         eps=adam.get("eps", 1e-12), weight_decay=adam.get("weight_decay", 0.0))
+            group.update(
+                lr=adam.get("learning_rate", 1e-4),
+                betas=(adam.get("beta1", 0.9), adam.get("beta2", 0.95)),
+                eps=adam.get("eps", 1e-12),
+                weight_decay=adam.get("weight_decay", 0.0),
+            )
         grads = [p.grad for p in self.params.values() if p.grad is not None]
         norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
         if adam.get("grad_clip_norm", 0.0) > 0:
@@ -96,8 +113,11 @@ class TrainableModel:
     def save_state(self, folder: Path, with_optimizer: bool = True) -> Path:
         def fill(tmp: Path) -> None:
             save_file({name: p.detach().cpu().contiguous() for name, p in self.params.items()}, tmp / "trained.safetensors")
-            torch.save({"optimizer": self.optimizer.state_dict() if with_optimizer else None,
-                        "optim_steps": self.optim_steps}, tmp / "optimizer.pt")
+            torch.save(
+                {"optimizer": self.optimizer.state_dict() if with_optimizer else None, "optim_steps": self.optim_steps},
+                tmp / "optimizer.pt",
+            )
+
         folder.parent.mkdir(parents=True, exist_ok=True)
         return write_folder(folder, fill)
 
@@ -118,10 +138,12 @@ class TrainableModel:
 
     def export_for_sampler(self, folder: Path) -> Path:
         """The weights as a Hugging Face folder (a LoRA merged), written atomically."""
+
         def fill(tmp: Path) -> None:
             state = merged_state_dict(self.model.state_dict(), self.spec.scale) if self.spec else None
             base_of(self.model).save_pretrained(tmp, state_dict=state)
             self.tokenizer.save_pretrained(tmp)
+
         folder.parent.mkdir(parents=True, exist_ok=True)
         return write_folder(folder, fill)
 

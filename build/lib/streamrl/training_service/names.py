@@ -16,6 +16,9 @@ def checkpoint_name(name: str | None, field_name: str) -> str | None:
     if name is None:
         return None
     if not isinstance(name, str) or not CHECKPOINT_NAME.fullmatch(name) or ".." in name:
-        raise HTTPException(400, f"{field_name}: {str(name)[:80]!r} is not a checkpoint name (one path segment of "
-                                 "letters, digits, '.', '_' and '-', at most 128 characters)")
+        raise HTTPException(
+            400,
+            f"{field_name}: {str(name)[:80]!r} is not a checkpoint name (one path segment of "
+            "letters, digits, '.', '_' and '-', at most 128 characters)",
+        )
     return name

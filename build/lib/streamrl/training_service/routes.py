@@ -52,8 +52,9 @@ def telemetry(key_id: str = Depends(caller)):
 
 @router.get("/get_server_capabilities")
 def capabilities(key_id: str = Depends(caller), service: Service = Depends(service_of)):
-    return {"supported_models": [{"model_name": name, "trainable": True, "sampleable": True}
-                                 for name in service.executor.base_models]}
+    return {
+        "supported_models": [{"model_name": name, "trainable": True, "sampleable": True} for name in service.executor.base_models]
+    }
 
 
 @router.post("/create_session")
@@ -90,8 +91,14 @@ async def create_model(request: Request, key_id: str = Depends(caller), service:
     model_id = f"{body.session_id}:train:{body.model_seq_id}"
     # rank 0: full fine-tuning (the official client always sends a LoraConfig)
     lora = body.lora_config.model_dump() if body.lora_config and body.lora_config.rank > 0 else None
-    service.store.add_model(model_id=model_id, session_id=body.session_id, base_model=body.base_model, lora=lora,
-                            lora_rank=lora["rank"] if lora else None, seed=lora.get("seed") if lora else None)
+    service.store.add_model(
+        model_id=model_id,
+        session_id=body.session_id,
+        base_model=body.base_model,
+        lora=lora,
+        lora_rank=lora["rank"] if lora else None,
+        seed=lora.get("seed") if lora else None,
+    )
     service.store.accept(model_id + ":0", "create_model", body.model_dump_json().encode(), model_id, 0)
     service.executor.track(model_id)
     return service.future(model_id + ":0", model_id)
@@ -101,10 +108,17 @@ async def create_model(request: Request, key_id: str = Depends(caller), service:
 async def get_info(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
     body = parse(types.GetInfoRequest, await request.body())
     row = service.access.own_model(body.model_id, key_id)
-    return {"type": "get_info", "model_id": body.model_id, "is_lora": row["lora_rank"] is not None,
-            "lora_rank": row["lora_rank"],
-            "model_data": {"arch": "causal_lm", "model_name": row["base_model"],
-                           "tokenizer_id": service.executor.base_models[row["base_model"]]}}
+    return {
+        "type": "get_info",
+        "model_id": body.model_id,
+        "is_lora": row["lora_rank"] is not None,
+        "lora_rank": row["lora_rank"],
+        "model_data": {
+            "arch": "causal_lm",
+            "model_name": row["base_model"],
+            "tokenizer_id": service.executor.base_models[row["base_model"]],
+        },
+    }
 
 
 @router.post("/load_weights")
@@ -119,8 +133,15 @@ async def load_weights(request: Request, key_id: str = Depends(caller), service:
         access.own_session(body.session_id, key_id)
         service.admit(key_id, "model")
         model_id, seq = f"{body.session_id}:train:{body.model_seq_id}", 0
-        store.add_model(model_id=model_id, session_id=body.session_id, base_model=source["base_model"],
-                        lora=source["lora"], lora_rank=source["lora_rank"], seed=source["seed"], loaded_from=body.path)
+        store.add_model(
+            model_id=model_id,
+            session_id=body.session_id,
+            base_model=source["base_model"],
+            lora=source["lora"],
+            lora_rank=source["lora_rank"],
+            seed=source["seed"],
+            loaded_from=body.path,
+        )
         service.executor.track(model_id)
     else:
         access.own_model(body.model_id, key_id)
@@ -142,8 +163,7 @@ async def forward_backward(request: Request, key_id: str = Depends(caller), serv
     return service.future(request_id, decoded.model_id)
 
 
-async def accept_sequenced(kind: str, model: type[pydantic.BaseModel], request: Request, key_id: str,
-                           service: Service) -> dict:
+async def accept_sequenced(kind: str, model: type[pydantic.BaseModel], request: Request, key_id: str, service: Service) -> dict:
     """A request that runs in its model's sequence order (`seq_id`), recorded as `kind`."""
     body = parse(model, await request.body())
     service.access.own_model(body.model_id, key_id)
@@ -171,10 +191,8 @@ async def save_weights(request: Request, key_id: str = Depends(caller), service:
 
 
 @router.post("/save_weights_for_sampler")
-async def save_weights_for_sampler(request: Request, key_id: str = Depends(caller),
-                                   service: Service = Depends(service_of)):
-    return await accept_sequenced("save_weights_for_sampler", types.SaveWeightsForSamplerRequest, request, key_id,
-                                  service)
+async def save_weights_for_sampler(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
+    return await accept_sequenced("save_weights_for_sampler", types.SaveWeightsForSamplerRequest, request, key_id, service)
 
 
 # --- sampling ------------------------------------------------------------------------------------------
@@ -188,7 +206,7 @@ def sampler_folder(service: Service, model_path: str | None, base_model: str | N
         try:
             row = service.access.own_model(checkpoint["model_id"], key_id)
         except HTTPException:
-            raise HTTPException(400, f"model_path: {model_path!r} is not sampler weights saved on this service")
+            raise HTTPException(400, f"model_path: {model_path!r} is not sampler weights saved on this service") from None
         return checkpoint["folder"], row["base_model"]
     if base_model not in service.executor.base_models:
         raise HTTPException(400, f"base_model: {base_model!r} is not served here")
@@ -206,13 +224,11 @@ def sampling_session(service: Service, sampling_session_id: str, key_id: str) ->
 @router.get("/samplers/{sampling_session_id}")
 def sampler(sampling_session_id: str, key_id: str = Depends(caller), service: Service = Depends(service_of)):
     payload = json.loads(sampling_session(service, sampling_session_id, key_id)["payload"])
-    return {"sampler_id": sampling_session_id, "base_model": payload["base_model"],
-            "model_path": payload.get("model_path")}
+    return {"sampler_id": sampling_session_id, "base_model": payload["base_model"], "model_path": payload.get("model_path")}
 
 
 @router.post("/create_sampling_session")
-async def create_sampling_session(request: Request, key_id: str = Depends(caller),
-                                  service: Service = Depends(service_of)):
+async def create_sampling_session(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
     body = parse(types.CreateSamplingSessionRequest, await request.body())
     service.access.own_session(body.session_id, key_id)
     session = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
@@ -221,8 +237,14 @@ async def create_sampling_session(request: Request, key_id: str = Depends(caller
     return {"type": "create_sampling_session", "sampling_session_id": session}
 
 
-UNSERVED_SAMPLE_OPTIONS = ("topk_prompt_logprobs", "topk_sample_logprobs", "target_prompt_logprobs",
-                           "prompt_alt_tokens_k", "prompt_logprobs_last_n", "record_stability_info")
+UNSERVED_SAMPLE_OPTIONS = (
+    "topk_prompt_logprobs",
+    "topk_sample_logprobs",
+    "target_prompt_logprobs",
+    "prompt_alt_tokens_k",
+    "prompt_logprobs_last_n",
+    "record_stability_info",
+)
 
 
 @router.post("/asample")
@@ -252,8 +274,9 @@ def check_sample_size(body: types.SampleRequest, limits) -> None:
     prompt = sum(len(getattr(chunk, "tokens", []) or []) for chunk in body.prompt.chunks)
     tokens = body.num_samples * (prompt + (body.sampling_params.max_tokens or 0))
     if tokens > limits.max_sample_tokens:
-        raise too_large("SampleRequest (num_samples x (prompt + max_tokens))", tokens, "max_sample_tokens",
-                        limits.max_sample_tokens)
+        raise too_large(
+            "SampleRequest (num_samples x (prompt + max_tokens))", tokens, "max_sample_tokens", limits.max_sample_tokens
+        )
 
 
 # --- futures --------------------------------------------------------------------------------------------
@@ -279,6 +302,7 @@ async def retrieve_future(request: Request, key_id: str = Depends(caller), servi
         raise HTTPException(404, f"request_id: no request {body.request_id!r} for this API key")
     if row["status"] == "pending":
         import anyio
+
         await anyio.to_thread.run_sync(service.executor.wait, body.request_id, LONG_POLL_S)
         row = service.store.request(body.request_id)
     if row["status"] == "pending":

@@ -32,8 +32,9 @@ class Sampler:
         return loaded
 
     @torch.no_grad()
-    def sample(self, folder: str, prompt: list[int], num_samples: int, params: dict,
-               prompt_logprobs: bool = False) -> tuple[list[tuple[list[int], list[float], str]], list | None]:
+    def sample(
+        self, folder: str, prompt: list[int], num_samples: int, params: dict, prompt_logprobs: bool = False
+    ) -> tuple[list[tuple[list[int], list[float], str]], list | None]:
         model, tokenizer = self._load(folder)
         max_tokens = params.get("max_tokens") or 64
         temperature = float(params.get("temperature", 1.0))
@@ -41,22 +42,31 @@ class Sampler:
         stop = params.get("stop")
         stop_ids = {tokenizer.eos_token_id} if stop is None else set()
         stop_texts: list[str] = []
-        for item in ([stop] if isinstance(stop, str) else stop or []):
+        for item in [stop] if isinstance(stop, str) else stop or []:
             (stop_ids.add(item) if isinstance(item, int) else stop_texts.append(item))
         generator = torch.Generator(device=self.device)
-        generator.manual_seed(params["seed"] if params.get("seed") is not None else torch.seed() % (2 ** 63))
+        generator.manual_seed(params["seed"] if params.get("seed") is not None else torch.seed() % (2**63))
 
         prompt_lp = None
         if prompt_logprobs:
             tokens = torch.tensor([prompt], device=self.device)
             logits = model(input_ids=tokens).logits
             lp = torch.log_softmax(logits[0, :-1].float(), -1).gather(-1, tokens[0, 1:, None]).squeeze(-1)
-            prompt_lp = [None] + lp.tolist()
+            prompt_lp = [None, *lp.tolist()]
 
         def stopped_by_text(tokens: list[int]) -> bool:
             return any(text in tokenizer.decode(tokens) for text in stop_texts)
 
-        decoded = decode(model, [prompt] * num_samples, max_new_tokens=max_tokens, temperature=temperature,
-                         top_p=top_p, top_k=top_k, stop_ids=stop_ids, stop_text=stopped_by_text if stop_texts else None,
-                         pad_id=tokenizer.pad_token_id or 0, generator=generator)
+        decoded = decode(
+            model,
+            [prompt] * num_samples,
+            max_new_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop_ids=stop_ids,
+            stop_text=stopped_by_text if stop_texts else None,
+            pad_id=tokenizer.pad_token_id or 0,
+            generator=generator,
+        )
         return [(row.tokens, row.logprobs, row.finish_reason) for row in decoded], prompt_lp

@@ -13,7 +13,11 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from streamrl.runtime.db import engine
 from streamrl.schema.service import (
-    service_api_keys, service_checkpoints, service_models, service_requests, service_sessions,
+    service_api_keys,
+    service_checkpoints,
+    service_models,
+    service_requests,
+    service_sessions,
 )
 
 KEY_PREFIX = "tml-"  # the official client accepts only keys of this form
@@ -38,35 +42,53 @@ class ServiceStore:
 
     def key_id_for(self, key: str) -> str | None:
         with self.engine.connect() as conn:
-            return conn.execute(select(service_api_keys.c.key_id).where(and_(
-                service_api_keys.c.key_sha256 == key_digest(key), service_api_keys.c.revoked_at.is_(None)))).scalar()
+            return conn.execute(
+                select(service_api_keys.c.key_id).where(
+                    and_(service_api_keys.c.key_sha256 == key_digest(key), service_api_keys.c.revoked_at.is_(None))
+                )
+            ).scalar()
 
     def revoke_key(self, key_id: str) -> bool:
         with self.engine.begin() as conn:
-            return conn.execute(update(service_api_keys).where(service_api_keys.c.key_id == key_id)
-                                .values(revoked_at=func.now())).rowcount == 1
+            return (
+                conn.execute(
+                    update(service_api_keys).where(service_api_keys.c.key_id == key_id).values(revoked_at=func.now())
+                ).rowcount
+                == 1
+            )
 
     def keys(self) -> list[dict]:
         with self.engine.connect() as conn:
-            rows = conn.execute(select(service_api_keys.c.key_id, service_api_keys.c.name, service_api_keys.c.created_at,
-                                       service_api_keys.c.revoked_at).order_by(service_api_keys.c.created_at))
+            rows = conn.execute(
+                select(
+                    service_api_keys.c.key_id,
+                    service_api_keys.c.name,
+                    service_api_keys.c.created_at,
+                    service_api_keys.c.revoked_at,
+                ).order_by(service_api_keys.c.created_at)
+            )
             return [dict(r._mapping) for r in rows]
 
     # --- sessions and models -----------------------------------------------------------------------
     def add_session(self, session_id: str, key_id: str, sdk_version: str | None, user_metadata: dict) -> None:
         with self.engine.begin() as conn:
-            conn.execute(insert(service_sessions).values(session_id=session_id, key_id=key_id,
-                                                         sdk_version=sdk_version, user_metadata=user_metadata))
+            conn.execute(
+                insert(service_sessions).values(
+                    session_id=session_id, key_id=key_id, sdk_version=sdk_version, user_metadata=user_metadata
+                )
+            )
 
     def session_key(self, session_id: str) -> str | None:
         with self.engine.connect() as conn:
-            return conn.execute(select(service_sessions.c.key_id)
-                                .where(service_sessions.c.session_id == session_id)).scalar()
+            return conn.execute(select(service_sessions.c.key_id).where(service_sessions.c.session_id == session_id)).scalar()
 
     def finish_session(self, session_id: str) -> None:
         with self.engine.begin() as conn:
-            conn.execute(update(service_sessions).where(service_sessions.c.session_id == session_id)
-                         .values(status="finished", finished_at=func.now()))
+            conn.execute(
+                update(service_sessions)
+                .where(service_sessions.c.session_id == session_id)
+                .values(status="finished", finished_at=func.now())
+            )
 
     def add_model(self, **row) -> None:
         with self.engine.begin() as conn:
@@ -80,9 +102,12 @@ class ServiceStore:
     def models_to_restore(self) -> list[dict]:
         """Models of sessions still open: what a restarted service loads again."""
         with self.engine.connect() as conn:
-            rows = conn.execute(select(service_models).join(
-                service_sessions, service_sessions.c.session_id == service_models.c.session_id)
-                .where(service_sessions.c.status == "active").order_by(service_models.c.created_at))
+            rows = conn.execute(
+                select(service_models)
+                .join(service_sessions, service_sessions.c.session_id == service_models.c.session_id)
+                .where(service_sessions.c.status == "active")
+                .order_by(service_models.c.created_at)
+            )
             return [dict(r._mapping) for r in rows]
 
     def key_usage(self, key_id: str) -> dict[str, int]:
@@ -95,25 +120,35 @@ class ServiceStore:
             return {
                 "sessions": conn.execute(select(count).select_from(sessions.subquery())).scalar(),
                 "models": conn.execute(select(count).select_from(models.subquery())).scalar(),
-                "pending": conn.execute(select(count).select_from(service_requests).where(and_(
-                    service_requests.c.status == "pending",
-                    service_requests.c.model_id.in_(models) | service_requests.c.request_id.like(f"sample-{key_id}-%"),
-                ))).scalar(),
+                "pending": conn.execute(
+                    select(count)
+                    .select_from(service_requests)
+                    .where(
+                        and_(
+                            service_requests.c.status == "pending",
+                            service_requests.c.model_id.in_(models) | service_requests.c.request_id.like(f"sample-{key_id}-%"),
+                        )
+                    )
+                ).scalar(),
             }
 
     # --- requests ----------------------------------------------------------------------------------------
-    def accept(self, request_id: str, kind: str, payload: bytes, model_id: str | None = None,
-               seq_id: int | None = None) -> None:
+    def accept(self, request_id: str, kind: str, payload: bytes, model_id: str | None = None, seq_id: int | None = None) -> None:
         """Record a request before its future is answered; a resubmitted one is the same row."""
         with self.engine.begin() as conn:
-            conn.execute(pg_insert(service_requests).values(
-                request_id=request_id, kind=kind, payload=payload, model_id=model_id, seq_id=seq_id)
-                .on_conflict_do_nothing())
+            conn.execute(
+                pg_insert(service_requests)
+                .values(request_id=request_id, kind=kind, payload=payload, model_id=model_id, seq_id=seq_id)
+                .on_conflict_do_nothing()
+            )
 
     def add_sampling_session(self, session_id: str, folder: str, base_model: str, model_path: str | None) -> None:
         """A sampling session is a completed request row holding what it samples from."""
-        self.accept(session_id, "sampling_session", json.dumps({"folder": folder, "base_model": base_model,
-                                                                "model_path": model_path}).encode())
+        self.accept(
+            session_id,
+            "sampling_session",
+            json.dumps({"folder": folder, "base_model": base_model, "model_path": model_path}).encode(),
+        )
         self.finish(session_id, None, None)
 
     def request(self, request_id: str) -> dict | None:
@@ -123,40 +158,65 @@ class ServiceStore:
 
     def request_at(self, model_id: str, seq_id: int) -> dict | None:
         with self.engine.connect() as conn:
-            row = conn.execute(select(service_requests).where(and_(
-                service_requests.c.model_id == model_id, service_requests.c.seq_id == seq_id))).first()
+            row = conn.execute(
+                select(service_requests).where(and_(service_requests.c.model_id == model_id, service_requests.c.seq_id == seq_id))
+            ).first()
             return dict(row._mapping) if row else None
 
     def pending(self, kinds: tuple[str, ...]) -> list[dict]:
         with self.engine.connect() as conn:
-            rows = conn.execute(select(service_requests).where(and_(
-                service_requests.c.status == "pending", service_requests.c.kind.in_(kinds)))
-                .order_by(service_requests.c.created_at))
+            rows = conn.execute(
+                select(service_requests)
+                .where(and_(service_requests.c.status == "pending", service_requests.c.kind.in_(kinds)))
+                .order_by(service_requests.c.created_at)
+            )
             return [dict(r._mapping) for r in rows]
 
-    def finish(self, request_id: str, result: bytes | None, result_format: str | None, error: str | None = None,
-               category: str | None = None, model_update: dict | None = None) -> None:
+    def finish(
+        self,
+        request_id: str,
+        result: bytes | None,
+        result_format: str | None,
+        error: str | None = None,
+        category: str | None = None,
+        model_update: dict | None = None,
+    ) -> None:
         """A request's outcome; with `model_update`, the model's row changes in the same
         transaction (an optimizer step and the state that holds it commit together)."""
         with self.engine.begin() as conn:
-            conn.execute(update(service_requests).where(service_requests.c.request_id == request_id).values(
-                status="failed" if error else "complete", result=result, result_format=result_format, error=error,
-                error_category=category, completed_at=func.now(), runs=service_requests.c.runs + 1))
+            conn.execute(
+                update(service_requests)
+                .where(service_requests.c.request_id == request_id)
+                .values(
+                    status="failed" if error else "complete",
+                    result=result,
+                    result_format=result_format,
+                    error=error,
+                    error_category=category,
+                    completed_at=func.now(),
+                    runs=service_requests.c.runs + 1,
+                )
+            )
             if model_update:
                 model_id = model_update.pop("model_id")
                 conn.execute(update(service_models).where(service_models.c.model_id == model_id).values(**model_update))
 
     def count_run(self, request_id: str) -> None:
         with self.engine.begin() as conn:
-            conn.execute(update(service_requests).where(service_requests.c.request_id == request_id)
-                         .values(runs=service_requests.c.runs + 1))
+            conn.execute(
+                update(service_requests)
+                .where(service_requests.c.request_id == request_id)
+                .values(runs=service_requests.c.runs + 1)
+            )
 
     # --- checkpoints ---------------------------------------------------------------------------------------
     def add_checkpoint(self, path: str, model_id: str, kind: str, folder: str, seq_id: int | None, size: int) -> None:
         with self.engine.begin() as conn:
-            conn.execute(pg_insert(service_checkpoints).values(path=path, model_id=model_id, kind=kind, folder=folder,
-                                                               seq_id=seq_id, bytes=size)
-                         .on_conflict_do_update(index_elements=["path"], set_={"folder": folder, "seq_id": seq_id}))
+            conn.execute(
+                pg_insert(service_checkpoints)
+                .values(path=path, model_id=model_id, kind=kind, folder=folder, seq_id=seq_id, bytes=size)
+                .on_conflict_do_update(index_elements=["path"], set_={"folder": folder, "seq_id": seq_id})
+            )
 
     def checkpoint(self, path: str) -> dict | None:
         with self.engine.connect() as conn:
@@ -165,6 +225,9 @@ class ServiceStore:
 
     def checkpoints(self, model_id: str) -> list[dict]:
         with self.engine.connect() as conn:
-            rows = conn.execute(select(service_checkpoints).where(service_checkpoints.c.model_id == model_id)
-                                .order_by(service_checkpoints.c.created_at))
+            rows = conn.execute(
+                select(service_checkpoints)
+                .where(service_checkpoints.c.model_id == model_id)
+                .order_by(service_checkpoints.c.created_at)
+            )
             return [dict(r._mapping) for r in rows]

@@ -102,8 +102,14 @@ def decode_forward_backward(body: bytes, limits: ServiceLimits | None = None) ->
             if array.size != tokens.size:
                 raise WireError(f"data[{i}].loss_fn_inputs.{name}: {array.size} values for {tokens.size} input tokens")
         data.append(Datum(tokens=tokens, inputs=inputs))
-    return ForwardBackward(model_id=msg.model_id, seq_id=msg.seq_id, loss_fn=msg.loss_fn,
-                           loss_fn_config=config, forward_only=msg.forward_only, data=data)
+    return ForwardBackward(
+        model_id=msg.model_id,
+        seq_id=msg.seq_id,
+        loss_fn=msg.loss_fn,
+        loss_fn_config=config,
+        forward_only=msg.forward_only,
+        data=data,
+    )
 
 
 def encode_forward_backward_output(outputs: list[dict[str, np.ndarray]], metrics: dict[str, float]) -> bytes:
@@ -112,7 +118,7 @@ def encode_forward_backward_output(outputs: list[dict[str, np.ndarray]], metrics
     msg.metrics.update({k: float(v) for k, v in metrics.items()})
     record = msg.loss_fn_outputs.add()
     record.num_datums = len(outputs)
-    for name in (outputs[0] if outputs else {}):
+    for name in outputs[0] if outputs else {}:
         arrays = [np.ascontiguousarray(out[name], dtype=np.float32) for out in outputs]
         offsets = np.cumsum([0] + [a.nbytes for a in arrays]).astype(np.int64)
         field = record.fields[name]
@@ -122,8 +128,9 @@ def encode_forward_backward_output(outputs: list[dict[str, np.ndarray]], metrics
     return msg.SerializeToString()
 
 
-def encode_sample_response(sequences: list[tuple[list[int], list[float], str]],
-                           prompt_logprobs: list[float] | None = None) -> bytes:
+def encode_sample_response(
+    sequences: list[tuple[list[int], list[float], str]], prompt_logprobs: list[float] | None = None
+) -> bytes:
     """(tokens, logprobs, stop reason "stop" | "length") per sampled sequence."""
     msg = pb.SampleResponse()
     for tokens, logprobs, reason in sequences:

@@ -19,19 +19,17 @@ import csv
 import io
 import itertools
 import json
-from pathlib import Path
-from typing import Optional
-
 import secrets
+from pathlib import Path
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
-from starlette.middleware.base import BaseHTTPMiddleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from streamrl.runtime.sql import SqlFailed, SqlRefused, plain_value, readonly_rows, run_readonly
 from streamrl.report import config_highlights
+from streamrl.runtime.sql import SqlFailed, SqlRefused, plain_value, readonly_rows, run_readonly
 from streamrl.ui.charts import figures
 from streamrl.ui.queries import PAGE, Ledger
 from streamrl.ui.tokens import token_views, turn_views
@@ -66,11 +64,13 @@ class TokenAuth(BaseHTTPMiddleware):
         self.token = token
 
     async def dispatch(self, request: Request, call_next):
-        given = (request.query_params.get("token") or request.cookies.get("streamrl_ui_token")
-                 or request.headers.get("authorization", "").removeprefix("Bearer "))
+        given = (
+            request.query_params.get("token")
+            or request.cookies.get("streamrl_ui_token")
+            or request.headers.get("authorization", "").removeprefix("Bearer ")
+        )
         if not secrets.compare_digest(given or "", self.token):
-            return Response("a token is required: open the URL `streamrl ui` printed\n", status_code=401,
-                            media_type="text/plain")
+            return Response("a token is required: open the URL `streamrl ui` printed\n", status_code=401, media_type="text/plain")
         response = await call_next(request)
         if request.query_params.get("token"):
             response.set_cookie("streamrl_ui_token", self.token, httponly=True, samesite="strict")
@@ -105,13 +105,17 @@ def plotly_js() -> Response:
 
 
 @router.get("/", response_class=HTMLResponse)
-def runs(request: Request, offset: int = Query(0, ge=0), tag: Optional[str] = Query(None, max_length=200),
-         ledger: Ledger = Depends(ledger_of)):
+def runs(
+    request: Request,
+    offset: int = Query(0, ge=0),
+    tag: str | None = Query(None, max_length=200),
+    ledger: Ledger = Depends(ledger_of),
+):
     tag = tag or None  # the filter box sent empty: every run
     return page(request, "runs.html", runs=ledger.runs(100, offset, tag), offset=offset, tag=tag)
 
 
-def run_figures(ledger: Ledger, run_id: str, compare: Optional[str], axis: str) -> tuple[dict[str, str], int]:
+def run_figures(ledger: Ledger, run_id: str, compare: str | None, axis: str) -> tuple[dict[str, str], int]:
     """The figures, and the run's own step count (read once, with its curves)."""
     shown = [run_id] + ([compare] if compare and compare != run_id else [])
     data = [(r, ledger.curves(r), ledger.validation(r)) for r in shown]
@@ -119,22 +123,41 @@ def run_figures(ledger: Ledger, run_id: str, compare: Optional[str], axis: str) 
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
-def run(request: Request, run_id: str, compare: Optional[str] = None, x: str = Query("step", pattern="^(step|version)$"),
-        refresh: float = Query(5.0, ge=0.5, le=3600.0), ledger: Ledger = Depends(ledger_of)):
+def run(
+    request: Request,
+    run_id: str,
+    compare: str | None = None,
+    x: str = Query("step", pattern="^(step|version)$"),
+    refresh: float = Query(5.0, ge=0.5, le=3600.0),
+    ledger: Ledger = Depends(ledger_of),
+):
     found = ledger.run(run_id)
     if found is None:
         return not_found(request, f"run {run_id} is not in the ledger")
     if compare and ledger.run(compare) is None:
         return not_found(request, f"run {compare} (compare) is not in the ledger")
     shown, steps = run_figures(ledger, run_id, compare, x)
-    return page(request, "run.html", run=found, highlights=config_highlights(found["config"] or {}, found["parent_run_id"]),
-                figures=shown, compare=compare or "", axis=x, refresh_ms=int(refresh * 1000),
-                steps=steps, others=[r["run_id"] for r in ledger.runs(200) if r["run_id"] != run_id])
+    return page(
+        request,
+        "run.html",
+        run=found,
+        highlights=config_highlights(found["config"] or {}, found["parent_run_id"]),
+        figures=shown,
+        compare=compare or "",
+        axis=x,
+        refresh_ms=int(refresh * 1000),
+        steps=steps,
+        others=[r["run_id"] for r in ledger.runs(200) if r["run_id"] != run_id],
+    )
 
 
 @router.get("/api/runs/{run_id}/figures")
-def run_figures_json(run_id: str, compare: Optional[str] = None, x: str = Query("step", pattern="^(step|version)$"),
-                     ledger: Ledger = Depends(ledger_of)):
+def run_figures_json(
+    run_id: str,
+    compare: str | None = None,
+    x: str = Query("step", pattern="^(step|version)$"),
+    ledger: Ledger = Depends(ledger_of),
+):
     found = ledger.run(run_id)
     if found is None:
         return JSONResponse({"error": f"run {run_id} is not in the ledger"}, status_code=404)
@@ -143,8 +166,15 @@ def run_figures_json(run_id: str, compare: Optional[str] = None, x: str = Query(
 
 
 @router.get("/runs/{run_id}/rollouts", response_class=HTMLResponse)
-def rollouts(request: Request, run_id: str, step: Optional[str] = None, group: Optional[str] = None,
-             where: Optional[str] = None, after: int = 0, ledger: Ledger = Depends(ledger_of)):
+def rollouts(
+    request: Request,
+    run_id: str,
+    step: str | None = None,
+    group: str | None = None,
+    where: str | None = None,
+    after: int = 0,
+    ledger: Ledger = Depends(ledger_of),
+):
     found = ledger.run(run_id)
     if found is None:
         return not_found(request, f"run {run_id} is not in the ledger")
@@ -154,8 +184,17 @@ def rollouts(request: Request, run_id: str, step: Optional[str] = None, group: O
         rows = ledger.rollouts(run_id, step_number, group or None, where or None, after)
     except (SqlFailed, SqlRefused) as exc:  # a bad filter is shown beside the form
         error = str(exc)
-    return page(request, "rollouts.html", run=found, rows=rows, step=step or "", group=group or "",
-                where=where or "", error=error, next_after=rows[-1]["id"] if len(rows) == PAGE else None)
+    return page(
+        request,
+        "rollouts.html",
+        run=found,
+        rows=rows,
+        step=step or "",
+        group=group or "",
+        where=where or "",
+        error=error,
+        next_after=rows[-1]["id"] if len(rows) == PAGE else None,
+    )
 
 
 @router.get("/runs/{run_id}/rollouts/{trajectory_id}", response_class=HTMLResponse)
@@ -168,8 +207,17 @@ def trajectory(request: Request, run_id: str, trajectory_id: str, ledger: Ledger
         return not_found(request, f"trajectory {trajectory_id} is not in run {run_id}")
     model_path = ((found["config"] or {}).get("rollout_worker") or {}).get("model_path")
     tokens = token_views(item, sample, model_path)
-    return page(request, "trajectory.html", run=found, item=item, evaluation=evaluation, sample=sample,
-                turns=turn_views(item, tokens), trained=sum(t.trained for t in tokens), total=len(tokens))
+    return page(
+        request,
+        "trajectory.html",
+        run=found,
+        item=item,
+        evaluation=evaluation,
+        sample=sample,
+        turns=turn_views(item, tokens),
+        trained=sum(t.trained for t in tokens),
+        total=len(tokens),
+    )
 
 
 SQL_PAGE_BYTES = 16 * 2**20  # what the SQL box holds of a result at most, roughly
@@ -177,8 +225,7 @@ SQL_PAGE_BYTES = 16 * 2**20  # what the SQL box holds of a result at most, rough
 
 def sql_result(request: Request, query: str):
     try:
-        return run_readonly(request.app.state.readonly_url, query, max_rows=SQL_ROW_LIMIT,
-                            max_bytes=SQL_PAGE_BYTES), None
+        return run_readonly(request.app.state.readonly_url, query, max_rows=SQL_ROW_LIMIT, max_bytes=SQL_PAGE_BYTES), None
     except (SqlRefused, SqlFailed) as exc:
         return None, str(exc)
 
@@ -187,8 +234,9 @@ def sql_result(request: Request, query: str):
 def sql(request: Request, q: str = ""):
     result, error = sql_result(request, q) if q.strip() else (None, None)
     rows = [[plain_value(v) for v in row] for row in result.rows] if result else []
-    return page(request, "sql.html", status_code=400 if error else 200, q=q, result=result, rows=rows,
-                error=error, limit=SQL_ROW_LIMIT)
+    return page(
+        request, "sql.html", status_code=400 if error else 200, q=q, result=result, rows=rows, error=error, limit=SQL_ROW_LIMIT
+    )
 
 
 def csv_chunks(readonly_url: str, query: str):
@@ -218,5 +266,8 @@ def sql_csv(request: Request, q: str):
         header = next(chunks)
     except (SqlRefused, SqlFailed) as exc:
         return Response(str(exc) + "\n", status_code=400, media_type="text/plain")
-    return StreamingResponse(itertools.chain([header], chunks), media_type="text/csv",
-                             headers={"Content-Disposition": 'attachment; filename="streamrl-query.csv"'})
+    return StreamingResponse(
+        itertools.chain([header], chunks),
+        media_type="text/csv",
+        headers={"Content-Disposition": 'attachment; filename="streamrl-query.csv"'},
+    )

@@ -12,14 +12,16 @@ import plotly.graph_objects as go
 from streamrl.ui.queries import Rows
 
 # (figure id, title, column of CURVES or "accuracy" from VALIDATION)
-CURVES = [("reward", "reward (mean of the step's samples)", "reward"),
-          ("val_accuracy", "validation accuracy", "accuracy"),
-          ("loss", "loss", "loss"),
-          ("kl", "KL to the reference", "kl"),
-          ("entropy", "entropy", "entropy"),
-          ("logprob_gap", "logprob gap (learner vs sampler, mean)", "logprob_gap"),
-          ("staleness", "staleness (mean versions behind)", "staleness"),
-          ("throughput", "throughput (trained tokens/s)", "tokens_per_s")]
+CURVES = [
+    ("reward", "reward (mean of the step's samples)", "reward"),
+    ("val_accuracy", "validation accuracy", "accuracy"),
+    ("loss", "loss", "loss"),
+    ("kl", "KL to the reference", "kl"),
+    ("entropy", "entropy", "entropy"),
+    ("logprob_gap", "logprob gap (learner vs sampler, mean)", "logprob_gap"),
+    ("staleness", "staleness (mean versions behind)", "staleness"),
+    ("throughput", "throughput (trained tokens/s)", "tokens_per_s"),
+]
 
 
 def series(curves: Rows, validation: Rows, column: str, axis: str) -> tuple[list, list]:
@@ -46,10 +48,22 @@ def figures(runs: list[tuple[str, Rows, Rows]], axis: str = "step") -> dict[str,
             points += len(xs)
             figure.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers" if len(xs) < 60 else "lines", name=run_id))
         if not points:  # e.g. KL in a recipe without a KL term: say so instead of an empty grid
-            figure.add_annotation(text="not reported by this run", showarrow=False, xref="paper", yref="paper",
-                                  x=0.5, y=0.5, font=dict(size=14, color="#777"))
-        figure.update_layout(title=title, height=300, margin=dict(l=50, r=20, t=40, b=40), showlegend=len(runs) > 1,
-                             xaxis_title="weight version" if axis == "version" or column == "accuracy" else "step",
-                             template="plotly_white")
+            figure.add_annotation(
+                text="not reported by this run",
+                showarrow=False,
+                xref="paper",
+                yref="paper",
+                x=0.5,
+                y=0.5,
+                font=dict(size=14, color="#777"),
+            )
+        figure.update_layout(
+            title=title,
+            height=300,
+            margin=dict(l=50, r=20, t=40, b=40),
+            showlegend=len(runs) > 1,
+            xaxis_title="weight version" if axis == "version" or column == "accuracy" else "step",
+            template="plotly_white",
+        )
         out[figure_id] = figure.to_json()
     return out

@@ -86,13 +86,16 @@ class Ledger:
         return self.query(RUNS, {"limit": limit, "offset": offset, "tag": tag}).dicts()
 
     def run(self, run_id: str) -> dict | None:
-        found = self.query("select run_id, name, status, parent_run_id, config, created_at, updated_at from runs "
-                           "where run_id = %(run)s", {"run": run_id}).dicts()
+        found = self.query(
+            "select run_id, name, status, parent_run_id, config, created_at, updated_at from runs where run_id = %(run)s",
+            {"run": run_id},
+        ).dicts()
         if not found:
             return None
         run = found[0]
-        run["children"] = self.query("select run_id, status from runs where parent_run_id = %(run)s order by created_at",
-                                     {"run": run_id}).dicts()
+        run["children"] = self.query(
+            "select run_id, status from runs where parent_run_id = %(run)s order by created_at", {"run": run_id}
+        ).dicts()
         return run
 
     def curves(self, run_id: str) -> Rows:
@@ -101,8 +104,15 @@ class Ledger:
     def validation(self, run_id: str) -> Rows:
         return self.query(VALIDATION, {"run": run_id})
 
-    def rollouts(self, run_id: str, step: int | None = None, group: str | None = None, where: str | None = None,
-                 after: int = 0, limit: int = PAGE) -> list[dict]:
+    def rollouts(
+        self,
+        run_id: str,
+        step: int | None = None,
+        group: str | None = None,
+        where: str | None = None,
+        after: int = 0,
+        limit: int = PAGE,
+    ) -> list[dict]:
         """One keyset page of a run's trajectories, filtered by step, group or a SQL
         condition over the trajectory `t`, its evaluation `e` and its sample `s`."""
         conditions = ["t.run_id = %(run)s", "t.id > %(after)s"]
@@ -113,16 +123,18 @@ class Ledger:
         if where:
             # % doubled: the query has parameters, so psycopg reads a lone % as a placeholder
             conditions.append(f"({one_condition(where).replace('%', '%%')})")
-        sql = (f"select {ROLLOUT_COLUMNS} {ROLLOUT_JOINS} where {' and '.join(conditions)} "
-               f"order by t.id limit %(limit)s")
+        sql = f"select {ROLLOUT_COLUMNS} {ROLLOUT_JOINS} where {' and '.join(conditions)} order by t.id limit %(limit)s"
         return self.query(sql, {"run": run_id, "step": step, "group": group, "after": after, "limit": limit}).dicts()
 
     def trajectory(self, run_id: str, trajectory_id: str) -> tuple[dict | None, dict | None, dict | None]:
         """(trajectory, its evaluation, its sample), each None when absent."""
         params = {"run": run_id, "trajectory": trajectory_id}
         first = lambda rows: rows[0] if rows else None  # noqa: E731
-        return (first(self.query(TRAJECTORY, params).dicts()), first(self.query(EVALUATION, params).dicts()),
-                first(self.query(SAMPLE, params).dicts()))
+        return (
+            first(self.query(TRAJECTORY, params).dicts()),
+            first(self.query(EVALUATION, params).dicts()),
+            first(self.query(SAMPLE, params).dicts()),
+        )
 
 
 class FilterRefused(SqlRefused):
@@ -137,12 +149,12 @@ def one_condition(text: str) -> str:
     FilterRefused, saying which."""
     depth, index, quote = 0, 0, None
     while index < len(text):
-        char, pair = text[index], text[index:index + 2]
+        char, pair = text[index], text[index : index + 2]
         if char == "\\":  # anywhere: in an E'' string it escapes a quote, and the two lexers would part
             raise FilterRefused("the filter may not contain a backslash")
         if quote:
             if char == quote:
-                if text[index + 1:index + 2] == quote:  # a doubled quote stays inside
+                if text[index + 1 : index + 2] == quote:  # a doubled quote stays inside
                     index += 1
                 else:
                     quote = None
@@ -160,4 +172,3 @@ def one_condition(text: str) -> str:
     if quote or depth:
         raise FilterRefused("the filter leaves a quote or a parenthesis open")
     return text
-

@@ -76,8 +76,17 @@ def token_views(trajectory: dict, sample: dict | None, model_path: str | None) -
     for i, token_id in enumerate(ids):
         trained = bool(mask[i]) if i < len(mask) else False
         advantage = float(advantages[i]) if advantages is not None and trained else None
-        views.append(TokenView(i, int(token_id), texts[i], trained, float(logprobs[i]) if i < len(logprobs) else 0.0,
-                               advantage, advantage_colour(advantage, trained, scale)))
+        views.append(
+            TokenView(
+                i,
+                int(token_id),
+                texts[i],
+                trained,
+                float(logprobs[i]) if i < len(logprobs) else 0.0,
+                advantage,
+                advantage_colour(advantage, trained, scale),
+            )
+        )
     return views
 
 
@@ -89,5 +98,7 @@ def turn_views(trajectory: dict, tokens: list[TokenView]) -> list[TurnView]:
         if prompt:
             return [TurnView("prompt", False, {}, tokens[:prompt]), TurnView("response", True, {}, tokens[prompt:])]
         return [TurnView("sequence", any(t.trained for t in tokens), {}, tokens)]
-    return [TurnView(turn["role"], bool(turn.get("trained")), turn.get("meta") or {}, tokens[turn["start"]:turn["end"]])
-            for turn in turns]
+    return [
+        TurnView(turn["role"], bool(turn.get("trained")), turn.get("meta") or {}, tokens[turn["start"] : turn["end"]])
+        for turn in turns
+    ]

@@ -5,16 +5,19 @@
 without CUDA, a pinned-memory request is a plain CPU tensor (which is all pinning would
 give there). With CUDA it does nothing.
 """
+
 import functools
 
 import torch
 
 if not torch.cuda.is_available():
+
     def _unpinned(factory):
         @functools.wraps(factory)
         def call(*args, **kwargs):
             kwargs.pop("pin_memory", None)
             return factory(*args, **kwargs)
+
         return call
 
     for _name in ("tensor", "empty", "zeros", "ones", "full", "arange"):

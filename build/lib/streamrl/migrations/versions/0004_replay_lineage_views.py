@@ -7,11 +7,12 @@ The views are the ledger's documented query surface (README, "Asking the ledger"
 reward by step and by weight version, group statistics, staleness (trained vs dropped,
 by prompt and by length) and lineage both ways.
 """
-from alembic import op
-import sqlalchemy as sa
 
-revision = '0004'
-down_revision = '0003'
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0004"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
@@ -87,8 +88,8 @@ VIEWS = {
 
 
 def upgrade() -> None:
-    op.add_column('trajectories', sa.Column('source_event_id', sa.Text(), nullable=True))
-    op.add_column('evaluations', sa.Column('source_event_id', sa.Text(), nullable=True))
+    op.add_column("trajectories", sa.Column("source_event_id", sa.Text(), nullable=True))
+    op.add_column("evaluations", sa.Column("source_event_id", sa.Text(), nullable=True))
     for name, body in VIEWS.items():
         op.execute(f"create view {name} as {body}")
 
@@ -96,5 +97,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     for name in reversed(list(VIEWS)):
         op.execute(f"drop view if exists {name}")
-    op.drop_column('evaluations', 'source_event_id')
-    op.drop_column('trajectories', 'source_event_id')
+    op.drop_column("evaluations", "source_event_id")
+    op.drop_column("trajectories", "source_event_id")

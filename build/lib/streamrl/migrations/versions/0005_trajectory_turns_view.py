@@ -7,10 +7,11 @@ A multi-turn trajectory keeps its segments in `trajectories.turns` (JSONB); this
 gives one row per segment: its role, token span, whether it trained, its per-turn reward,
 and what the agent loop noted (finish reason, tools called, weight version).
 """
+
 from alembic import op
 
-revision = '0005'
-down_revision = '0004'
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 

@@ -11,24 +11,29 @@ the learner's logprobs and the behaviour logprobs of the trained tokens, overall
 how many versions behind the learner the tokens were sampled (lag 0: the same weights,
 so any gap is inference/training mismatch).
 """
+
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0006'
-down_revision = '0005'
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
 LAGS = ("lag0", "lag1", "lag2plus")
-VIEW = "select run_id, step, weight_version, " + ", ".join(
-    [
-        "(metrics->>'logprob_gap_mean')::double precision as gap_mean",
-        "(metrics->>'logprob_gap_max')::double precision as gap_max",
-    ]
-    + [f"(metrics->>'logprob_gap_mean_{lag}')::double precision as gap_mean_{lag}" for lag in LAGS]
-    + [f"(metrics->>'logprob_gap_max_{lag}')::double precision as gap_max_{lag}" for lag in LAGS]
-    + [f"(metrics->>'tokens_{lag}')::double precision as tokens_{lag}" for lag in LAGS]
-) + " from train_steps where metrics ? 'logprob_gap_mean'"
+VIEW = (
+    "select run_id, step, weight_version, "
+    + ", ".join(
+        [
+            "(metrics->>'logprob_gap_mean')::double precision as gap_mean",
+            "(metrics->>'logprob_gap_max')::double precision as gap_max",
+        ]
+        + [f"(metrics->>'logprob_gap_mean_{lag}')::double precision as gap_mean_{lag}" for lag in LAGS]
+        + [f"(metrics->>'logprob_gap_max_{lag}')::double precision as gap_max_{lag}" for lag in LAGS]
+        + [f"(metrics->>'tokens_{lag}')::double precision as tokens_{lag}" for lag in LAGS]
+    )
+    + " from train_steps where metrics ? 'logprob_gap_mean'"
+)
 
 
 def upgrade() -> None:

@@ -14,10 +14,11 @@ authentication give it one and set STREAMRL_READONLY_DATABASE_URL. Where the mig
 user may not create roles the step is skipped with a notice, and the read-only
 commands say what to do.
 """
+
 from alembic import op
 
-revision = '0007'
-down_revision = '0006'
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 

@@ -8,10 +8,11 @@ out first) as GroupFiltered rows with reason `late`, one per arrival, so that th
 accounts for every trajectory. A group can then have two filtered_groups rows; the
 group_stats view keeps one row per group by joining only the group's own outcome.
 """
+
 from alembic import op
 
-revision = '0008'
-down_revision = '0007'
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 

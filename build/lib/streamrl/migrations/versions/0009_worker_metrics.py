@@ -7,10 +7,11 @@ Evaluators' metrics and what workers log with `experiment_logger_post` are kept 
 rollout's evaluation (JSONB); this view is their per-step mean and count, the shape a
 tracker plots (`select * from worker_metrics where run_id = ... and name = ...`).
 """
+
 from alembic import op
 
-revision = '0009'
-down_revision = '0008'
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 

@@ -4,12 +4,13 @@
 Revision ID: 0010
 Revises: 0009
 """
+
 from alembic import op
 
 from streamrl.schema.service import service_metadata
 
-revision = '0010'
-down_revision = '0009'
+revision = "0010"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 

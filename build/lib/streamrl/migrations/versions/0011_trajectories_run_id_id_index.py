@@ -8,10 +8,11 @@ With only the primary key, PostgreSQL walks every run's rows in id order to find
 run's: a page of a small run that shares the ledger with a run of 1M trajectories took
 0.5 s (bench/ui_pages.py); with (run_id, id) it reads the page's rows and no others.
 """
+
 from alembic import op
 
-revision = '0011'
-down_revision = '0010'
+revision = "0011"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 

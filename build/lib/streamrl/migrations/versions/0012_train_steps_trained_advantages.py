@@ -7,12 +7,13 @@ REINFORCE++ and REINFORCE++-baseline whiten over a whole step, which only the le
 sees: their samples leave the stream processor with advantage 0 and the learner records
 what each sample trained with here, beside `sample_ids`.
 """
+
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = '0012'
-down_revision = '0011'
+revision = "0012"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 

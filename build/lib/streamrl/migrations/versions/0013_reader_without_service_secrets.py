@@ -8,10 +8,11 @@ rollout filter). Training-service API keys (their digests) and request payloads 
 tenant's data) are not the ledger's to show: the role may not read those two tables.
 Skipped with a notice where the role does not exist.
 """
+
 from alembic import op
 
-revision = '0013'
-down_revision = '0012'
+revision = "0013"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
@@ -24,7 +25,7 @@ def upgrade() -> None:
     do $$
     begin
         if exists (select 1 from pg_roles where rolname = '{READER}') then
-            revoke all on {', '.join(PRIVATE)} from {READER};
+            revoke all on {", ".join(PRIVATE)} from {READER};
         else
             raise notice 'streamrl: no role {READER}; nothing to revoke';
         end if;
@@ -37,7 +38,7 @@ def downgrade() -> None:
     do $$
     begin
         if exists (select 1 from pg_roles where rolname = '{READER}') then
-            grant select on {', '.join(PRIVATE)} to {READER};
+            grant select on {", ".join(PRIVATE)} to {READER};
         end if;
     end $$;
     """)

@@ -11,10 +11,11 @@ PUBLIC in this database: the ledger's own sessions connect as its owner, a super
 (the embedded server's, or the one that ran this migration), which keeps them. Where the
 migrating user is no superuser nothing changes, with a notice (docs/operations.md).
 """
+
 from alembic import op
 
-revision = '0014'
-down_revision = '0013'
+revision = "0014"
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 

@@ -7,12 +7,13 @@ A broadcast version is announced before its folder is written, with the rendezvo
 group and the tensors' names, dtypes and shapes; the ledger keeps that beside `uri`
 (null for a version the servers load from its folder).
 """
+
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = '0015'
-down_revision = '0014'
+revision = "0015"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 

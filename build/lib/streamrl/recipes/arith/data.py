@@ -34,8 +34,9 @@ def arith_rows(count: int, seed: int, variant: str = "last_digit", max_operand: 
     return [arith_row(rng.randint(0, max_operand), rng.randint(0, max_operand), variant, width) for _ in range(count)]
 
 
-def split_rows(count: int, val_count: int, seed: int, variant: str = "last_digit",
-               max_operand: int = 99) -> tuple[list[dict], list[dict]]:
+def split_rows(
+    count: int, val_count: int, seed: int, variant: str = "last_digit", max_operand: int = 99
+) -> tuple[list[dict], list[dict]]:
     """Train and held-out validation rows with no prompt in common."""
     rows = arith_rows(count + 4 * val_count, seed, variant, max_operand)
     seen, train, val = set(), [], []
@@ -58,12 +59,12 @@ def write_generated(out: Path, settings: dict, make_rows) -> None:
     """A built-in recipe's generated folder: train.jsonl and val.jsonl from
     `make_rows()`, a tiny model seeded with settings["seed"], and the settings that made
     them. Nothing is rewritten when the folder was made with the same settings."""
-    from streamrl.runtime.builtin_families import generated_is_current
+    from streamrl.api import generated_is_current
 
     if generated_is_current(out, settings):
         return
     # torch and transformers only when there is a model to build: a run starts with a set-up script
-    from streamrl.runtime.tiny_lm import build_tiny_model
+    from streamrl.api import build_tiny_model
 
     train, val = make_rows()
     write_jsonl(train, out / "train.jsonl")

@@ -4,7 +4,7 @@ Also reports whether the answer was well-formed (digits only), so a run can tell
 model that answers wrongly from one that has not learned the format.
 """
 
-from streamrl.producers.evaluator import EvaluationRunResult, Evaluator
+from streamrl.api import EvaluationRunResult, Evaluator
 
 
 class ArithEvaluator(Evaluator):
@@ -12,5 +12,6 @@ class ArithEvaluator(Evaluator):
         truth = str(data["answer"]).strip()
         output = evaluation_target.final_answer.strip()
         correct = float(output == truth)
-        return EvaluationRunResult(reward=correct, ground_truth=truth,
-                                   metrics={"accuracy": correct, "well_formed": float(output.isdigit())})
+        return EvaluationRunResult(
+            reward=correct, ground_truth=truth, metrics={"accuracy": correct, "well_formed": float(output.isdigit())}
+        )

@@ -14,11 +14,9 @@ Re-running with the same settings changes nothing.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent.parent))  # run as a script from the recipe's folder
 
 from streamrl.recipes.arith.data import split_rows, write_generated  # noqa: E402
 
@@ -31,9 +29,13 @@ def main() -> None:
         "val_rows": int(os.environ.get("ARITH_VAL_ROWS", "200")),
         "seed": int(os.environ.get("ARITH_SEED", "1")),
     }
-    write_generated(HERE / "generated" / settings["variant"], settings,
-                    lambda: split_rows(settings["train_rows"], settings["val_rows"], settings["seed"],
-                                       settings["variant"], settings["max_operand"]))
+    write_generated(
+        HERE / "generated" / settings["variant"],
+        settings,
+        lambda: split_rows(
+            settings["train_rows"], settings["val_rows"], settings["seed"], settings["variant"], settings["max_operand"]
+        ),
+    )
 
 
 if __name__ == "__main__":

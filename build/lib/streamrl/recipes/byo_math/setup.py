@@ -19,22 +19,23 @@ from __future__ import annotations
 import json
 import os
 import random
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent.parent))  # run as a script from the recipe's folder
 
-from streamrl.runtime.builtin_families import generated_is_current  # noqa: E402
+from streamrl.api import generated_is_current  # noqa: E402
 
 SYSTEM = "Answer with the number only."
 
 
 def verl_row(a: int, b: int, index: int, split: str) -> dict:
-    return {"data_source": "streamrl/sums", "ability": "math",
-            "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"What is {a} + {b}?"}],
-            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
-            "extra_info": {"split": split, "index": index}}
+    return {
+        "data_source": "streamrl/sums",
+        "ability": "math",
+        "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"What is {a} + {b}?"}],
+        "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+        "extra_info": {"split": split, "index": index},
+    }
 
 
 def main() -> None:
@@ -51,8 +52,7 @@ def main() -> None:
     rng = random.Random(settings["seed"])
     pairs = [(a, b) for a in range(10) for b in range(10)]
     held_out = set(rng.sample(pairs, 20))
-    train = [verl_row(*rng.choice([p for p in pairs if p not in held_out]), i, "train")
-             for i in range(settings["train_rows"])]
+    train = [verl_row(*rng.choice([p for p in pairs if p not in held_out]), i, "train") for i in range(settings["train_rows"])]
     val = [verl_row(a, b, i, "test") for i, (a, b) in enumerate(sorted(held_out))]
     pq.write_table(pa.Table.from_pylist(train), out / "train.parquet")
     pq.write_table(pa.Table.from_pylist(val), out / "val.parquet")

@@ -15,21 +15,24 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent.parent))
 sys.path.insert(0, str(HERE / "agent_workspace"))
 
 from kv_data import make_row  # noqa: E402
-from streamrl.runtime.builtin_families import generated_is_current  # noqa: E402
+
+from streamrl.api import generated_is_current  # noqa: E402
 
 
 def main() -> None:
-    settings = {"train_rows": int(os.environ.get("KV_TRAIN_ROWS", "4000")),
-                "val_rows": int(os.environ.get("KV_VAL_ROWS", "200")), "seed": int(os.environ.get("KV_SEED", "1"))}
+    settings = {
+        "train_rows": int(os.environ.get("KV_TRAIN_ROWS", "4000")),
+        "val_rows": int(os.environ.get("KV_VAL_ROWS", "200")),
+        "seed": int(os.environ.get("KV_SEED", "1")),
+    }
     out = HERE / "generated"
     if generated_is_current(out, settings):
         return
     # torch and transformers only when there is a model to build: a run starts with this script
-    from streamrl.runtime.tiny_lm import build_tiny_model
+    from streamrl.api import build_tiny_model
 
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(settings["seed"])

@@ -20,17 +20,20 @@ import json
 import re
 import urllib.parse
 import urllib.request
+from typing import ClassVar
 
-from streamrl.producers.evaluator import BaseEvaluationTarget, run_evaluator
-from streamrl.producers.evaluator_builtins import make_evaluator
-from streamrl.producers.rollout import BaseRolloutWorker, Trajectory, token_loss_mask
+from streamrl.api import BaseEvaluationTarget, BaseRolloutWorker, Trajectory, make_evaluator, run_evaluator, token_loss_mask
 
 
 def _trajectory(result: dict, reward: float, task: dict, mask: list[int] | None = None, **extra) -> Trajectory:
     prompt, response = result["prompt_tokens"], result["response_tokens"]
-    return Trajectory(tokens=prompt + response, loss_mask=mask or [0] * len(prompt) + [1] * len(response),
-                      reward=reward, is_val=task.get("is_val", False),
-                      extra_fields={"response": result["response"], "ground_truth": task.get("answer", ""), **extra})
+    return Trajectory(
+        tokens=prompt + response,
+        loss_mask=mask or [0] * len(prompt) + [1] * len(response),
+        reward=reward,
+        is_val=task.get("is_val", False),
+        extra_fields={"response": result["response"], "ground_truth": task.get("answer", ""), **extra},
+    )
 
 
 class SimpleQAWorker(BaseRolloutWorker):
@@ -56,18 +59,28 @@ class MultiStepWorker(BaseRolloutWorker):
     separator = "\nAnswer:"
 
     def rollout(self, task):
-        reasoning = self._inference_client.completion(f"Think about: {task['prompt']}\n",
-                                                      max_tokens=self._config.get("reasoning_tokens", 16))
+        reasoning = self._inference_client.completion(
+            f"Think about: {task['prompt']}\n", max_tokens=self._config.get("reasoning_tokens", 16)
+        )
         tokenizer = self._inference_client.tokenizer
-        context = reasoning["prompt_tokens"] + reasoning["response_tokens"] + \
-            tokenizer(self.separator, add_special_tokens=False)["input_ids"]
+        context = (
+            reasoning["prompt_tokens"]
+            + reasoning["response_tokens"]
+            + tokenizer(self.separator, add_special_tokens=False)["input_ids"]
+        )
         answer = self._inference_client.completion(context, max_tokens=self._config.get("answer_tokens", 8))
         tokens = answer["prompt_tokens"] + answer["response_tokens"]
         mask = [0] * len(answer["prompt_tokens"]) + [1] * len(answer["response_tokens"])  # only the answer trains
         reward = float(answer["response"].strip() == str(task.get("answer", "")).strip())
-        return self._put_trajectory(Trajectory(tokens=tokens, loss_mask=mask, reward=reward, is_val=task.get("is_val", False),
-                                               extra_fields={"reasoning": reasoning["response"],
-                                                             "response": answer["response"]}))
+        return self._put_trajectory(
+            Trajectory(
+                tokens=tokens,
+                loss_mask=mask,
+                reward=reward,
+                is_val=task.get("is_val", False),
+                extra_fields={"reasoning": reasoning["response"], "response": answer["response"]},
+            )
+        )
 
 
 class FewShotTemplateWorker(BaseRolloutWorker):
@@ -108,8 +121,9 @@ class MarkerMaskWorker(BaseRolloutWorker):
         mask = []
         for info in trajectory_infos:
             response = info["response_tokens"]
-            start = next((i + len(marker) for i in range(len(response) - len(marker) + 1)
-                          if response[i:i + len(marker)] == marker), 0)
+            start = next(
+                (i + len(marker) for i in range(len(response) - len(marker) + 1) if response[i : i + len(marker)] == marker), 0
+            )
             mask += [False] * start + [True] * (len(response) - start)
         return mask
 
@@ -125,7 +139,7 @@ class MarkerMaskWorker(BaseRolloutWorker):
 class ConditionalEvalWorker(BaseRolloutWorker):
     """The task's `type` chooses how the response is scored: exact, contains or similarity."""
 
-    SCORERS = {"exact": make_evaluator("builtin:exact_match"), "similarity": make_evaluator("builtin:fuzzy")}
+    SCORERS: ClassVar[dict] = {"exact": make_evaluator("builtin:exact_match"), "similarity": make_evaluator("builtin:fuzzy")}
 
     def rollout(self, task):
         result = self._inference_client.completion(task["prompt"])
@@ -133,8 +147,9 @@ class ConditionalEvalWorker(BaseRolloutWorker):
         if kind == "contains":
             reward = float(str(task.get("answer", "")) in result["response"])
         elif kind in self.SCORERS:
-            reward = run_evaluator(self.SCORERS[kind], task.get("data", {}),
-                                   BaseEvaluationTarget(result["response"])).result.reward
+            reward = run_evaluator(
+                self.SCORERS[kind], task.get("data", {}), BaseEvaluationTarget(result["response"])
+            ).result.reward
         else:
             reward = 0.0  # an unknown type scores nothing, and says so
         return self._put_trajectory(_trajectory(result, reward, task, task_type=kind))

@@ -8,7 +8,7 @@ training and would give most groups no signal. `accuracy` (exact match) is repor
 beside it and is what held-out accuracy means for this recipe.
 """
 
-from streamrl.producers.evaluator import EvaluationRunResult, Evaluator
+from streamrl.api import EvaluationRunResult, Evaluator
 
 
 def letters_right(output: str, truth: str) -> float:
@@ -22,6 +22,8 @@ class ShiftEvaluator(Evaluator):
     def evaluate(self, data, evaluation_target):
         truth = str(data["answer"]).strip()
         output = evaluation_target.final_answer.strip()
-        return EvaluationRunResult(reward=letters_right(output, truth), ground_truth=truth,
-                                   metrics={"accuracy": float(output == truth),
-                                            "answer_length": float(len(output))})
+        return EvaluationRunResult(
+            reward=letters_right(output, truth),
+            ground_truth=truth,
+            metrics={"accuracy": float(output == truth), "answer_length": float(len(output))},
+        )

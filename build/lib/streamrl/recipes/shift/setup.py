@@ -12,11 +12,9 @@ settings changes nothing.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent.parent))  # run as a script from the recipe's folder
 
 from streamrl.recipes.arith.data import write_generated  # noqa: E402
 from streamrl.recipes.shift.data import split_rows  # noqa: E402
@@ -29,9 +27,11 @@ def main() -> None:
         "val_rows": int(os.environ.get("SHIFT_VAL_ROWS", "100")),
         "seed": int(os.environ.get("SHIFT_SEED", "1")),
     }
-    write_generated(HERE / "generated" / f"len{settings['length']}", settings,
-                    lambda: split_rows(settings["train_rows"], settings["val_rows"], settings["seed"],
-                                       settings["length"]))
+    write_generated(
+        HERE / "generated" / f"len{settings['length']}",
+        settings,
+        lambda: split_rows(settings["train_rows"], settings["val_rows"], settings["seed"], settings["length"]),
+    )
 
 
 if __name__ == "__main__":
