@@ -137,7 +137,7 @@ def group_advantages(estimator: str, rewards: np.ndarray, std_epsilon: float = G
     return np.asarray(get_advantage_estimator(estimator)(rewards))
 
 
-def is_zero_variance(rewards: Sequence[float]) -> bool:
+def is_zero_variance(rewards: Sequence[float] | np.ndarray) -> bool:
     """A group whose samples all scored the same teaches nothing group-relative."""
     return len(rewards) == 0 or float(np.ptp(np.asarray(rewards, dtype=np.float64))) == 0.0
 

@@ -61,7 +61,7 @@ class Policy:
                 recipe.service.inference_service.weight_sync_timeout_s,
             )
         self.checkpoint = latest_checkpoint(checkpoints)
-        source = recipe.rollout_worker.model_path  # a snapshot holds the weights, not the model's files
+        source = recipe.rollout_worker.model_folder()  # a snapshot holds the weights, not the model's files
         self.tokenizer = AutoTokenizer.from_pretrained(source)
         # fp32 master weights; bf16 is the compute dtype (autocast, or FSDP's policy)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
@@ -212,10 +212,11 @@ class Policy:
         if self.broadcaster is None:
             self.versions.submit(version, lambda: self._write_version_folder(root, version, state))
             return None
-        manifest = self.broadcaster.open(version, state)
+        broadcaster = self.broadcaster
+        manifest = broadcaster.open(version, state)
 
         def broadcast_then_write() -> Path:
-            self.broadcaster.send(manifest, state)
+            broadcaster.send(manifest, state)
             return self._write_version_folder(root, version, state)
 
         self.versions.submit(version, broadcast_then_write)

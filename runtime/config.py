@@ -129,6 +129,12 @@ class RolloutWorker:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
         return {**values, **self.extra}
 
+    def model_folder(self) -> str:
+        """model_path, which a run that loads the policy names (recipe validation checks it)."""
+        if self.model_path is None:
+            raise ConfigError("rollout_worker.model_path: no model folder given")
+        return self.model_path
+
 
 @dataclass
 class TrajectoryPool:

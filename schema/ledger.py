@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from sqlalchemy import (
@@ -325,7 +325,10 @@ def event_row(event: Event, topic: str | None = None, partition: int | None = No
     return row
 
 
-def row_event(event_type: type[Event], row: dict[str, Any]) -> Event:
+E = TypeVar("E", bound=Event)
+
+
+def row_event(event_type: type[E], row: dict[str, Any]) -> E:
     """The event a ledger row was written from (the inverse of `event_row`): how replay
     and recovery re-publish what the ledger holds once the broker no longer does."""
     fields = {name: row[name] for name in event_type.__struct_fields__ if name in row and row[name] is not None}
@@ -333,7 +336,7 @@ def row_event(event_type: type[Event], row: dict[str, Any]) -> Event:
     return msgspec.convert(fields, event_type)
 
 
-def query_events(conn: Any, event_type: type[Event], query: str, params: tuple[Any, ...]) -> list[Event]:
+def query_events(conn: Any, event_type: type[E], query: str, params: tuple[Any, ...]) -> list[E]:
     """The events of the rows a `select * from <event table> ...` query returns."""
     cur = conn.execute(query, params)
     names = [d.name for d in cur.description]
