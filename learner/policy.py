@@ -93,7 +93,8 @@ class Policy:
 
     def _load_reference(self, folder) -> torch.nn.Module:
         device = torch.device("cpu") if self.recipe.trainer.ref_model_offload else self.placement.device
-        ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
+        loaded: torch.nn.Module = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        ref = loaded.to(device).eval()
         for p in ref.parameters():
             p.requires_grad_(False)
         return ref
@@ -129,6 +130,8 @@ class Policy:
             group["lr"] = lr
         plan = None
         if self.is_main:
+            if items is None:
+                raise ValueError("the main rank gives the step's samples")
             prepared, hook_metrics = self.trainer.prepare(items)
             plan = (
                 plan_step(prepared, self.placement.world_size, self.trainer.micro_batches),
