@@ -92,14 +92,15 @@ ifeq ($(STREAMRL_COOKBOOK_PYTHON),)
 endif
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) tools/typecheck.py
 	$(PY) -m pytest -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The tests that need no service (no broker, PostgreSQL, SGLang or browser): a few minutes.
 test-fast: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -m "not services"
 
-# ruff (lint and format) gates `make test`; mypy runs over the installed layout
-# (tools/typecheck.py) and reports its count until it is at zero (docs/decisions.md)
+# ruff (lint and format) and mypy (over the installed layout: tools/typecheck.py), as
+# `make test` runs them first
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .

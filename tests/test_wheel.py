@@ -138,10 +138,20 @@ def test_the_installed_wheel_runs_a_new_recipe_and_a_built_in_one(fresh_env):
         demo = run_in(fresh_env, [streamrl, "run", "recipes/demo/demo.yaml"], work, env, timeout=900)
         assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
         assert "train steps" in demo.stdout
-        arith = run_in(
-            fresh_env, [streamrl, "run", "builtin:arith", "trainer.warmup_until_accuracy=null"], work, env, timeout=900
+        # the Python API, on a built-in recipe by name
+        python = str(fresh_env / "bin" / "python")
+        code = (
+            "import streamrl\n"
+            "result = streamrl.train('builtin:arith', overrides={'trainer.warmup_until_accuracy': None}, tag='api')\n"
+            "print('RESULT', result.run_id, len(result.summary.steps), result.val_accuracy is not None)"
         )
+        arith = run_in(fresh_env, [python, "-c", code], work, env, timeout=900)
         assert arith.returncode == 0, arith.stdout[-3000:] + arith.stderr[-3000:]
+        (result_line,) = [line for line in arith.stdout.splitlines() if line.startswith("RESULT ")]
+        _, run_id, steps, validated = result_line.split()
+        assert run_id.startswith("arith-") and steps == "2" and validated == "True"
+        shown = run_in(fresh_env, [streamrl, "runs", "--tag", "api"], work, {**env, "COLUMNS": "400"})
+        assert run_id in shown.stdout, shown.stdout + shown.stderr
         copied = work / "home" / "recipes" / "arith"
         assert (copied / "recipe.yaml").is_file() and (copied / "generated").is_dir()  # never in site-packages
         assert not list((fresh_env / "lib").rglob("streamrl/recipes/arith/generated"))

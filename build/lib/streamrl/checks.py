@@ -62,16 +62,18 @@ def recipe_code_problems(recipe: Recipe) -> list[str]:
     if not any(p.startswith("algorithm.type:") for p in registry):
         problems += estimator_problems(recipe)
     if custom_worker and not problems:  # a worker class that declares its keys: the others are refused
-        cls = worker_class(recipe)
+        worker_cls = worker_class(recipe)
+        declared = ", ".join(getattr(worker_cls, "config_keys", ()))
         problems += [
-            f"rollout_worker.{key}: not one of {cls.__name__}.config_keys ({', '.join(cls.config_keys)})"
-            for key in undeclared_keys(cls, worker.extra)
+            f"rollout_worker.{key}: not one of {worker_cls.__name__}.config_keys ({declared})"
+            for key in undeclared_keys(worker_cls, worker.extra)
         ]
     if custom_trainer and not problems:  # the same for a trainer class's own algorithm keys
-        cls = trainer_class(recipe)
+        trainer_cls = trainer_class(recipe)
+        declared = ", ".join(getattr(trainer_cls, "config_keys", ()))
         problems += [
-            f"algorithm.{key}: not one of {cls.__name__}.config_keys ({', '.join(cls.config_keys)})"
-            for key in undeclared_keys(cls, recipe.algorithm.extra)
+            f"algorithm.{key}: not one of {trainer_cls.__name__}.config_keys ({declared})"
+            for key in undeclared_keys(trainer_cls, recipe.algorithm.extra)
         ]
     try:  # the broker this command would use (an external Kafka, or the embedded one)
         topic_configs(recipe.service.broker, Settings.from_env())

@@ -65,8 +65,11 @@ def warmup_tool_listing_problems(recipe: Recipe) -> list[str]:
     in the prompt would be warmed up on prompts it never sees."""
     from streamrl.producers.agent_worker import AgentConfigError, load_agent_config
 
+    path = recipe.rollout_worker.agent_config_path
+    if path is None:
+        return []  # reported with the agent config's own key
     try:
-        config = load_agent_config(recipe.rollout_worker.agent_config_path)
+        config = load_agent_config(path)
     except (AgentConfigError, TypeError):
         return []  # reported with the agent config's own key
     if config.get("tools") and config.get("tools_in_system_prompt", True):

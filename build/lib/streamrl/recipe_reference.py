@@ -40,7 +40,7 @@ def rows(schema: type, prefix: str = ""):
             continue
         key, tp = f"{prefix}{spec.name}", hints[spec.name]
         section = _scalar_type(tp)
-        if dataclasses.is_dataclass(section):
+        if isinstance(section, type) and dataclasses.is_dataclass(section):
             yield key, None, spec
             yield from rows(section, key + ".")
         else:

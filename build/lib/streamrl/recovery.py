@@ -32,7 +32,7 @@ from streamrl.runtime.db import connect
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.topic_admin import create_run_topics
 from streamrl.runtime.topic_retention import delete_run_topics, topic_configs
-from streamrl.schema.events import Evaluation, GroupFiltered, RunEvent, Sample, Trajectory
+from streamrl.schema.events import Evaluation, Event, GroupFiltered, RunEvent, Sample, Trajectory
 from streamrl.schema.ledger import query_events
 from streamrl.schema.topics import run_pattern, set_window_steps, topic_name
 
@@ -116,7 +116,7 @@ def rebuild_from_ledger(settings: Settings, run_id: str, trained_step: int) -> R
         chosen = {kind: [g for g, k in plan.items() if k == kind] for kind in ("filtered", "samples", "rollouts")}
         with EventPublisher(settings, stage="recovery") as publisher:
             publisher.publish(created[0])
-            batches = [
+            batches: list[tuple[type[Event], str, list[str]]] = [
                 (
                     GroupFiltered,
                     "select * from filtered_groups where run_id = %s and group_id = any(%s) and reason <> 'late'",

@@ -83,7 +83,9 @@ def replay_run(settings: Settings, options: ReplayOptions, console: Console) -> 
     rescorer = None
     if evaluator is not None:
         task_ids = sorted({t.task_id for t in trajectories.values()})
-        rescorer = (evaluator, options.rescore, rp.task_data(url, options.source, task_ids))
+        rescorer = (evaluator, options.rescore or "", rp.task_data(url, options.source, task_ids))
+    if config.replay is None:  # a replay's recipe always has its replay section
+        raise RuntimeError("the replayed run's recipe has no replay section")
     config.replay.read_from = origin
     console.print(
         f"replaying {len(plan.order)} rollouts in {len(plan.group_size_of)} groups as {plan.steps} steps "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -86,7 +87,7 @@ def load_summary(database_url: str, run_id: str, with_counts: bool = True) -> Ru
                 "dropped stale samples",
                 "first to last step (s)",
             )
-            summary.totals = {k: float(v) for k, v in zip(keys, row) if v is not None}
+            summary.totals = {k: float(v) for k, v in zip(keys, row or ()) if v is not None}
     return summary
 
 
@@ -211,7 +212,7 @@ def config_highlights(config: dict, parent: str | None) -> list[tuple[str, str]]
     """The settings a reader of a run's story wants first."""
 
     def get(path: str):
-        value = config
+        value: Any = config
         for key in path.split("."):
             value = value.get(key) if isinstance(value, dict) else None
         return value
@@ -245,7 +246,7 @@ def story_sections(database_url: str, run_id: str) -> dict[str, tuple[list[str],
     with connect(database_url, autocommit=True) as conn:
         for name, query in STORY_QUERIES.items():
             cur = conn.execute(query, {"run": run_id})
-            sections[name] = ([d.name for d in cur.description], cur.fetchall())
+            sections[name] = ([d.name for d in cur.description or []], cur.fetchall())
     return sections
 
 

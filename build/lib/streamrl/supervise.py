@@ -88,6 +88,11 @@ class Child:
     restarts: int = 0
     crashes: deque = field(default_factory=deque)  # monotonic times of recent crashes
     restart_at: float | None = None
+
+    def exit_code(self) -> int | None:
+        """The process's exit code; None while it runs (or before it first starts)."""
+        return self.process.poll() if self.process is not None else None
+
     optional: str | None = None  # not needed by the run: what to do if it is given up (said once)
     given_up: bool = False
 
@@ -147,7 +152,7 @@ class Supervisor:
                         log.write(f"\n--- restarted by streamrl run (restart {child.restarts}) ---\n")
                     self._start(child, child.restart_args or child.args)
                 continue
-            code = child.process.poll()
+            code = child.exit_code()
             if code is None or (code == 0 and child.may_finish):
                 continue
             if code in NOT_RETRIED or self.policy.max_restarts <= 0:
@@ -183,7 +188,7 @@ class Supervisor:
         )
 
     def finished(self, child: Child) -> bool:
-        return child.restart_at is None and child.process.poll() == 0
+        return child.restart_at is None and child.exit_code() == 0
 
     @property
     def restarts(self) -> dict[str, int]:

@@ -32,13 +32,13 @@ against the same baseline and scale as the episode's.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from streamrl.runtime.registry import Registry
 
-AdvantageFn = Callable[..., object]
+AdvantageFn = Callable[..., Any]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator", "algorithm.type")
 register_advantage = ADVANTAGE_ESTIMATORS.register
 get_advantage_estimator = ADVANTAGE_ESTIMATORS.get
@@ -56,7 +56,7 @@ def register_batch_advantage(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
     """Register a batch-scope estimator: fn(group_rewards, group_token_counts) -> advantages."""
 
     def add(fn: AdvantageFn) -> AdvantageFn:
-        fn.advantage_scope = "batch"
+        fn.advantage_scope = "batch"  # type: ignore[attr-defined]  # a marker that advantage_scope() reads back
         return register_advantage(name)(fn)
 
     return add
@@ -72,7 +72,7 @@ def group_std(rewards: np.ndarray) -> float:
     return float(np.std(rewards, ddof=1)) if len(rewards) > 1 else 0.0
 
 
-def _as_rewards(rewards) -> np.ndarray:
+def _as_rewards(rewards: Sequence[float] | np.ndarray) -> np.ndarray:
     return np.asarray(rewards, dtype=np.float64)
 
 
@@ -108,19 +108,19 @@ GROUP_BASELINES.update(grpo=grpo_baseline, dr_grpo=mean_baseline, rloo=leave_one
 def grpo_advantages(rewards: np.ndarray, epsilon: float = GRPO_EPSILON) -> np.ndarray:
     """DeepSeekMath GRPO: (r_i - mean(r)) / (std(r) + epsilon)."""
     baselines, scale = grpo_baseline(rewards, epsilon)
-    return (_as_rewards(rewards) - baselines) / scale
+    return np.asarray((_as_rewards(rewards) - baselines) / scale)
 
 
 @register_advantage("dr_grpo")
 def dr_grpo_advantages(rewards: np.ndarray) -> np.ndarray:
     """Dr. GRPO: r_i - mean(r), no division by the std (which favours easy and hard prompts)."""
-    return _as_rewards(rewards) - mean_baseline(rewards)[0]
+    return np.asarray(_as_rewards(rewards) - mean_baseline(rewards)[0])
 
 
 @register_advantage("rloo")
 def rloo_advantages(rewards: np.ndarray) -> np.ndarray:
     """REINFORCE leave-one-out: r_i - mean of the other samples' rewards (0 alone)."""
-    return _as_rewards(rewards) - leave_one_out_baseline(rewards)[0]
+    return np.asarray(_as_rewards(rewards) - leave_one_out_baseline(rewards)[0])
 
 
 @register_advantage("reinforce")
@@ -133,11 +133,11 @@ def group_advantages(estimator: str, rewards: np.ndarray, std_epsilon: float = G
     """A group-scope estimator on one group's rewards (grpo with the recipe's std epsilon):
     the one place `algorithm.grpo_std_epsilon` reaches an estimator."""
     if estimator == "grpo":
-        return grpo_advantages(rewards, std_epsilon)
-    return get_advantage_estimator(estimator)(rewards)
+        return np.asarray(grpo_advantages(rewards, std_epsilon))
+    return np.asarray(get_advantage_estimator(estimator)(rewards))
 
 
-def is_zero_variance(rewards: Sequence[float]) -> bool:
+def is_zero_variance(rewards: Sequence[float] | np.ndarray) -> bool:
     """A group whose samples all scored the same teaches nothing group-relative."""
     return len(rewards) == 0 or float(np.ptp(np.asarray(rewards, dtype=np.float64))) == 0.0
 
@@ -227,14 +227,14 @@ def advantages_by_group(
     rows_of: dict[str, list[int]] = {}
     for row, group_id in enumerate(group_ids):
         rows_of.setdefault(group_id, []).append(row)
-    rewards = np.asarray(rewards, dtype=np.float64)
+    reward_array = np.asarray(rewards, dtype=np.float64)
     counts = np.asarray(token_counts, dtype=np.float64)
     groups = list(rows_of.values())
     if advantage_scope(estimator) == "batch":
-        values = get_advantage_estimator(estimator)([rewards[rows] for rows in groups], [counts[rows] for rows in groups])
+        values = get_advantage_estimator(estimator)([reward_array[rows] for rows in groups], [counts[rows] for rows in groups])
     else:
-        values = [group_advantages(estimator, rewards[rows], std_epsilon) for rows in groups]
-    advantages = np.zeros(len(rewards))
+        values = [group_advantages(estimator, reward_array[rows], std_epsilon) for rows in groups]
+    advantages = np.zeros(len(reward_array))
     for rows, group_values in zip(groups, values):
         advantages[rows] = group_values
     return advantages

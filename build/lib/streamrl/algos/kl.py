@@ -11,16 +11,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from streamrl.runtime.registry import Registry
 
+if TYPE_CHECKING:
+    from streamrl.runtime.config import KlControl
+
 KlEstimatorFn = Callable[[torch.Tensor], torch.Tensor]
 KL_ESTIMATORS: Registry[KlEstimatorFn] = Registry("KL estimator", "algorithm.kl_estimator")
 register_kl_estimator = KL_ESTIMATORS.register
 
-KL_CONTROLLERS: Registry[type] = Registry("KL controller", "algorithm.kl_ctrl.type")
+
+class KLController(Protocol):
+    """What the learner reads of a controller: the coefficient now, and its update."""
+
+    kl_coef: float
+
+    def update(self, current_kl: float, n_steps: int) -> None: ...
+
+
+KL_CONTROLLERS: Registry[type[Any]] = Registry("KL controller", "algorithm.kl_ctrl.type")
 register_kl_controller = KL_CONTROLLERS.register
 
 
@@ -74,7 +87,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     return KL_ESTIMATORS.get(estimator)(logprobs - ref_logprobs)
 
 
-def kl_reward_to_go(token_kl, mask):
+def kl_reward_to_go(token_kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The KL-in-reward penalty as a per-token advantage term: the sum of the KL of this
     and every later trained token (the return of a -kl reward per token, gamma = 1)."""
     masked = torch.where(mask.bool(), token_kl, 0.0)  # selection: an inf on padding stays out
@@ -90,7 +103,7 @@ class FixedKLController:
     kl_coef: float
 
     @classmethod
-    def from_config(cls, config) -> FixedKLController:
+    def from_config(cls, config: KlControl) -> FixedKLController:
         return cls(config.kl_coef)
 
     def update(self, current_kl: float, n_steps: int) -> None:
@@ -107,7 +120,7 @@ class AdaptiveKLController:
     horizon: int
 
     @classmethod
-    def from_config(cls, config) -> AdaptiveKLController:
+    def from_config(cls, config: KlControl) -> AdaptiveKLController:
         return cls(config.kl_coef, config.target_kl, config.horizon)
 
     def update(self, current_kl: float, n_steps: int) -> None:
@@ -115,6 +128,7 @@ class AdaptiveKLController:
         self.kl_coef *= 1.0 + proportional_error * n_steps / self.horizon
 
 
-def make_kl_controller(config):
+def make_kl_controller(config: KlControl) -> KLController:
     """The controller `config.type` names, built from the `algorithm.kl_ctrl` section."""
-    return KL_CONTROLLERS.get(config.type).from_config(config)
+    controller: KLController = KL_CONTROLLERS.get(config.type).from_config(config)
+    return controller

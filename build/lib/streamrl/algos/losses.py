@@ -28,10 +28,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from streamrl.runtime.registry import Registry
+
+if TYPE_CHECKING:
+    from streamrl.runtime.config import Algorithm
 
 
 def masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -60,7 +64,7 @@ class PolicyLoss:
     importance_weights: torch.Tensor | None = None  # [B, T], the off-policy weights applied, if any
 
 
-PolicyLossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, object], PolicyLoss]
+PolicyLossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "Algorithm"], PolicyLoss]
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", "algorithm.policy_loss")
 register_policy_loss = POLICY_LOSSES.register
 
@@ -187,7 +191,7 @@ def token_logprobs_and_entropy(
     logprobs = torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
     with torch.no_grad():
         flat = log_probs.detach().flatten(0, 1)
-        entropy = torch.cat([-(part.exp() * part).sum(-1) for part in flat.split(chunk)]).view(log_probs.shape[:2])
+        entropy = torch.cat([-(part.exp() * part).sum(-1) for part in torch.split(flat, chunk)]).view(log_probs.shape[:2])
     return logprobs, entropy
 
 
@@ -195,7 +199,9 @@ def token_logprobs_and_entropy(
 
 
 @register_policy_loss("none")
-def ppo_against_behaviour(logprobs, behaviour_logprobs, advantages, mask, config) -> PolicyLoss:
+def ppo_against_behaviour(
+    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, config: Algorithm
+) -> PolicyLoss:
     """PPO-clip with the ratio taken against the policy that sampled the tokens."""
     loss, clipped = ppo_clip_token_loss(
         logprobs, behaviour_logprobs, advantages, config.clip_ratio_low, config.clip_ratio_high, config.clip_ratio_c
@@ -203,7 +209,9 @@ def ppo_against_behaviour(logprobs, behaviour_logprobs, advantages, mask, config
     return PolicyLoss(loss, clipped)
 
 
-def decoupled_ppo_loss(logprobs, behaviour_logprobs, advantages, config, cap: float) -> PolicyLoss:
+def decoupled_ppo_loss(
+    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advantages: torch.Tensor, config: Algorithm, cap: float
+) -> PolicyLoss:
     """Decoupled PPO: clip against the proximal policy (the current weights before this
     step's update; one update per batch, so its values are the detached current
     logprobs), and correct for the behaviour policy by importance weights capped at `cap`."""
@@ -216,13 +224,17 @@ def decoupled_ppo_loss(logprobs, behaviour_logprobs, advantages, config, cap: fl
 
 
 @register_policy_loss("truncated_is")
-def truncated_is_ppo(logprobs, behaviour_logprobs, advantages, mask, config) -> PolicyLoss:
+def truncated_is_ppo(
+    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, config: Algorithm
+) -> PolicyLoss:
     """Decoupled PPO with importance weights truncated at `algorithm.truncated_is_cap`."""
     return decoupled_ppo_loss(logprobs, behaviour_logprobs, advantages, config, config.truncated_is_cap)
 
 
 @register_policy_loss("decoupled_ppo")
-def decoupled_ppo(logprobs, behaviour_logprobs, advantages, mask, config) -> PolicyLoss:
+def decoupled_ppo(
+    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, config: Algorithm
+) -> PolicyLoss:
     """Decoupled PPO with untruncated importance weights."""
     return decoupled_ppo_loss(logprobs, behaviour_logprobs, advantages, config, math.inf)
 
@@ -234,7 +246,9 @@ GSPO_LOG_RATIO_CAP = 10.0
 
 
 @register_policy_loss("gspo")
-def gspo(logprobs, behaviour_logprobs, advantages, mask, config) -> PolicyLoss:
+def gspo(
+    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, config: Algorithm
+) -> PolicyLoss:
     """GSPO (Zheng et al. 2025): one importance ratio per sequence, the geometric mean of
     its trained tokens' ratios, s_i = exp(mean_t(log pi - log pi_behaviour)), clipped per
     sequence. Token form: log s_it = sg(log s_i) + log pi(y_t) - sg(log pi(y_t)), equal to

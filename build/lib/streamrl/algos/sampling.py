@@ -10,7 +10,9 @@ learner logprobs differ only by the weights and numerics, not by the filter.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -71,15 +73,15 @@ class Decoded:
 
 @torch.no_grad()
 def decode(
-    model,
+    model: Any,  # a transformers causal LM
     prompts: list[list[int]],
     *,
     max_new_tokens: int,
     temperature: float,
     top_p: float = 1.0,
     top_k: int = -1,
-    stop_ids: set[int] = frozenset(),
-    stop_text=None,
+    stop_ids: Collection[int] = frozenset(),
+    stop_text: Callable[[list[int]], bool] | None = None,
     pad_id: int = 0,
     generator: torch.Generator | None = None,
 ) -> list[Decoded]:
@@ -93,9 +95,9 @@ def decode(
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(prompts), width + max_new_tokens), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        attention[row, width - len(prompt) : width] = 1
+    for row_index, prompt in enumerate(prompts):
+        input_ids[row_index, width - len(prompt) :] = torch.tensor(prompt)
+        attention[row_index, width - len(prompt) : width] = 1
     input_ids, attention = input_ids.to(device), attention.to(device)
     step_positions = (attention[:, :width].cumsum(-1) - 1).clamp(min=0)
     rows = [Decoded() for _ in prompts]
@@ -129,7 +131,7 @@ def decode(
     return rows
 
 
-def static_cache(model, length: int):
+def static_cache(model: Any, length: int) -> Any:
     """A KV cache of `length` positions, allocated on the first forward (transformers'
     StaticCache, sized from the model's own config)."""
     from transformers import StaticCache  # here: this module is imported where transformers is not needed

@@ -20,6 +20,7 @@ clip, so the two paths train the same objective.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -27,31 +28,35 @@ from streamrl.algos.losses import clamped_ratio, ppo_clip_token_loss
 from streamrl.runtime.registry import Registry
 
 # fn(target_logprobs [T], inputs {name: [T]}, config {name: value}) -> loss per token [T]
-ServiceLossFn = Callable[[torch.Tensor, dict, dict], torch.Tensor]
+Inputs = dict[str, torch.Tensor]  # loss_fn_inputs by name, one value per token
+LossConfig = dict[str, Any]  # the request's loss_fn_config
+ServiceLossFn = Callable[[torch.Tensor, Inputs, LossConfig], torch.Tensor]
 SERVICE_LOSSES: Registry[ServiceLossFn] = Registry("training-service loss", "loss_fn")
 # Which loss_fn_inputs each loss needs (besides target_tokens), checked before a request runs.
 REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {}
 
 
-def register_service_loss(name: str, inputs: tuple[str, ...]):
+def register_service_loss(name: str, inputs: tuple[str, ...]) -> Callable[[ServiceLossFn], ServiceLossFn]:
     REQUIRED_INPUTS[name] = inputs
     return SERVICE_LOSSES.register(name)
 
 
 @register_service_loss("cross_entropy", ("weights",))
-def cross_entropy_loss(target_logprobs: torch.Tensor, inputs: dict, config: dict) -> torch.Tensor:
+def cross_entropy_loss(target_logprobs: torch.Tensor, inputs: Inputs, config: LossConfig) -> torch.Tensor:
     """-weights * logp per token (the supervised loss; weights are 0 on the prompt)."""
     return -inputs["weights"] * target_logprobs
 
 
 @register_service_loss("importance_sampling", ("logprobs", "advantages"))
-def importance_sampling_loss(target_logprobs: torch.Tensor, inputs: dict, config: dict) -> torch.Tensor:
+def importance_sampling_loss(
+    target_logprobs: torch.Tensor, inputs: dict[str, torch.Tensor], config: dict[str, Any]
+) -> torch.Tensor:
     """-(pi / pi_sampler) * A per token: REINFORCE corrected for the sampler's policy."""
     return -clamped_ratio(target_logprobs, inputs["logprobs"]) * inputs["advantages"]
 
 
 @register_service_loss("ppo", ("logprobs", "advantages"))
-def ppo_loss(target_logprobs: torch.Tensor, inputs: dict, config: dict) -> torch.Tensor:
+def ppo_loss(target_logprobs: torch.Tensor, inputs: Inputs, config: LossConfig) -> torch.Tensor:
     """PPO-clip against the sampler's logprobs, the ratio clipped to [low, high]."""
     low = float(config.get("clip_low_threshold", 0.8))
     high = float(config.get("clip_high_threshold", 1.2))
@@ -67,7 +72,7 @@ def ppo_loss(target_logprobs: torch.Tensor, inputs: dict, config: dict) -> torch
 
 
 @register_service_loss("cispo", ("logprobs", "advantages"))
-def cispo_loss(target_logprobs: torch.Tensor, inputs: dict, config: dict) -> torch.Tensor:
+def cispo_loss(target_logprobs: torch.Tensor, inputs: Inputs, config: LossConfig) -> torch.Tensor:
     """CISPO: the clipped ratio as a constant weight on the log-likelihood gradient."""
     low = float(config.get("clip_low_threshold", 0.8))
     high = float(config.get("clip_high_threshold", 1.2))

@@ -106,9 +106,9 @@ def as_cli_error(exc: Exception) -> CliError | None:
     inference = sys.modules.get("streamrl.producers.inference")
     if inference is not None and isinstance(exc, inference.InferenceUnavailable):
         # a lost service (exit 3): `streamrl run` does not restart a worker for it
-        error = ServiceMissing(str(exc))
-        error.label = "inference service"
-        return error
+        lost_inference = ServiceMissing(str(exc))
+        lost_inference.label = "inference service"
+        return lost_inference
     recovery = sys.modules.get("streamrl.consumers.faust_recovery")
     if recovery is not None and isinstance(exc, recovery.RecoveryStalled):
         return CommandFailed(str(exc))  # exit 1: `streamrl run` restarts the processor

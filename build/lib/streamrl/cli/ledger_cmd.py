@@ -145,7 +145,7 @@ def sql(
     if sum([as_csv, as_json, parquet is not None]) > 1:
         raise UsageError("choose one of --csv, --json and --parquet")
     params = parse_params(param or [])
-    text = file.read_text() if file else query
+    text = file.read_text() if file else query or ""  # one of them (checked above)
     if as_csv:
         with readonly_rows(readonly_url(), text, params, timeout) as (columns, rows):
             writer = csv.writer(sys.stdout)

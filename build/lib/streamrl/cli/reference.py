@@ -4,16 +4,18 @@ tests/test_docs.py fails when the file is stale)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 import typer
 
 
-def command_help(command: click.Command, path: str) -> str:
+def command_help(command: Any, path: str) -> str:  # a click.Command (typer's bundled click)
     context = click.Context(command, info_name=path, terminal_width=100, max_content_width=100)
     return command.get_help(context)
 
 
-def walk(group: click.Group, prefix: str):
+def walk(group: Any, prefix: str):  # a click.Group (typer's bundled click)
     for name in sorted(group.commands):
         command = group.commands[name]
         if getattr(command, "hidden", False):

@@ -112,7 +112,7 @@ def key_list() -> None:
     rows = _store().keys()
     print_table(
         ["key_id", "name", "created_at", "revoked_at"],
-        [[r[k] for k in ("key_id", "name", "created_at", "revoked_at")] for r in rows],
+        [tuple(r[k] for k in ("key_id", "name", "created_at", "revoked_at")) for r in rows],
     )
 
 

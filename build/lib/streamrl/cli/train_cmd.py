@@ -153,13 +153,15 @@ def run_recipe(
     # The recipe's own code is loaded and checked (torch imported: seconds on a small
     # machine) while the learner and workers start: run_locally calls code_check before
     # it starts the publisher, which creates the run, so a refused recipe records nothing.
-    recipe = with_url(prepared_recipe(file, overrides, load_code=False), inference_url) if file else None
+    recipe = None
     code_check = None
-    if recipe is not None:
+    if file is not None:
+        recipe = with_url(prepared_recipe(file, overrides, load_code=False), inference_url)
         check_mode(mode, recipe)
         if train_config is not None and not run_now:
             check_recipe_code(file, recipe)
-            return print_plan(recipe, file, workers)
+            print_plan(recipe, file, workers)
+            return None
         check_training_service(recipe)
         code_check = functools.partial(check_recipe_code, file, recipe)
     if resume and inference_url:
@@ -177,6 +179,8 @@ def run_recipe(
         run, recipe = resume, resumed.recipe
         console.print(resumed.describe(run), highlight=False)
         check_mode(mode, recipe)
+    if recipe is None:  # FILE or --resume gave one (checked above)
+        raise UsageError("give a recipe FILE or --resume RUN")
     if not os.environ.get("STREAMRL_PARTITION_ASSIGNMENT"):
         assignment = resumed.partition_assignment if resume else "shard"
         if assignment is None:  # a run started before its assignment was recorded
@@ -300,13 +304,15 @@ def publish(
         run, recipe = resume, run_config(current, resume)
         skip = finished_task_ids(database_url(current), run)
         console.print(f"resuming run {run}: {len(skip)} tasks already done", highlight=False)
-    else:
+    elif file is not None:
         file = recipe_file(file)
         recipe = with_url(prepared_recipe(file, overrides, load_code=not checked), inference_url)
         run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
         with EventPublisher(current, stage="app") as publisher:
             create_run(current, run, recipe, publisher, tag=tag)
         console.print(f"run {run}", highlight=False)
+    if run is None:  # FILE or --resume gave one (checked above)
+        raise UsageError("give a recipe FILE or --resume RUN")
     steps = run_publisher(current, run, recipe, stop_on_signals(), skip_task_ids=skip)
     console.print(f"published the tasks of {steps} steps", highlight=False)
 

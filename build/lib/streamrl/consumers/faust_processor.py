@@ -32,7 +32,9 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -142,6 +144,10 @@ class FaustProcessor:
         self.train_partial = pool.incomplete_group_policy == "train_partial"
         self.blobs: PostgresBlobStore | None = None
         static = settings.group_membership == "static"
+        # The embedded broker reports a partition's end offset as the base offset of its
+        # last record batch + 1 (docs/decisions.md); faust's table recovery reads up to
+        # that end and fails when it is short. One record per batch makes it exact.
+        one_record_batches: dict[str, Any] = {"producer_max_batch_size": 1} if settings.embedded_kafka else {}
         self.app = faust.App(
             f"{PROCESSOR_GROUP}.{run_id}",
             **faust_broker_options(settings),
@@ -167,12 +173,9 @@ class FaustProcessor:
             producer_max_request_size=settings.max_message_bytes,
             key_serializer="raw",
             value_serializer="raw",  # framed events and msgpack state, as bytes
-            # The embedded broker reports a partition's end offset as the base offset of its
-            # last record batch + 1 (docs/decisions.md); faust's table recovery reads up to
-            # that end and fails when it is short. One record per batch makes it exact.
-            **({"producer_max_batch_size": 1} if settings.embedded_kafka else {}),
+            **one_record_batches,
         )
-        raw = dict(key_serializer="raw", value_serializer="raw")
+        raw: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
         check_reads("processor", ("trajectories", "evaluations"))
         self.inputs = [topic_name(run_id, kind) for kind in ("trajectories", "evaluations")]
         source = self.app.topic(*self.inputs, **raw)
@@ -185,7 +188,7 @@ class FaustProcessor:
         self.app.timer(interval=1.0)(self._expire)
         self.recovery_watch = RecoveryWatch(self.app)
         self.app.timer(interval=5.0)(self._watch_recovery)
-        self.worker = None  # set by run()
+        self.worker: faust.Worker | None = None  # set by run()
         self.open: dict[str, OpenGroup] = {}
         # tasks started without awaiting them: held until done (the event loop keeps only
         # weak references, so an unheld task can be collected before it acks its inputs)
@@ -196,7 +199,7 @@ class FaustProcessor:
         # every consumer of the samples topic once per sample (bench/step_cpu.py: 0.4 s of
         # broker CPU a 256-rollout step). A group's input events are acked once its
         # outputs are delivered, so a commit never passes an undelivered group.
-        self.output_producer = None
+        self.output_producer: Any = None  # an aiokafka producer, made on the first send
         self.ending = WorkerEnding(settings, run_id)  # the broker watch, and whether a stop was clean
         self.generation: int | None = None  # the consumer generation `expected` belongs to
         self.expected: dict = {}  # input partition -> the next offset this process must read
@@ -223,8 +226,8 @@ class FaustProcessor:
                     await self._add(event, hold, record.partition)
             hold.release()
 
-    async def _unfilter_inputs(self, *args, **kwargs) -> None:
-        consumer = self.app.consumer
+    async def _unfilter_inputs(self, *args: Any, **kwargs: Any) -> None:
+        consumer: Any = self.app.consumer  # faust's own read-offset filter is not in its types
         if not isinstance(consumer._read_offset, _ReadOffsetsOutsideInputs):
             consumer._read_offset = _ReadOffsetsOutsideInputs(self.inputs, consumer._read_offset)
 
@@ -247,7 +250,8 @@ class FaustProcessor:
             self._drop_unowned_groups()
         tp, offset = record.tp, record.offset
         # faust keeps the committed offsets it seeked to (None for 0 or none: accept what comes)
-        expected = self.expected.get(tp, self.app.consumer._committed_offset.get(tp))
+        committed = self.app.consumer._committed_offset  # type: ignore[attr-defined]  # faust's seeked offsets, not in its types
+        expected = self.expected.get(tp, committed.get(tp))
         if expected is None or offset <= expected:
             self.expected[tp] = max(offset + 1, expected or 0)
             self.rewinding.discard(tp)
@@ -302,7 +306,8 @@ class FaustProcessor:
             await self.recovery_watch.check()
         except RecoveryStalled as exc:  # one sentence, and a restart by the supervisor
             self.ending.lost.append(exc)
-            self.in_background(self.worker.stop())
+            if self.worker is not None:
+                self.in_background(self.worker.stop())
 
     async def _emit(self, group_id: str, group: OpenGroup, timed_out: bool = False) -> None:
         # closed before the first await: the timer and the agent interleave at each one
@@ -365,7 +370,7 @@ class FaustProcessor:
             ]
         )
 
-    async def _send(self, events: list[Event]) -> list[asyncio.Future]:
+    async def _send(self, events: Sequence[Event]) -> list[asyncio.Future[Any]]:
         """Queue `events` (of one topic and key: a group's outcome) on the output producer,
         bundled into as few records as fit; the futures resolve when they are delivered."""
         if self.output_producer is None:
@@ -417,7 +422,7 @@ class FaustProcessor:
 
         if not tracebacks:  # the consumer thread dies with the broker: a line, not a traceback
             threading.excepthook = lambda hook: log.warning(
-                "%s stopped: %s: %s", hook.thread.name, hook.exc_type.__name__, hook.exc_value
+                "%s stopped: %s: %s", getattr(hook.thread, "name", "a thread"), hook.exc_type.__name__, hook.exc_value
             )
         worker = self.worker = Worker(self.app, loglevel="info" if tracebacks else "warning", quiet=True, redirect_stdouts=False)
         self.ending.start_watch(worker)

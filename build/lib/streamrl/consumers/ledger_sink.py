@@ -26,6 +26,7 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from kafka import OffsetAndMetadata, TopicPartition
@@ -221,7 +222,7 @@ class LedgerSink:
         self.group_id = group_id
         self.shard = shard
         self.topic_pattern = re.compile(run_pattern(run_id) if run_id else all_runs_pattern())
-        self.conn = None
+        self.conn: psycopg.Connection[Any] | None = None
         self._connect()
         self.consumer = make_consumer(settings, group_id, fetch_max_wait_ms=IDLE_FETCH_WAIT_MS)  # the ledger can wait
         self.publisher = EventPublisher(settings, stage="sink")
@@ -241,6 +242,13 @@ class LedgerSink:
         self.blobs = PostgresBlobStore(self.conn)
         self.positions: dict[TopicPartition, int] = {}  # next offset to read, per partition
         self._last_refresh = 0.0
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        """The open ledger connection (between _connect and a lost connection)."""
+        if self.conn is None:
+            raise psycopg.OperationalError("the ledger connection is closed")
+        return self.conn
 
     def _disconnect(self) -> None:
         if self.conn is not None:
@@ -267,7 +275,7 @@ class LedgerSink:
             return
         for tp in self.positions.keys() - wanted:  # a retired window's topic (runtime/topic_windows.py)
             del self.positions[tp]
-        stored = load_offsets(self.conn, self.group_id)
+        stored = load_offsets(self.connection, self.group_id)
         for tp in wanted - self.positions.keys():
             self.positions[tp] = stored.get(tp, 0)
         self.consumer.assign(sorted(self.positions, key=lambda tp: (tp.topic, tp.partition)))
@@ -291,7 +299,7 @@ class LedgerSink:
                 placed += [Placed(event, record.topic, record.partition, record.offset) for event in events]
                 dead += bad
             next_offsets[tp] = records[-1].offset + 1
-        dead = write_batch(self.conn, placed, dead, self.group_id, next_offsets)
+        dead = write_batch(self.connection, placed, dead, self.group_id, next_offsets)
         self.positions.update(next_offsets)
         self._publish_dead_letters(dead)
         try:
@@ -365,8 +373,12 @@ class LedgerSink:
         if self.shard[1] != 1 or now - self.windows.last_pass < RETIRE_EVERY_S:
             return
         self.windows.last_pass = now
-        for run_id, window in self.windows.due(self.conn, now):
-            partitions = [tp for tp in self.positions if topic_window(tp.topic) == window and parse_topic(tp.topic)[0] == run_id]
+        for run_id, window in self.windows.due(self.connection, now):
+            partitions = [
+                tp
+                for tp in self.positions
+                if topic_window(tp.topic) == window and (parse_topic(tp.topic) or ("", ""))[0] == run_id
+            ]
             if not partitions or not ledger_holds(self.settings, partitions):
                 break
             for tp in partitions:

@@ -24,6 +24,7 @@ VERSION_AXIS = "weight_version"
 
 
 class Tracker(Protocol):
+    def __init__(self, settings: Settings, run_id: str, config: dict, logger: Logger) -> None: ...
     def log_config(self, config: dict) -> None: ...
     def log(self, metrics: dict[str, float], axis: str, value: int) -> None: ...
     def close(self) -> None: ...
@@ -153,7 +154,7 @@ class MlflowTracker:
         self.client.set_terminated(self.run_id)
 
 
-BACKENDS = {"wandb": WandbTracker, "tensorboard": TensorboardTracker, "mlflow": MlflowTracker}
+BACKENDS: dict[str, type[Tracker]] = {"wandb": WandbTracker, "tensorboard": TensorboardTracker, "mlflow": MlflowTracker}
 
 
 def open_trackers(settings: Settings, run_id: str, config: dict, logger: Logger) -> list[Tracker]:

@@ -22,6 +22,7 @@ step. `SelfHostedGrpoTrainer` is the guide's GRPO pipeline on this API.
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -132,9 +133,10 @@ class Batch:
         """The rows as the learner trains them (see the module's docstring)."""
         by_id = {item.trajectory_id: item for item in originals}
         rows = []
-        token_advantages = self.values.own("advantages")
+        values = typing.cast(TokenData, self.values)  # __setattr__ stores every mapping as TokenData
+        token_advantages = values.own("advantages")
         row_advantages = self.metadata.get("advantages")
-        old = self.values.own("old_log_probs")
+        old = values.own("old_log_probs")
         count = len(self.metadata["trajectory_ids"])
         for key in ("rewards", "advantages"):
             if key in self.metadata and len(self.metadata[key]) != count:
@@ -220,7 +222,7 @@ class SelfHostedTrainer(GRPOTrainer):
         self._use_kl_in_reward = self.algorithm.use_kl_in_reward
         self._rollout_metrics: dict[str, float] = {}
 
-    def _prepare_batch(self, batch: Batch) -> tuple[Batch, dict]:
+    def _prepare_batch(self, batch: Batch) -> tuple[Batch, dict]:  # type: ignore[override]  # the guide's signature
         raise NotImplementedError(f"{type(self).__name__}._prepare_batch(batch) -> (batch, metrics)")
 
     def prepare(self, items):
@@ -350,7 +352,7 @@ class SelfHostedGrpoTrainer(SelfHostedTrainer):
 
     kl_in_reward_in_loss = False  # the KL penalty is in the token-level scores already
 
-    def _prepare_batch(self, batch: Batch) -> tuple[Batch, dict]:
+    def _prepare_batch(self, batch: Batch) -> tuple[Batch, dict]:  # type: ignore[override]  # the guide's signature
         metrics: dict[str, float] = {}
         self._log_rollout_metrics(batch)
         batch = Batch.remove_redundant_left_padding(batch, pad_token_id=self._pad_token_id)

@@ -31,7 +31,7 @@ from streamrl.schema.events import WeightVersion
 def model_is_version_zero(recipe: Recipe) -> bool:
     """Whether the learner's version 0 holds exactly the model folder's weights."""
     cfg = recipe.trainer
-    model = Path(recipe.rollout_worker.model_path)
+    model = Path(recipe.rollout_worker.model_folder())
     return (
         cfg.warmup_cross_entropy_steps == 0
         and not recipe.replay
@@ -52,11 +52,12 @@ def never_trained(settings: Settings, run_id: str, recipe: Recipe) -> bool:
         return False
     try:
         with connect(settings.database_url, autocommit=True) as conn:
-            return not conn.execute(
+            found = conn.execute(
                 "select exists (select 1 from weight_versions where run_id = %s) or exists "
                 "(select 1 from train_steps where run_id = %s)",
                 (run_id, run_id),
-            ).fetchone()[0]
+            ).fetchone()
+            return not (found and found[0])
     except psycopg.OperationalError:
         return False
 
@@ -65,7 +66,7 @@ def announce_model_as_version_zero(settings: Settings, run_id: str, recipe: Reci
     """Announce the model folder as version 0 where it is, on a first start; whether it did."""
     if not model_is_version_zero(recipe) or not never_trained(settings, run_id, recipe):
         return False
-    model = Path(recipe.rollout_worker.model_path).resolve()
+    model = Path(recipe.rollout_worker.model_folder()).resolve()
     with EventPublisher(settings, stage="learner") as publisher:
         publisher.publish(WeightVersion(run_id=run_id, version=0, step=0, uri=str(model), sha256=directory_sha256(model)))
         publisher.flush()

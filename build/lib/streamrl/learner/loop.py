@@ -119,6 +119,13 @@ class Learner:
         self.broadcast_versions: set[int] = set()  # announced, still being broadcast and written
         self.unread_reported = self.step > 0  # said in the run's first life
 
+    @property
+    def events(self) -> EventPublisher:
+        """The learner's publisher: on the main rank only (the other ranks publish nothing)."""
+        if self.publisher is None:
+            raise RuntimeError("only the main rank of the learner publishes events")
+        return self.publisher
+
     def holds_window(self, window: int, newest: int) -> bool:
         """A rotating run's sample windows the learner reads: those with steps it has not
         trained (a window leaves the broker only once a snapshot is past it)."""
@@ -144,7 +151,7 @@ class Learner:
         step, self.writing_snapshot = self.writing_snapshot, None
         self.snapshot_step = step
         # what a rotating run's topic windows wait for before they leave the broker
-        self.publisher.publish(
+        self.events.publish(
             RunEvent(run_id=self.run_id, kind="snapshot", sequence=step, name="learner", message=f"snapshot of step {step}")
         )
 
@@ -189,7 +196,7 @@ class Learner:
             event = WeightVersion(
                 run_id=self.run_id, version=version, step=version, uri=str(folder), sha256=directory_sha256(folder)
             )
-        self.publisher.publish(event)
+        self.events.publish(event)
 
     def start(self) -> None:
         policy = self.policy
@@ -208,7 +215,7 @@ class Learner:
             if not self.recorded:  # a first start
                 if not self.version_zero_announced:
                     self.publish_version(0)
-                self.publisher.publish(
+                self.events.publish(
                     RunEvent(
                         run_id=self.run_id,
                         kind="started",
@@ -220,10 +227,10 @@ class Learner:
         elif not self.recorded:
             # The snapshot's records may not have reached Kafka before the crash.
             if self.resumed_record is not None:
-                self.publisher.publish(TrainStep(**self.resumed_record))
+                self.events.publish(TrainStep(**self.resumed_record))
             self.announce_again(self.step)
         if self.step or self.recorded:
-            self.publisher.publish(
+            self.events.publish(
                 RunEvent(
                     run_id=self.run_id,
                     kind="resumed",
@@ -234,7 +241,7 @@ class Learner:
                     details={"snapshot_step": self.step, "replayed_steps": len(self.recorded)},
                 )
             )
-        self.publisher.flush()
+        self.events.flush()
 
     # --- the loop ---------------------------------------------------------------------------
     def run(self, stop: threading.Event, on_step=None) -> int:
@@ -262,7 +269,7 @@ class Learner:
             while not stop.is_set() and self.step < self.total_steps:
                 events, dead = reader.poll(timeout_ms=50, max_records=5000)
                 for letter in dead:
-                    self.publisher.publish(letter)
+                    self.events.publish(letter)
                 for event, tp, offset in events:
                     if not isinstance(event, (Sample, GroupFiltered)) or event.step <= self.step:
                         continue  # trained (or accounted for) before a restart
@@ -283,11 +290,11 @@ class Learner:
             self.finish_snapshot()
             if self.step >= self.total_steps:
                 details = {"val_accuracy_after_replay": self.policy.call("val_accuracy")} if self.replay else {}
-                self.publisher.publish(
+                self.events.publish(
                     RunEvent(run_id=self.run_id, kind="finished", name="learner", message=f"{self.step} steps", details=details)
                 )
         finally:
-            self.publisher.flush()
+            self.events.flush()
             reader.close()
         return self.step
 
@@ -365,10 +372,10 @@ class Learner:
             self.write_snapshot(step, self.last_state)
         self.step = step
         self.announce_written()
-        self.publisher.publish(record)
+        self.events.publish(record)
         if broadcast is not None:  # announced before it is written: the servers join its broadcast now
             self.publish_version(step, broadcast=broadcast)
-        self.publisher.flush()
+        self.events.flush()
         return record
 
     def report_unread_keys(self) -> None:
@@ -386,7 +393,7 @@ class Learner:
         log.warning(message)
         # sequence 1: the workers' report (rollout_worker keys) is sequence 0, and a run
         # event's identity is its kind and sequence
-        self.publisher.publish(
+        self.events.publish(
             RunEvent(
                 run_id=self.run_id,
                 kind="config_unread",
@@ -417,7 +424,7 @@ class Learner:
                     f"{self.sync_every})",
                 )
             self.announce_again(step)
-            self.publisher.flush()
+            self.events.flush()
         return recorded
 
     def check_replayed_weights(self, step: int) -> None:
@@ -447,7 +454,7 @@ class Learner:
     def say_resume_checked(self, step: int, same: bool | None, message: str) -> None:
         (log.warning if same is False else log.info)(message)
         print(message, flush=True)
-        self.publisher.publish(
+        self.events.publish(
             RunEvent(
                 run_id=self.run_id,
                 kind="resume_checked",
@@ -457,7 +464,7 @@ class Learner:
                 details={"weights_match_version": same},
             )
         )
-        self.publisher.flush()
+        self.events.flush()
 
     def close(self) -> None:
         if self.publisher is not None:

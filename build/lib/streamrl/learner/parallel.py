@@ -23,6 +23,7 @@ import contextlib
 import datetime
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -30,6 +31,9 @@ import torch.distributed as dist
 from streamrl.runtime.config import Trainer as TrainerConfig
 from streamrl.runtime.device import resolve_device
 from streamrl.runtime.lora import base_of
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass
@@ -68,13 +72,13 @@ def setup(cfg: TrainerConfig) -> Placement:
     return Placement(device, rank, world, sharded=True)
 
 
-def prepare_model(model: torch.nn.Module, cfg: TrainerConfig, placement: Placement) -> torch.nn.Module:
+def prepare_model(model: PreTrainedModel, cfg: TrainerConfig, placement: Placement) -> torch.nn.Module:
     """Gradient checkpointing, the device, and FSDP2 sharding (each decoder layer, then
     the whole model) when there are several processes."""
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-    model.to(placement.device)
+    model.to(placement.device)  # type: ignore[arg-type]  # transformers types .to through its own wrapper
     if not placement.sharded:
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -98,7 +102,7 @@ def reshard(model: torch.nn.Module, placement: Placement) -> None:
     if placement.sharded:
         for module in model.modules():
             if hasattr(module, "reshard"):
-                module.reshard()
+                module.reshard()  # type: ignore[operator]  # an FSDP2 module (found by hasattr)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

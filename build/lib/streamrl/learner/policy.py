@@ -61,7 +61,7 @@ class Policy:
                 recipe.service.inference_service.weight_sync_timeout_s,
             )
         self.checkpoint = latest_checkpoint(checkpoints)
-        source = recipe.rollout_worker.model_path  # a snapshot holds the weights, not the model's files
+        source = recipe.rollout_worker.model_folder()  # a snapshot holds the weights, not the model's files
         self.tokenizer = AutoTokenizer.from_pretrained(source)
         # fp32 master weights; bf16 is the compute dtype (autocast, or FSDP's policy)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
@@ -93,7 +93,8 @@ class Policy:
 
     def _load_reference(self, folder) -> torch.nn.Module:
         device = torch.device("cpu") if self.recipe.trainer.ref_model_offload else self.placement.device
-        ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
+        loaded: torch.nn.Module = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        ref = loaded.to(device).eval()
         for p in ref.parameters():
             p.requires_grad_(False)
         return ref
@@ -129,6 +130,8 @@ class Policy:
             group["lr"] = lr
         plan = None
         if self.is_main:
+            if items is None:
+                raise ValueError("the main rank gives the step's samples")
             prepared, hook_metrics = self.trainer.prepare(items)
             plan = (
                 plan_step(prepared, self.placement.world_size, self.trainer.micro_batches),
@@ -212,10 +215,11 @@ class Policy:
         if self.broadcaster is None:
             self.versions.submit(version, lambda: self._write_version_folder(root, version, state))
             return None
-        manifest = self.broadcaster.open(version, state)
+        broadcaster = self.broadcaster
+        manifest = broadcaster.open(version, state)
 
         def broadcast_then_write() -> Path:
-            self.broadcaster.send(manifest, state)
+            broadcaster.send(manifest, state)
             return self._write_version_folder(root, version, state)
 
         self.versions.submit(version, broadcast_then_write)

@@ -82,7 +82,7 @@ class RemotePolicy:
 
         self.recipe, self.checkpoints = recipe, checkpoints
         service = recipe.service.train_service
-        self.url, self.timeout = service.url.rstrip("/"), service.request_timeout_s
+        self.url, self.timeout = (service.url or "").rstrip("/"), service.request_timeout_s  # a url: recipe validation
         self.api_key = recipe.service.tinker_service.api_key or os.environ.get("TINKER_API_KEY")
         self.placement = Placement(torch.device("cpu"))
         self.ref_model = None
@@ -97,7 +97,7 @@ class RemotePolicy:
             state_path = load_state(self.checkpoint)["service_state"]
             future = self.service.create_training_client_from_state_with_optimizer(state_path)
         else:
-            base = service.base_model or recipe.rollout_worker.model_path
+            base = service.base_model or recipe.rollout_worker.model_path or ""  # one of them: recipe validation
             future = self.service.create_lora_training_client(
                 base_model=base, rank=recipe.service.tinker_service.lora_rank, seed=recipe.trainer.seed
             )
@@ -228,7 +228,8 @@ class RemotePolicy:
             for row in rows
         ]
         answers = [
-            tokenizer.decode(self._result(f, "did not sample").sequences[0].tokens, skip_special_tokens=True) for f in futures
+            str(tokenizer.decode(self._result(f, "did not sample").sequences[0].tokens, skip_special_tokens=True))
+            for f in futures
         ]
         truths = [str(lookup(row, self.recipe.data.answer_key)).strip() for row in rows]
         return float(np.mean([a.strip() == truth for a, truth in zip(answers, truths)]))
@@ -311,7 +312,9 @@ class RemotePolicy:
             wait=backoff_wait(0.5, 10.0),
             retry=retry_if_exception(lost),
             reraise=True,
-            before_sleep=lambda state: log.warning("downloading %s: %s; retrying", path, state.outcome.exception()),
+            before_sleep=lambda state: log.warning(
+                "downloading %s: %s; retrying", path, state.outcome and state.outcome.exception()
+            ),
         )
         try:
             return retrying(get)

@@ -14,6 +14,8 @@ remote step optimises the same objective the self-hosted learner does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from streamrl.algos.advantages import GRPO_EPSILON
@@ -101,7 +103,10 @@ def aggregation_scales(masks: list[np.ndarray], mode: str, loss_scale_factor: fl
 def datum_arrays(item: TrainItem, loss_fn: str, scale: float) -> dict[str, np.ndarray]:
     """One sample as the API's arrays (input, targets and loss inputs, all length T - 1)."""
     mask = item.mask[1:].astype(np.float32)
-    arrays = {"model_input": item.tokens[:-1].astype(np.int64), "target_tokens": item.tokens[1:].astype(np.int64)}
+    arrays: dict[str, np.ndarray] = {
+        "model_input": item.tokens[:-1].astype(np.int64),
+        "target_tokens": item.tokens[1:].astype(np.int64),
+    }
     if loss_fn == "cross_entropy":
         arrays["weights"] = mask * scale
         return arrays
@@ -146,7 +151,7 @@ def request_chunks(lengths: list[int], max_tokens: int) -> list[list[int]]:
 def merged_metrics(parts: list[dict]) -> dict[str, float]:
     """One step's metrics from its requests', by the reduction their names end with
     (Tinker's convention: `loss:sum`, `x:max`, `x:min`; otherwise the mean). Pure."""
-    reduce = {"sum": sum, "max": max, "min": min}
+    reduce: dict[str, Callable[[list[float]], float]] = {"sum": sum, "max": max, "min": min}
     keys = {key for part in parts for key in part}
     return {
         key: float(
@@ -156,7 +161,7 @@ def merged_metrics(parts: list[dict]) -> dict[str, float]:
     }
 
 
-def trainer_class(recipe: Recipe) -> type:
+def trainer_class(recipe: Recipe) -> type[Trainer] | type[RemoteApiTrainer]:
     """The trainer class a recipe names: registered, or its own (self-hosted or remote).
     Here, the one module that knows both kinds, and light enough for recipe validation
     (no model code)."""

@@ -79,7 +79,8 @@ class SnapshotStore:
             dist.barrier()
         shards = {"model": trained_state(model), "optimizer": get_optimizer_state_dict(model, optimizer)}
         future = dcp.async_save(shards, checkpoint_id=str(folder / "shards"), process_group=self.group)
-        self.pending = Pending(step, folder, future, state, rng_state(), keep_every)
+        # async_save without a stager returns a plain Future
+        self.pending = Pending(step, folder, future, state, rng_state(), keep_every)  # type: ignore[arg-type]
 
     def ready(self) -> bool:
         """Whether no write is in flight (finishing the one that has completed)."""

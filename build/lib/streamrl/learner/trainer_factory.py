@@ -4,13 +4,15 @@ or a remote trainer (its model lives in the training service)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from streamrl.learner.batch_trainers import SelfHostedTrainer
 from streamrl.learner.remote_trainers import RemoteApiTrainer
 from streamrl.learner.trainers import Trainer
 from streamrl.runtime.config_reads import trainer_config, unread_keys
 
 
-def build_trainer(cls: type, recipe, model, pad_id: int, ref_model=None, placement=None) -> Trainer:
+def build_trainer(cls: type[Any], recipe, model, pad_id: int, ref_model=None, placement=None) -> Trainer:
     """The step's trainer: a guide-style class is built as `cls(config)` with the whole
     recipe (its own `algorithm.*` keys included) as a mapping that records the keys read
     (runtime/config_reads.py)."""
@@ -31,9 +33,9 @@ def build_trainer(cls: type, recipe, model, pad_id: int, ref_model=None, placeme
     return cls(**parts)
 
 
-def build_guide_trainer(cls: type, recipe, **before_init):
+def build_guide_trainer(cls: type[Any], recipe, **before_init):
     config = trainer_config(recipe.to_dict())
-    trainer = cls.__new__(cls)
+    trainer = object.__new__(cls)  # the instance without __init__: its parts go on first
     trainer.__dict__.update(before_init, _recipe_config=config)
     trainer.__init__(config)
     return trainer

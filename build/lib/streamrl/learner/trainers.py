@@ -20,6 +20,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -174,10 +175,10 @@ class Trainer:
         plan = plan_prefixes(batch, trains, self.pad_id)
         if plan is not None and not self.shared_prefix_checked:
             self.shared_prefix_checked = True
-            self.check_shared_prefix(batch, plan)
+            self.check_shared_prefix(batch, plan, trains)
         return plan if self.shared_prefix else None
 
-    def check_shared_prefix(self, batch: ForwardInputs, plan: PrefixPlan) -> None:
+    def check_shared_prefix(self, batch: ForwardInputs, plan: PrefixPlan, trains: torch.Tensor) -> None:
         """The shared-prefix and plain forwards must agree on this model: where they do
         not (an architecture whose cache works otherwise), `on` stops the run and `auto`
         says so and trains with the plain forward."""
@@ -188,7 +189,7 @@ class Trainer:
                 self.shared_prefix = False
                 plain, _ = self.logprobs(self.model, batch)
                 shared, _ = self.shared_prefix_logprobs(self.model, batch, plan)
-            gap = float(((plain - shared).abs() * (batch.loss_mask.to(plain.device) > 0)).max())
+            gap = float(((plain - shared).abs() * (trains.to(plain.device) > 0)).max())
             tolerance = 1e-3 if self.placement.autocast_dtype is None else 5e-2
             problem = None if gap <= tolerance else f"its logprobs differ from the plain forward's by {gap:.2g}"
         except Exception as exc:  # the model's forward does not take a shared cache
@@ -246,7 +247,7 @@ class Trainer:
         rounds = rounds or len(groups)
         # Sums stay tensors on the device until the step ends: a float() per micro-batch
         # would wait for the GPU each time instead of letting it run ahead.
-        sums: dict[str, torch.Tensor | float] = {"loss": 0.0}
+        sums: dict[str, Any] = {"loss": 0.0}  # tensors while summing on the device, floats once reduced
         scale = float(self.placement.world_size)  # FSDP averages gradients over ranks; the step wants their sum
         budget = self.config.micro_batch_tokens
         for round_index in range(rounds):
@@ -273,8 +274,8 @@ class Trainer:
         values = {key: float(value) for key, value in sums.items()}
         maxima = all_reduce_maxima({key: values.pop(key) for key in list(values) if key.endswith("_max")}, self.placement)
         sums = all_reduce_sums(values, self.placement)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip or math.inf)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         skipped = None
         if not math.isfinite(grad_norm) or not math.isfinite(sums["loss"]):
             # A NaN or inf would corrupt the weights for good: the step is skipped and says why.

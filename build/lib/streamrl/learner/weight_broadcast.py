@@ -114,7 +114,7 @@ class WeightBroadcaster:
                 [],
                 Backend(manifest.backend),
                 PrefixStore(manifest.group_name, store),
-                group_name=manifest.group_name,
+                group_name=manifest.group_name,  # type: ignore[arg-type]  # torch's GroupName is a NewType of str
                 timeout=self.timeout,
             )
             # the helper registers no rank mapping for a group made outside the default

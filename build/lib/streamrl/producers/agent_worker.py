@@ -193,11 +193,11 @@ def load_agent_setup(worker_config: dict) -> AgentSetup:
     interaction = config.get("interaction")
     interaction_class = load_class(interaction["module_path"], base, Interaction) if interaction else None
     llm = config.get("llm_config") or {}
-    limits = dict(config.get("limits") or {})
+    limit_values = dict(config.get("limits") or {})
     if "max_context_tokens" in config:  # the guide's name for the whole episode's token budget
-        limits["max_total_tokens"] = int(config["max_context_tokens"])
+        limit_values["max_total_tokens"] = int(config["max_context_tokens"])
     limits = AgentLimits(
-        **{**limits, "max_tokens_per_turn": int(llm.get("max_tokens", worker_config.get("max_response_length", 64)))}
+        **{**limit_values, "max_tokens_per_turn": int(llm.get("max_tokens", worker_config.get("max_response_length", 64)))}
     )
     return AgentSetup(config, registry, interaction_class, limits)
 

@@ -101,7 +101,8 @@ class EmbeddedEngine:
 
         self.device = resolve_device(device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path).to(self.device).eval()
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(model_path)
+        self.model = model.to(self.device).eval()
         self.weight_version = weight_version
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
@@ -124,7 +125,7 @@ class EmbeddedEngine:
             Completion(
                 prompt_token_ids=list(prompt),
                 response_token_ids=row.tokens,
-                response_text=self.tokenizer.decode(row.tokens, skip_special_tokens=True),
+                response_text=str(self.tokenizer.decode(row.tokens, skip_special_tokens=True)),
                 logprobs=row.logprobs,
                 finish_reason=row.finish_reason,
                 weight_version=self.weight_version,

@@ -85,7 +85,7 @@ class InferenceClient:
         more than `max_response_length` tokens (a larger `max_tokens` is lowered to it,
         said once in the log)."""
         is_ids = isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)
-        prompt_ids = list(prompt) if is_ids else self.tokenize(prompt)
+        prompt_ids = list(prompt) if is_ids else self.tokenize(prompt)  # type: ignore[arg-type]  # not ids: text or messages
         first_call = not getattr(self._local, "completions", None)
         if first_call and self.max_prompt_tokens is not None and len(prompt_ids) > self.max_prompt_tokens:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens, more than max_prompt_length ({self.max_prompt_tokens})")

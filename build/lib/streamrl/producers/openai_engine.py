@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
+from typing import Any
 
 from streamrl.producers.inference import Completion, InferenceUnavailable, SamplingParams, register_inference_backend
 from streamrl.runtime.recipe import server_urls
@@ -69,7 +70,7 @@ class OpenAIEngine:
         with self._lock:
             url, client = self.urls[self._next % len(self.urls)], self.clients[self._next % len(self.clients)]
             self._next += 1
-        extra = {"return_tokens_as_token_ids": True}
+        extra: dict[str, Any] = {"return_tokens_as_token_ids": True}
         if params.stop_token_ids:
             extra["stop_token_ids"] = list(params.stop_token_ids)
         try:
@@ -85,6 +86,8 @@ class OpenAIEngine:
         except openai.APIConnectionError as exc:
             raise InferenceUnavailable(f"inference server {url} did not answer ({exc})") from None
         choice = answer.choices[0]
+        if choice.logprobs is None or choice.logprobs.token_logprobs is None or choice.logprobs.tokens is None:
+            raise ValueError(f"inference server {url} returned no token logprobs (a completions API with logprobs=1 is needed)")
         logprobs = [float(lp) for lp in choice.logprobs.token_logprobs]
         ids = token_ids_of(list(choice.logprobs.tokens))
         if ids is None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from streamrl.algos.advantages import get_advantage_estimator
 from streamrl.algos.losses import POLICY_LOSSES
@@ -91,7 +92,7 @@ def select_rollouts(
 ) -> list[tuple[str, str]]:
     """(trajectory id, group id) of the selected rollouts, in the source's order. Runs as
     a read-only statement: a `--where` cannot change the ledger."""
-    params = {"source": source_run}
+    params: dict[str, Any] = {"source": source_run}
     if steps:
         params.update(first_step=steps[0], last_step=steps[1])
     result = run_readonly(database_url, selection_query(steps, where), params)
@@ -194,13 +195,13 @@ def read_from_ledger(database_url: str, source_run: str, ids: list[str]) -> tupl
             conn, Trajectory, "select * from trajectories where run_id = %s and trajectory_id = any(%s)", (source_run, ids)
         ):
             trajectories[event.trajectory_id] = event
-        for event in query_events(
+        for evaluation in query_events(
             conn,
             Evaluation,
             "select * from evaluations where run_id = %s and trajectory_id = any(%s) and not is_val",
             (source_run, ids),
         ):
-            evaluations[event.trajectory_id] = event
+            evaluations[evaluation.trajectory_id] = evaluation
     return trajectories, evaluations
 
 

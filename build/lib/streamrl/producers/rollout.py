@@ -117,14 +117,15 @@ class BaseRolloutWorker:
         publish: Callable[[Any], None] | None = None,
         worker_id: str | None = None,
     ):
-        parts = getattr(_RUNTIME, "parts", None) or (None, None, None, "worker")
+        parts: tuple[Any, ...] = getattr(_RUNTIME, "parts", None) or (None, None, None, "worker")
         # a plain dict gets attribute access (`self._config.temperature`) and records the
         # keys read (runtime/config_reads.py); an OmegaConf DictConfig (the guide's unit
         # tests) already has attribute access
         self._config = WorkerConfig(config or {}) if isinstance(config, dict) or config is None else config
-        self._inference_client = inference_client if inference_client is not None else parts[0]
-        self.evaluator = evaluator if evaluator is not None else parts[1]
-        self._publish = publish if publish is not None else parts[2]
+        # given, or the run's (every worker a run builds gets all three)
+        self._inference_client: InferenceClient = inference_client if inference_client is not None else parts[0]
+        self.evaluator: Evaluator = evaluator if evaluator is not None else parts[1]
+        self._publish: Callable[[Any], None] = publish if publish is not None else parts[2]
         self.worker_id = worker_id or parts[3]
         self.tokenizer = getattr(self._inference_client, "tokenizer", None)
         self.logger = logging.getLogger(f"streamrl.worker.{type(self).__name__}")
@@ -441,7 +442,7 @@ def build_events(
         loss_mask=pack_mask(trajectory.loss_mask),
         logprobs=pack_float32(logprobs),
         prompt_length=prompt_length,
-        token_versions=pack_int32(token_versions) if spans_versions else b"",
+        token_versions=pack_int32(token_versions or []) if spans_versions else b"",
         prompt_text=task.prompt if isinstance(task.prompt, str) else json.dumps(task.prompt, ensure_ascii=False),
         response_text=str(extra.get("response", "")),
         finish_reason=str(extra.pop("finish_reason", completions[-1].finish_reason if completions else "")),

@@ -30,6 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -181,7 +182,7 @@ class SGLangEngine:
             self._gate.notify_all()
 
     def _generate(self, server: Server, input_ids: list[int], params: SamplingParams, max_new_tokens: int) -> Generated | None:
-        sampling = {"max_new_tokens": max_new_tokens, "temperature": params.temperature, "top_p": params.top_p}
+        sampling: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": params.temperature, "top_p": params.top_p}
         if params.stop_token_ids:
             sampling["stop_token_ids"] = list(params.stop_token_ids)
         payload = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True}
@@ -200,7 +201,7 @@ class SGLangEngine:
         update (once, however many requests saw the stale answer)."""
         with self._update_lock:
             if self._updates == seen_updates and self.version_path is not None:
-                self.update_weights(self.version_path, self.version)
+                self.update_weights(*self.synced())
 
     # --- talking to a server, and repairing it --------------------------------------------------
     @property
@@ -337,7 +338,7 @@ class SGLangEngine:
                 lambda url, route, payload: self._post(self._server(url), route, payload, timeout=self.sync_timeout_s),
                 [server.url for server in self.servers],
                 broadcast,
-                self.version,
+                self.synced()[1],
                 self.ranks_per_server,
                 lambda url: self._flush_cache(self._server(url)),
                 self.sync_timeout_s,
@@ -365,7 +366,7 @@ class SGLangEngine:
             server.adapter = load_adapter(
                 lambda route, payload: self._post(server, route, payload, timeout=self.sync_timeout_s),
                 server.url,
-                self.version,
+                self.synced()[1],
                 self.version_path,
                 server.adapter,
             )
@@ -387,11 +388,17 @@ class SGLangEngine:
             self._flush_cache(server)
         self._check_serves(server)
 
+    def synced(self) -> tuple[str, int]:
+        """The version every server is to hold (its folder, its number): set by the first sync."""
+        if self.version is None or self.version_path is None:
+            raise RuntimeError("no weight version has been synced to the SGLang servers yet")
+        return self.version_path, self.version
+
     def _wait_for_folder(self) -> None:
         """A broadcast version is announced before its folder is written (in the
         background, after the broadcast): wait for the folder."""
         deadline = time.monotonic() + self.sync_timeout_s
-        while not Path(self.version_path).is_dir():
+        while not Path(self.synced()[0]).is_dir():
             if time.monotonic() > deadline:
                 raise InferenceServerError(
                     f"weight version {self.version}'s folder {self.version_path} did not "
@@ -456,7 +463,8 @@ def sglang_backend(recipe, seed: int, settings, logs: Path) -> SGLangEngine:
                 servers.append(Server(managed.start().url, managed=managed, slots=threading.Semaphore(slots)))
         except BaseException:
             for server in servers:
-                server.managed.stop()
+                if server.managed is not None:
+                    server.managed.stop()
             raise
     return SGLangEngine(
         servers,

@@ -140,7 +140,7 @@ class ManagedServer:
             if not self.alive():
                 raise InferenceServerError(
                     f"the SGLang server on port {self.port} exited with code "
-                    f"{self.process.returncode} while starting:\n{self.log_tail()}"
+                    f"{self.process and self.process.returncode} while starting:\n{self.log_tail()}"
                 )
             try:
                 if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:

@@ -7,6 +7,8 @@ to the same rollout, so the events of one index form a consistent story.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from streamrl.schema.events import (
@@ -156,7 +158,7 @@ def synthetic_dead_letter(run_id: str, index: int) -> DeadLetter:
     )
 
 
-SYNTHETIC = {
+SYNTHETIC: dict[str, Callable[[str, int], Event]] = {
     "Task": synthetic_task,
     "Trajectory": synthetic_trajectory,
     "Evaluation": synthetic_evaluation,

@@ -173,7 +173,7 @@ class ToolRegistry:
                 )
             schema = entry.get("tool_schema")
             name = (schema or {}).get("function", {}).get("name") if isinstance(schema, dict) else None
-            if not name:
+            if not name or not isinstance(schema, dict):
                 raise ToolConfigError(f"{where}.tool_schema.function.name: required")
             jsonschema = jsonschema_module()
             try:

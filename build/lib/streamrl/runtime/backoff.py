@@ -21,4 +21,4 @@ def backoff_wait(initial: float, maximum: float) -> wait_exponential_jitter:
 
 def backoff_delay(attempt: int, initial: float, maximum: float) -> float:
     """The wait before try `attempt + 1` (attempt counts from 1)."""
-    return backoff_wait(initial, maximum)(SimpleNamespace(attempt_number=attempt))
+    return backoff_wait(initial, maximum)(SimpleNamespace(attempt_number=attempt))  # type: ignore[arg-type]  # the wait reads attempt_number only

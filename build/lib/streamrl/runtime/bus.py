@@ -313,7 +313,7 @@ class RunReader:
         self._shard = shard if member is None else (0, 1)
         self._partitions = self._wait_for_partitions(topics, self._shard, wait_s)
         self.broker_watch = BrokerWatch(settings, self.consumer, run_id, topics)
-        self._blobs = None
+        self._blobs: PostgresBlobStore | None = None
         # A rotating run's window topics come and go (schema/topics.py): followed by name.
         rotated = [k for k in kinds if k in ROTATED_KINDS]
         self._windows = re.compile(run_pattern(run_id, rotated)) if rotated else None

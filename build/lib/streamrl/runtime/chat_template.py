@@ -61,7 +61,7 @@ class ChatRenderer:
     `template` replaces the tokenizer's own (`data.chat_template`)."""
 
     def __init__(self, tokenizer, mode: ChatMode | bool = "auto", template: str | None = None):
-        mode = {True: "true", False: "false"}.get(mode, mode) if isinstance(mode, bool) else mode
+        mode = ("true" if mode else "false") if isinstance(mode, bool) else mode
         self.tokenizer = tokenizer
         self.template = template or getattr(tokenizer, "chat_template", None) or None
         if isinstance(self.template, dict):  # a tokenizer with named templates: the default one

@@ -129,6 +129,12 @@ class RolloutWorker:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
         return {**values, **self.extra}
 
+    def model_folder(self) -> str:
+        """model_path, which a run that loads the policy names (recipe validation checks it)."""
+        if self.model_path is None:
+            raise ConfigError("rollout_worker.model_path: no model folder given")
+        return self.model_path
+
 
 @dataclass
 class TrajectoryPool:
@@ -367,7 +373,11 @@ def _build(schema: type, values: dict, prefix: str = ""):
             extra[key] = value
             continue
         tp = _scalar_type(hints[key])
-        kwargs[key] = _build(tp, value, f"{prefix}{key}.") if dataclasses.is_dataclass(tp) and isinstance(value, dict) else value
+        kwargs[key] = (
+            _build(tp, value, f"{prefix}{key}.")
+            if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(value, dict)
+            else value
+        )
     if extra:
         if "extra" not in names:
             raise ConfigError("unknown keys " + ", ".join(f"{prefix}{key}" for key in sorted(extra)))
@@ -393,7 +403,7 @@ def _check_value(value, tp, key: str) -> list[str]:
         return []
     if origin is Literal:
         return [] if value in args else [f"{key}: expected one of {', '.join(map(str, args))}, got {value!r}"]
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             return [f"{key}: expected a mapping, got {type(value).__name__}"]
         return check_against(value, tp, key + ".")
@@ -421,7 +431,7 @@ def coerce_strings(values: dict, schema: type = Recipe) -> None:
     hints = typing.get_type_hints(schema)
     for key, value in values.items():
         tp = _scalar_type(hints.get(key))
-        if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(value, dict):
             coerce_strings(value, tp)
         elif isinstance(value, str):
             try:
@@ -460,7 +470,8 @@ def check_against(values: dict, schema: type = Recipe, prefix: str = "") -> list
             found = [f"{prefix}{key}: must be {describe_range(bounds)}, got {value!r}"]
         problems += found
         if not found and "only" in spec.metadata:
-            default = spec.default if spec.default is not dataclasses.MISSING else spec.default_factory()
+            factory = spec.default_factory
+            default = spec.default if spec.default is not dataclasses.MISSING else factory() if callable(factory) else None
             if value != default:
                 problems.append(f"{prefix}{key}: only {default!r} is supported ({spec.metadata['only']}), got {value!r}")
     return problems

@@ -59,7 +59,7 @@ def describe_range(bounds: dict) -> str:
             return f"between {bounds['ge']} and {bounds['le']}"
         return f"in {'[' if 'ge' in bounds else '('}{low[1]}, {high[1]}{']' if 'le' in bounds else ')'}"
     bound = low or high
-    return f"{bound[0]}{bound[1]}"
+    return f"{bound[0]}{bound[1]}" if bound else "any value"
 
 
 def out_of_range(value, bounds: dict) -> bool:
@@ -87,7 +87,7 @@ def missing_files(values: dict, schema: type, bases: list, prefix: str = "") -> 
     for f in dataclasses.fields(schema):
         value = values.get(f.name)
         tp = _scalar_type(hints[f.name])
-        if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp) and isinstance(value, dict):
             problems += missing_files(value, tp, bases, f"{prefix}{f.name}.")
         elif f.metadata.get("path") and value:
             for i, item in enumerate(value if isinstance(value, list) else [value]):

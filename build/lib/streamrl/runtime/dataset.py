@@ -30,7 +30,7 @@ def lookup(row: dict, key: str, default: Any = _MISSING) -> Any:
     if key in row:
         return row[key]
     value: Any = row
-    walked = []
+    walked: list[str] = []
     for part in key.split("."):
         if not isinstance(value, dict) or part not in value:
             if default is not _MISSING:

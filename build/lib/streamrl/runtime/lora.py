@@ -61,7 +61,12 @@ def with_lora(model, spec: LoraSpec):
 
     if "lm_head" in spec.target_modules and model.config.tie_word_embeddings:
         model = untied(model)
-    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout, target_modules=list(spec.target_modules))
+    config = LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,  # type: ignore[arg-type]  # peft scales by alpha / r: a float alpha works
+        lora_dropout=spec.dropout,
+        target_modules=list(spec.target_modules),
+    )
     return get_peft_model(model, config)
 
 

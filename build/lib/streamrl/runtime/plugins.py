@@ -30,6 +30,8 @@ def load_module(path: str | Path, spec: str | None = None) -> ModuleType:
         if str(path.parent) not in sys.path:
             sys.path.insert(0, str(path.parent))
         module_spec = importlib.util.spec_from_file_location(module_name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise LoadError(f"{path}: not a Python module")
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[module_name] = module
         try:
@@ -50,8 +52,10 @@ def folder_package(folder: Path) -> str:
         package = ModuleType(name)
         package.__path__ = [str(folder)]
         package.__package__ = name
-        package.__spec__ = importlib.util.spec_from_loader(name, loader=None, is_package=True)
-        package.__spec__.submodule_search_locations = [str(folder)]
+        spec = importlib.util.spec_from_loader(name, loader=None, is_package=True)
+        if spec is not None:  # always, for a name and is_package
+            spec.submodule_search_locations = [str(folder)]
+        package.__spec__ = spec
         sys.modules[name] = package
     return name
 

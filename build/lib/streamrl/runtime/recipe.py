@@ -63,7 +63,7 @@ def compose(path: Path, _stack: tuple[Path, ...] = ()) -> Any:
         raise RecipeError(path, [f"not valid YAML: {exc}"]) from None
     if not isinstance(own, typing.Mapping) and not OmegaConf.is_dict(own):
         raise RecipeError(path, ["a recipe must be a mapping of keys"])
-    defaults = own.pop("defaults", [])
+    defaults = own.pop("defaults", [])  # type: ignore[call-arg,arg-type]  # `own` is a mapping here (checked above)
     if defaults is not None and not (isinstance(defaults, list) or OmegaConf.is_list(defaults)):
         raise RecipeError(path, [f"defaults: expected a list of recipe names, got {defaults!r}"[:200]])
     parts, self_seen = [], False
@@ -90,7 +90,7 @@ def section_shape_problems(values: dict, schema: type, prefix: str = "") -> list
     problems = []
     for key, value in values.items():
         tp = hints.get(key) if isinstance(key, str) else None
-        if tp is None or not dataclasses.is_dataclass(tp):
+        if not isinstance(tp, type) or not dataclasses.is_dataclass(tp):
             continue
         if isinstance(value, dict):
             problems += section_shape_problems(value, tp, f"{prefix}{key}.")
@@ -107,7 +107,7 @@ def parse_overrides(overrides: list[str] | None) -> dict:
     if problems:
         raise RecipeError(Path("command line"), problems)
     try:
-        return OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides or [])), resolve=False)
+        return typing.cast(dict[str, Any], OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides or [])), resolve=False))
     except OmegaConfBaseException as exc:
         raise RecipeError(Path("command line"), [str(exc).splitlines()[0]]) from None
 
@@ -116,7 +116,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """The fully resolved, typed recipe (defaults filled in, then the command line's
     `key=value` overrides), or RecipeError."""
     path = Path(path)
-    own = OmegaConf.to_container(compose(path), resolve=False)
+    own = typing.cast(dict[str, Any], OmegaConf.to_container(compose(path), resolve=False))  # a mapping: compose checks
     problems = section_shape_problems(own, Recipe)
     if problems:
         raise RecipeError(path, problems)
@@ -130,7 +130,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         raise RecipeError(path, guide_problems + [f"command line: {p}" for p in shape])
     try:
         merged = OmegaConf.merge(OmegaConf.create(Recipe().to_dict()), OmegaConf.create(own), OmegaConf.create(override_values))
-        values = OmegaConf.to_container(merged, resolve=True)
+        values = typing.cast(dict[str, Any], OmegaConf.to_container(merged, resolve=True))
     except (OmegaConfBaseException, TypeError, ValueError) as exc:
         key = getattr(exc, "full_key", "") or "interpolation"
         raise RecipeError(path, [f"{key}: {exc.msg if hasattr(exc, 'msg') else exc}"]) from None
@@ -170,6 +170,10 @@ def path_bases(recipe_dir: Path) -> list[Path]:
     return [recipe_dir, Path.cwd()]
 
 
+@typing.overload
+def _absolute(value: str, base: Path) -> str: ...
+@typing.overload
+def _absolute(value: None, base: Path) -> None: ...
 def _absolute(value: str | None, base: Path) -> str | None:
     """A relative path made absolute (looked up in `path_bases`); "file.py:Class" keeps
     its class. A value that names nothing on disk (a hub model id, say) is left alone."""
@@ -299,7 +303,7 @@ def consistency_problems(recipe: Recipe) -> list[str]:
         )
     if recipe.trainer.custom_trainer_class_name and not recipe.trainer.custom_trainer_module_path:
         problems.append("trainer.custom_trainer_class_name: needs trainer.custom_trainer_module_path (the file)")
-    elif recipe.trainer.custom_trainer_class_name and ".py:" in recipe.trainer.custom_trainer_module_path:
+    elif recipe.trainer.custom_trainer_class_name and ".py:" in (recipe.trainer.custom_trainer_module_path or ""):
         problems.append(
             "trainer.custom_trainer_class_name: the module path names a class already "
             "(file.py:Class); give the class in one place"
@@ -384,7 +388,7 @@ def with_inference_url(recipe: Recipe, urls: list[str]) -> Recipe:
     service = recipe.service.inference_service
     if service.backend not in SERVER_KEYS["url"]:
         raise RecipeError(
-            "--inference-url",
+            Path("--inference-url"),
             [f"service.inference_service.backend is {service.backend}: an inference url needs backend sglang or openai"],
         )
     defaults = type(service)()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -96,7 +96,7 @@ def registry_problems(values: dict, registries: dict[str, Registry] | None = Non
     `values` is the recipe as a nested mapping (`Recipe.to_dict()`)."""
     problems = []
     for key, registry in sorted((registries or REGISTRIES).items()):
-        value = values
+        value: Any = values
         for part in key.split("."):
             value = value.get(part) if isinstance(value, dict) else None
         if value is not None and not registry.accepts(value):

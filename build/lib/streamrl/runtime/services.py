@@ -138,7 +138,8 @@ def stop_embedded_kafka(state: dict) -> None:
 def postgres_probe(url: str) -> tuple[bool, str]:
     try:
         with connect(url, connect_timeout=5) as conn:
-            version = conn.execute("show server_version").fetchone()[0]
+            row = conn.execute("show server_version").fetchone()
+            version = row[0] if row else "of unknown version"
         return True, f"PostgreSQL {version}"
     except Exception as exc:
         return False, f"{type(exc).__name__}: {exc}"

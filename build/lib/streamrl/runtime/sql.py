@@ -89,7 +89,7 @@ def readonly_rows(database_url: str, query: str, params: dict[str, Any] | None =
         conn.execute("select set_config('statement_timeout', %s, true)", (f"{int(timeout_s * 1000)}",))
         if keyword in CURSOR_KEYWORDS:
             # DECLARE goes as a prepared statement too: more than one command is refused
-            cur = conn.cursor(name="streamrl_sql")
+            cur: psycopg.Cursor[Any] | psycopg.ServerCursor[Any] = conn.cursor(name="streamrl_sql")
             cur.execute(query, params or None)
         else:
             cur = conn.execute(query, params or None, prepare=True)
@@ -139,7 +139,8 @@ def run_readonly(
 ) -> QueryResult:
     """One read-only statement's result, held in memory: at most `max_rows` rows and
     about `max_bytes` bytes of them (`stopped` says which limit ended it)."""
-    kept, size, stopped = [], 0, None
+    kept: list[tuple[Any, ...]] = []
+    size, stopped = 0, None
     with readonly_rows(database_url, query, params, timeout_s) as (columns, rows):
         for row in rows:
             if max_rows is not None and len(kept) >= max_rows:

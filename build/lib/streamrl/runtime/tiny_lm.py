@@ -42,7 +42,7 @@ def build_tokenizer(family: str = "chatml") -> PreTrainedTokenizerFast:
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in spec.special_tokens])
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in spec.tag_tokens])
-    if spec.add_bos:
+    if spec.add_bos and spec.bos is not None:
         bos_id = tokenizer.token_to_id(spec.bos)
         tokenizer.post_processor = processors.TemplateProcessing(
             single=f"{spec.bos} $A", pair=f"{spec.bos} $A {spec.bos} $B", special_tokens=[(spec.bos, bos_id)]

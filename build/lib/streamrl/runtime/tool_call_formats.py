@@ -79,7 +79,10 @@ def call_from_json(payload: Any, body: str, arguments_key: str = "arguments") ->
 
 
 def _add(parsed: ParsedTurn, outcome: ToolCall | str) -> None:
-    (parsed.tool_calls if isinstance(outcome, ToolCall) else parsed.errors).append(outcome)
+    if isinstance(outcome, ToolCall):
+        parsed.tool_calls.append(outcome)
+    else:
+        parsed.errors.append(outcome)
 
 
 def _json(body: str) -> tuple[Any, str | None]:
@@ -172,5 +175,6 @@ def tool_call_parser(name: str, chat_template: str | None, base_dir: str = ".") 
     if name == "auto":
         name = detect_format(chat_template)
     if ":" in name:
-        return load_function(name, base_dir)
+        parser: Callable[[str], ParsedTurn] = load_function(name, base_dir)  # type: ignore[assignment]  # the user's parser
+        return parser
     return TOOL_CALL_FORMATS.get(name)

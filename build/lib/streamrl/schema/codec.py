@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import typing
+from collections.abc import Sequence
 
 import msgspec
 import zstandard
@@ -61,7 +62,9 @@ FRAME_HEADER_BYTES = 5
 def bundle(frames: list[bytes], max_bytes: int) -> list[bytes]:
     """Message values carrying `frames` in order: bundles of at most `max_bytes`, a
     frame alone (not wrapped) where it is by itself."""
-    values, current, size = [], [], BUNDLE_OVERHEAD_BYTES
+    values: list[list[bytes]] = []
+    current: list[bytes] = []
+    size = BUNDLE_OVERHEAD_BYTES
     for frame in frames:
         if current and size + len(frame) + FRAME_HEADER_BYTES > max_bytes:
             values.append(current)
@@ -73,7 +76,7 @@ def bundle(frames: list[bytes], max_bytes: int) -> list[bytes]:
     return [group[0] if len(group) == 1 else bytes([FRAME_BUNDLE]) + _encoder.encode(group) for group in values]
 
 
-def split_bundle(data: bytes | None) -> list[bytes]:
+def split_bundle(data: bytes | None) -> Sequence[bytes | None]:
     """The frames of a message value: those of a bundle, else the value itself."""
     if not data or data[0] != FRAME_BUNDLE:
         return [data]
@@ -114,7 +117,7 @@ def decode(data: bytes | None) -> Event:
     if not data:
         raise CodecError("empty message: expected a StreamRL event frame")
     frame = data[0]
-    body = memoryview(data)[1:]
+    body: bytes | memoryview = memoryview(data)[1:]
     if frame == FRAME_ZSTD:
         try:
             size = zstandard.frame_content_size(body)
@@ -133,7 +136,7 @@ def decode(data: bytes | None) -> Event:
             f"0x01 (msgpack), 0x02 (zstd), 0x03 (reference) or 0x04 (bundle)"
         )
     try:
-        event = _decoder.decode(body)
+        event: Event = _decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise CodecError(f"invalid event: {exc}") from None
     except msgspec.DecodeError as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import msgspec
@@ -40,7 +41,7 @@ def make_event_id(kind: str, run_id: str, *key_parts: Any) -> str:
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
-def pack_int32(values) -> bytes:
+def pack_int32(values: Sequence[int] | np.ndarray) -> bytes:
     return np.asarray(values, dtype="<i4").tobytes()
 
 
@@ -48,7 +49,7 @@ def unpack_int32(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype="<i4")
 
 
-def pack_float32(values) -> bytes:
+def pack_float32(values: Sequence[float] | np.ndarray) -> bytes:
     return np.asarray(values, dtype="<f4").tobytes()
 
 
@@ -56,7 +57,7 @@ def unpack_float32(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype="<f4")
 
 
-def pack_mask(values) -> bytes:
+def pack_mask(values: Sequence[int] | Sequence[bool] | np.ndarray) -> bytes:
     return np.asarray(values, dtype=np.uint8).tobytes()
 
 
@@ -83,7 +84,7 @@ class Event(msgspec.Struct, kw_only=True, tag_field="type", omit_defaults=True):
         if not self.created_at:
             self.created_at = time.time()
 
-    def natural_key(self) -> tuple:
+    def natural_key(self) -> tuple[Any, ...]:
         raise NotImplementedError
 
 
@@ -102,7 +103,7 @@ class Task(Event, tag="task", kw_only=True):
     step: int = 0
     min_weight_version: int = 0
 
-    def natural_key(self) -> tuple:
+    def natural_key(self) -> tuple[Any, ...]:
         return (self.task_id,)
 
 
@@ -147,7 +148,7 @@ class Trajectory(Event, tag="trajectory", kw_only=True):
     error: str | None = None
     source_event_id: str | None = None  # replayed runs: the event this one copies
 
-    def natural_key(self) -> tuple:
+    def natural_key(self) -> tuple[Any, ...]:
         return (self.trajectory_id,)
 
 
@@ -167,7 +168,7 @@ class Evaluation(Event, tag="evaluation", kw_only=True):
     error: str | None = None
     source_event_id: str | None = None  # replayed runs: the evaluation this one copies (None when rescored)
 
-    def natural_key(self) -> tuple:
+    def natural_key(self) -> tuple[Any, ...]:
         return (self.trajectory_id, self.evaluator)
 
 
@@ -192,7 +193,7 @@ class Sample(Event, tag="sample", kw_only=True):
     logprobs: bytes = b""
     token_versions: bytes = b""  # as Trajectory.token_versions
 
-    def natural_key(self) -> tuple:
+    def natural_key(self) -> tuple[Any, ...]:
         return (self.trajectory_id,)
 
 
@@ -213,7 +214,7 @@ class GroupFiltered(Event, tag="group_filtered", kw_only=True):
     rewards: list[float] = []
     trajectory_ids: list[str] = []
 
-    def natural_key(self) -> tuple:
+    def natural_key(self) -> tuple[Any, ...]:
         if self.reason == "late":
             return ("late", self.group_id, *self.trajectory_ids)
         return ("filtered", self.group_id)
@@ -242,7 +243,7 @@ class TrainStep(Event, tag="train_step", kw_only=True):
     consumed_offsets: dict[str, int] = {}  # "topic:partition" -> next offset
     metrics: dict[str, float] = {}
 
-    def natural_key(self) -> tuple:
+    def natural_key(self) -> tuple[Any, ...]:
         return (self.step,)
 
 
@@ -274,7 +275,7 @@ class WeightVersion(Event, tag="weight_version", kw_only=True):
     sha256: str = ""  # of the folder; empty when announced before it was written (broadcast)
     broadcast: WeightBroadcast | None = None
 
-    def natural_key(self) -> tuple:
+    def natural_key(self) -> tuple[Any, ...]:
         return (self.version,)
 
 
@@ -309,7 +310,7 @@ class RunEvent(Event, tag="run_event", kw_only=True):
             raise ValueError(f"RunEvent.kind must be one of {RUN_EVENT_KINDS}, got {self.kind!r}")
         super().__post_init__()
 
-    def natural_key(self) -> tuple:
+    def natural_key(self) -> tuple[Any, ...]:
         return (self.kind, self.sequence)
 
 
@@ -326,7 +327,7 @@ class DeadLetter(Event, tag="dead_letter", kw_only=True):
     error: str = ""
     stage: str = ""  # which process gave up on it (e.g. "ledger-sink")
 
-    def natural_key(self) -> tuple:
+    def natural_key(self) -> tuple[Any, ...]:
         return (self.source_topic, self.source_partition, self.source_offset)
 
 

@@ -10,8 +10,9 @@ free-form structures (metrics, data rows, turns) are JSONB so SQL can reach into
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from sqlalchemy import (
@@ -49,7 +50,7 @@ from streamrl.schema.events import (
 metadata = MetaData()
 
 
-def _event_columns() -> list[Column]:
+def _event_columns() -> list[Column[Any]]:
     return [
         Column("id", BigInteger, primary_key=True, autoincrement=True),
         Column("event_id", Text, nullable=False, unique=True),
@@ -282,7 +283,7 @@ TABLE_BY_EVENT: dict[type[Event], Table] = {
 ROW_COLUMNS = ("id", "ingested_at", "kafka_topic", "kafka_partition", "kafka_offset")
 
 # Columns computed from the event rather than copied from a field.
-_DERIVED = {
+_DERIVED: dict[type[Event], Callable[[Any], dict[str, Any]]] = {
     Trajectory: lambda e: {
         "num_tokens": len(e.tokens) // 4,
         "num_trained_tokens": int(unpack_mask(e.loss_mask).sum()) if e.loss_mask else 0,
@@ -324,7 +325,10 @@ def event_row(event: Event, topic: str | None = None, partition: int | None = No
     return row
 
 
-def row_event(event_type: type[Event], row: dict[str, Any]) -> Event:
+E = TypeVar("E", bound=Event)
+
+
+def row_event(event_type: type[E], row: dict[str, Any]) -> E:
     """The event a ledger row was written from (the inverse of `event_row`): how replay
     and recovery re-publish what the ledger holds once the broker no longer does."""
     fields = {name: row[name] for name in event_type.__struct_fields__ if name in row and row[name] is not None}
@@ -332,7 +336,7 @@ def row_event(event_type: type[Event], row: dict[str, Any]) -> Event:
     return msgspec.convert(fields, event_type)
 
 
-def query_events(conn, event_type: type[Event], query: str, params: tuple) -> list[Event]:
+def query_events(conn: Any, event_type: type[E], query: str, params: tuple[Any, ...]) -> list[E]:
     """The events of the rows a `select * from <event table> ...` query returns."""
     cur = conn.execute(query, params)
     names = [d.name for d in cur.description]

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable, Iterable
 
-from streamrl.schema.events import EVENT_BY_KIND
+from streamrl.schema.events import EVENT_BY_KIND, Event
 
 TOPIC_PREFIX = "streamrl"
 KINDS = tuple(EVENT_BY_KIND)  # tasks, trajectories, ..., runs, dead_letters
@@ -75,12 +76,12 @@ def rotates(run_id: str) -> bool:
     return run_id in _WINDOW_STEPS
 
 
-def topic_for(event) -> tuple[str, int | None]:
+def topic_for(event: Event) -> tuple[str, int | None]:
     """The topic an event goes to, and its window (None: the kind's plain topic)."""
     window_steps = _WINDOW_STEPS.get(event.run_id)
     if window_steps is None or event.KIND not in ROTATED_KINDS:
         return topic_name(event.run_id, event.KIND), None
-    window = max(event.step, 0) // window_steps
+    window = max(event.step, 0) // window_steps  # type: ignore[attr-defined]  # every rotated kind has a step
     return window_topic(event.run_id, event.KIND, window), window
 
 
@@ -107,11 +108,13 @@ def recent_windows(window: int, newest: int) -> bool:
     return window > newest - HELD_WINDOWS
 
 
-def windows_to_hold(topics, pattern: re.Pattern, keep=recent_windows) -> list[str]:
+def windows_to_hold(
+    topics: Iterable[str], pattern: re.Pattern[str], keep: Callable[[int, int], bool] = recent_windows
+) -> list[str]:
     """The window topics among `topics` matching `pattern` that a reader holds:
     `keep(window, newest window)` says which."""
-    windows = {topic: topic_window(topic) for topic in topics if pattern.match(topic)}
-    windows = {topic: window for topic, window in windows.items() if window is not None}
+    found = {topic: topic_window(topic) for topic in topics if pattern.match(topic)}
+    windows = {topic: window for topic, window in found.items() if window is not None}
     newest = max(windows.values(), default=0)
     return sorted(topic for topic, window in windows.items() if keep(window, newest))
 
@@ -131,12 +134,12 @@ def all_runs_pattern() -> str:
     return rf"^{TOPIC_PREFIX}\..+\.({'|'.join(KINDS)})(\.w\d+)?$"
 
 
-def run_pattern(run_id: str, kinds=KINDS) -> str:
+def run_pattern(run_id: str, kinds: Iterable[str] = KINDS) -> str:
     """Regex of the run's topics of `kinds`, windows included."""
     return rf"^{TOPIC_PREFIX}\.{re.escape(validate_run_id(run_id))}\.({'|'.join(kinds)})(\.w\d+)?$"
 
 
-def event_key(event) -> bytes:
+def event_key(event: Event) -> bytes:
     """Partition key: a whole GRPO group shares a partition; run-level events by run id."""
     group_id = getattr(event, "group_id", None)
-    return (group_id or event.run_id).encode()
+    return str(group_id or event.run_id).encode()

@@ -10,6 +10,7 @@ README's topic table is `render_table()`'s output (also checked).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from streamrl.schema.events import (
@@ -129,7 +130,7 @@ class TopologyError(ValueError):
     pass
 
 
-def check_reads(stage: str, kinds) -> None:
+def check_reads(stage: str, kinds: Iterable[str]) -> None:
     """Refuse a reader of a topic its stage does not read."""
     for kind in kinds:
         topic = TOPOLOGY.get(kind)

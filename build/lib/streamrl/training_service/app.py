@@ -28,7 +28,7 @@ def build_app(store: ServiceStore, executor: Executor, limits: ServiceLimits | N
     app = FastAPI(title="StreamRL training service", docs_url=None, redoc_url=None)
     app.state.service = Service(store, executor, Access(store), limits)
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
-    app.add_exception_handler(WireError, wire_error)
+    app.add_exception_handler(WireError, wire_error)  # type: ignore[arg-type]  # called with a WireError only
     app.add_exception_handler(psycopg.DataError, unstorable)
     app.add_exception_handler(sqlalchemy.exc.DataError, unstorable)  # the store's, wrapping psycopg's
     app.include_router(router)

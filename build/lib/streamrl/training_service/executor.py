@@ -172,8 +172,15 @@ class Executor:
             raise ValueError(f"model {model_id} is not loaded (its creation failed)")
         return self.models[model_id]
 
+    def model_row(self, model_id: str) -> dict:
+        """The stored row of a model the request names (a request names only models it made)."""
+        row = self.store.model(model_id)
+        if row is None:
+            raise ValueError(f"model {model_id} is not in this service's store")
+        return row
+
     def do_create_model(self, row: dict):
-        self.models[row["model_id"]] = self.build(self.store.model(row["model_id"]))
+        self.models[row["model_id"]] = self.build(self.model_row(row["model_id"]))
         return json.dumps({"model_id": row["model_id"], "type": "create_model"}).encode(), "json", None
 
     def do_load_weights(self, row: dict):
@@ -183,7 +190,7 @@ class Executor:
             raise ValueError(f"path: {payload['path']} is not a saved state of this service")
         model_id = row["model_id"]
         if model_id not in self.models:  # a new training client loaded from the state
-            self.models[model_id] = self.build(self.store.model(model_id))  # shaped as the state's model
+            self.models[model_id] = self.build(self.model_row(model_id))  # shaped as the state's model
         self.models[model_id].load_state(Path(checkpoint["folder"]), with_optimizer=bool(payload.get("optimizer")))
         return json.dumps({"path": payload["path"], "model_id": model_id, "type": "load_weights"}).encode(), "json", None
 
@@ -232,7 +239,7 @@ class Executor:
         if payload.get("sampling_session_seq_id") is not None:  # save_weights_and_get_sampling_client
             session_id = row["model_id"].split(":")[0]
             sampling_session = f"{session_id}:sample:{payload['sampling_session_seq_id']}"
-            self.store.add_sampling_session(sampling_session, str(folder), self.store.model(row["model_id"])["base_model"], path)
+            self.store.add_sampling_session(sampling_session, str(folder), self.model_row(row["model_id"])["base_model"], path)
             answer["sampling_session_id"] = sampling_session
         return json.dumps(answer).encode(), "json", None
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from collections.abc import MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
 import zstandard
 from fastapi import HTTPException
@@ -83,7 +85,7 @@ class BodyLimit:
             return await self._refuse(send, int(declared) if declared.isdigit() else None)
         seen = 0
 
-        async def counted() -> dict:
+        async def counted() -> MutableMapping[str, Any]:
             nonlocal seen
             message = await receive()
             seen += len(message.get("body", b""))

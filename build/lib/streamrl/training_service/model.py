@@ -42,7 +42,7 @@ class TrainableModel:
                 ),
             )
             model = with_lora(model, self.spec)
-        self.model = model.to(device)
+        self.model = model.to(device)  # type: ignore[arg-type]  # transformers types .to through its own wrapper
         self.params = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
         self.optimizer = torch.optim.AdamW(self.params.values(), lr=1e-4)
         self.optim_steps = 0

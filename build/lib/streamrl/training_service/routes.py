@@ -305,6 +305,8 @@ async def retrieve_future(request: Request, key_id: str = Depends(caller), servi
 
         await anyio.to_thread.run_sync(service.executor.wait, body.request_id, LONG_POLL_S)
         row = service.store.request(body.request_id)
+        if row is None:  # requests are kept once accepted
+            raise HTTPException(404, f"request_id: no request {body.request_id!r} for this API key")
     if row["status"] == "pending":
         return {"type": "try_again", "request_id": body.request_id, "queue_state": "active"}
     if row["status"] == "failed":

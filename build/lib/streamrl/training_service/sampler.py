@@ -25,7 +25,8 @@ class Sampler:
         if folder in self._models:
             self._models.move_to_end(folder)
             return self._models[folder]
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(self.device).eval()
+        loaded_model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        model = loaded_model.to(self.device).eval()
         loaded = self._models[folder] = (model, AutoTokenizer.from_pretrained(folder))
         while len(self._models) > self.cached_models:
             self._models.popitem(last=False)

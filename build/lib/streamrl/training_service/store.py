@@ -118,8 +118,8 @@ class ServiceStore:
             models = select(service_models.c.model_id).where(service_models.c.session_id.in_(sessions))
             count = func.count()
             return {
-                "sessions": conn.execute(select(count).select_from(sessions.subquery())).scalar(),
-                "models": conn.execute(select(count).select_from(models.subquery())).scalar(),
+                "sessions": conn.execute(select(count).select_from(sessions.subquery())).scalar() or 0,
+                "models": conn.execute(select(count).select_from(models.subquery())).scalar() or 0,
                 "pending": conn.execute(
                     select(count)
                     .select_from(service_requests)
@@ -129,7 +129,8 @@ class ServiceStore:
                             service_requests.c.model_id.in_(models) | service_requests.c.request_id.like(f"sample-{key_id}-%"),
                         )
                     )
-                ).scalar(),
+                ).scalar()
+                or 0,
             }
 
     # --- requests ----------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def make_app(readonly_url: str, allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS,
     cookie; or `Authorization: Bearer`)."""
     app = FastAPI(title="StreamRL run browser", docs_url=None, redoc_url=None)
     app.state.ledger, app.state.readonly_url = Ledger(readonly_url), readonly_url
-    app.add_exception_handler(SqlFailed, ledger_error)
+    app.add_exception_handler(SqlFailed, ledger_error)  # type: ignore[arg-type]  # called with a SqlFailed only
     app.include_router(router)
     if token:
         app.add_middleware(TokenAuth, token=token)

@@ -39,7 +39,9 @@ def split_rows(
 ) -> tuple[list[dict], list[dict]]:
     """Train and held-out validation rows with no prompt in common."""
     rows = arith_rows(count + 4 * val_count, seed, variant, max_operand)
-    seen, train, val = set(), [], []
+    seen: set[str] = set()
+    train: list[dict] = []
+    val: list[dict] = []
     for row in rows:
         if row["prompt"] in seen:
             continue

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -22,7 +23,7 @@ from streamrl.recipes.arith.data import split_rows, write_generated  # noqa: E40
 
 
 def main() -> None:
-    settings = {
+    settings: dict[str, Any] = {
         "variant": os.environ.get("ARITH_VARIANT", "last_digit"),
         "max_operand": int(os.environ.get("ARITH_MAX_OPERAND", "99")),
         "train_rows": int(os.environ.get("ARITH_TRAIN_ROWS", "5000")),

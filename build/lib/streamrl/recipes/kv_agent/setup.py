@@ -17,7 +17,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "agent_workspace"))
 
-from kv_data import make_row  # noqa: E402
+from kv_data import make_row  # type: ignore[import-not-found]  # noqa: E402  (agent_workspace/, on the path above)
 
 from streamrl.api import generated_is_current  # noqa: E402
 

@@ -30,7 +30,9 @@ def split_rows(count: int, val_count: int, seed: int, length: int = 52) -> tuple
     """Train and held-out validation rows with no prompt in common (random strings of
     `length` letters: a repeat is all but impossible, and is skipped anyway)."""
     rng = random.Random(seed)
-    seen, train, val = set(), [], []
+    seen: set[str] = set()
+    train: list[dict] = []
+    val: list[dict] = []
     while len(train) < count:
         letters = "".join(rng.choice(string.ascii_lowercase) for _ in range(length))
         if letters in seen:
