@@ -27,9 +27,14 @@ pytestmark = pytest.mark.timeout(900)
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+    """The wheel, built from a copy of the source (setuptools builds in the tree it is
+    given: the checkout keeps no build/ folder, and no generated data gets in)."""
     out = tmp_path_factory.mktemp("wheel")
+    source = out / "source"
+    leave_out = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", "generated", ".streamrl")
+    shutil.copytree(REPO, source, ignore=leave_out)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(out), str(REPO)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(out), str(source)],
         check=True,
         cwd=out,
         timeout=300,
