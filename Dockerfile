@@ -4,5 +4,6 @@ FROM python:3.11-slim
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cu126
 WORKDIR /app
 COPY . .
-RUN pip install --no-cache-dir --extra-index-url ${TORCH_INDEX} -e ".[trackers]"
+# every extra but `local`: the cluster has its own Kafka and PostgreSQL (docker-compose.yml)
+RUN pip install --no-cache-dir --extra-index-url ${TORCH_INDEX} ".[ui,plots,service,lora,agents,rewards,trackers]"
 ENTRYPOINT []

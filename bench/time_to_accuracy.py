@@ -32,7 +32,7 @@ writes bench/out/time_to_accuracy.{json,png}.
 
     python bench/time_to_accuracy.py [--tasks shift,arith] [--seeds 2] [--only fully-async,sync,batch-async,trl]
 
-Needs the bench extra (`pip install -e '.[bench]'`, which `make bench` does) for TRL,
+Needs the bench extra (`pip install -e '.[all,bench]'`, which `make bench` does) for TRL,
 and the embedded services (started here if they are not running).
 """
 
