@@ -37,7 +37,7 @@ def trained_steps(settings: Settings, run_id: str) -> int:
     try:
         with db.connect(settings.database_url, autocommit=True) as conn:
             return conn.execute("select count(*) from train_steps where run_id = %s", (run_id,)).fetchone()[0]
-    except Exception:
+    except Exception:  # not migrated yet at the very start
         return 0
 
 

@@ -37,7 +37,7 @@ class WorkerEnding:
             reader = RunReader(
                 self.settings, self.run_id, ["runs"], group_id=None, stage="processor", fetch_max_wait_ms=IDLE_FETCH_WAIT_MS
             )
-        except Exception as exc:
+        except Exception as exc:  # the broker went before the watch started
             self._stop_for(exc, worker)
             return
         try:
@@ -45,7 +45,7 @@ class WorkerEnding:
                 reader.poll(timeout_ms=1000)
                 if reader.broker_watch.problem_since is None:
                     self.broker_answered_at = time.monotonic()
-        except Exception as exc:
+        except Exception as exc:  # ServiceLost, or the reader's own failure
             self._stop_for(exc, worker)
         finally:
             reader.close()

@@ -348,7 +348,7 @@ class FaustProcessor:
         commits acked offsets only). A send that fails leaves them unacked: read again."""
         try:
             await asyncio.gather(*sent)
-        except Exception as exc:
+        except Exception as exc:  # the producer's retries ran out
             log.warning("could not send a group's outcome (%s): its events will be read again", exc)
             return
         for hold in holds:

@@ -27,7 +27,7 @@ from typing import Any
 
 from streamrl.producers.evaluator import BaseEvaluationTarget, Evaluator, run_evaluator
 from streamrl.producers.inference import Completion, InferenceUnavailable
-from streamrl.producers.inference_client import InferenceClient, behaviour_logprobs
+from streamrl.producers.inference_client import InferenceClient, behaviour_logprobs  # the seed API's names
 from streamrl.runtime.chat_template import as_messages
 from streamrl.runtime.config_reads import WorkerConfig
 from streamrl.runtime.registry import Registry

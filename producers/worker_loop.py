@@ -30,8 +30,8 @@ from pathlib import Path
 
 from kafka import TopicPartition
 
-import streamrl.producers.agent_worker
-import streamrl.producers.openai_engine
+import streamrl.producers.agent_worker  # registers the "agent" worker type
+import streamrl.producers.openai_engine  # registers the "openai" inference backend
 import streamrl.producers.sglang_engine  # noqa: F401  (registers the "sglang" inference backend)
 from streamrl.producers.evaluator import Evaluator
 from streamrl.producers.evaluator_builtins import make_evaluator as build_evaluator

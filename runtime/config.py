@@ -35,7 +35,7 @@ from streamrl.runtime.config_fields import (  # noqa: F401  (missing_files: runt
     out_of_range,
     path_field,
 )
-from streamrl.runtime.config_weights import Lora, Weight
+from streamrl.runtime.config_weights import Lora, Weight  # re-exported: runtime.config is where sections live
 from streamrl.runtime.logger_config import Logger
 from streamrl.runtime.service_config import Service
 

@@ -94,7 +94,7 @@ def _file_rows(path: Path, kind: str) -> Iterator[tuple[str, dict]]:
                 raise DatasetError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
             yield f"{path}:{number}", row
     elif kind == "parquet":
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # only parquet recipes pay for pyarrow
 
         for number, row in enumerate(pq.read_table(path).to_pylist(), start=1):
             yield f"{path}: row {number}", row
@@ -104,7 +104,7 @@ def _file_rows(path: Path, kind: str) -> Iterator[tuple[str, dict]]:
 
 def _hf_rows(path: Path) -> Iterator[tuple[str, dict]]:
     try:
-        import datasets
+        import datasets  # only recipes with a datasets folder pay for it
     except ImportError:
         raise DatasetError(f"{path}: data.type hf needs the `datasets` package (pip install datasets)") from None
     try:

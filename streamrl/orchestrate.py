@@ -97,7 +97,7 @@ class LocalRun:
             return
         try:
             self.say(retire_run_topics(self.settings, self.run_id).sentence(self.run_id))
-        except Exception as error:
+        except Exception as error:  # the run itself succeeded; say why the topics stay
             self.say(f"kept run {self.run_id}'s topics on the broker: removing them failed ({error})")
 
     def say(self, line: str) -> None:

@@ -109,7 +109,7 @@ def smooth(values: list[float], window: int) -> list[float]:
 
 
 def plot_reward_curve(summary: RunSummary, path: Path) -> Path:
-    import matplotlib
+    import matplotlib  # matplotlib is slow to import; only reports need it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -318,5 +318,5 @@ def tinker_clients():
     for client in made:
         try:
             client.close("success").result(timeout=60)
-        except Exception as exc:
+        except Exception as exc:  # a session the service forgot (restarted) still stops its heartbeat
             warnings.warn(f"closing a Tinker session: {exc!r}", stacklevel=1)

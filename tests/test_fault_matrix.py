@@ -60,7 +60,7 @@ def query(settings: Settings, sql: str, *params):
 def steps_done(settings: Settings, run_id: str) -> int | None:
     try:
         return query(settings, "select count(*) from train_steps where run_id = %s", run_id)[0][0]
-    except Exception:
+    except Exception:  # PostgreSQL is being restarted
         return None
 
 

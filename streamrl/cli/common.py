@@ -169,7 +169,7 @@ def cli_command(fn):
             return fn(*args, **kwargs)
         except typer.Exit:
             raise
-        except Exception as exc:
+        except Exception as exc:  # mapped below, or re-raised as a bug
             error = as_cli_error(exc)
             if error is None:
                 raise
