@@ -6,15 +6,34 @@ The logprob of a drawn token is taken under the tempered distribution *before* t
 and top-p (greedy: the untempered one): that is what the learner recomputes
 (`token_logprobs_and_entropy` at the rollout temperature), so a token's behaviour and
 learner logprobs differ only by the weights and numerics, not by the filter.
+
+Each completion draws from its own generator, seeded by `request_seed` from the run's
+seed and the task's identity: what a completion samples does not depend on which worker
+sampled it, what it was batched with, or when it arrived (docs/anatomy.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import hashlib
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+
+Generators = torch.Generator | Sequence[torch.Generator] | None  # one for the batch, or one a row
+
+
+def request_seed(run_seed: int, key: str) -> int:
+    """The sampling seed of one completion: a hash of the run's seed and `key`, the
+    completion's identity (task id, try, call within the rollout)."""
+    digest = hashlib.blake2b(f"{run_seed}/{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def row_generators(seeds: Sequence[int], device: torch.device | str = "cpu") -> list[torch.Generator]:
+    return [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
 
 
 def top_k_filter(logits: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -37,7 +56,7 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def draw_tokens(
-    logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = -1, generator: torch.Generator | None = None
+    logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = -1, generator: Generators = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of `logits` [B, V] (float32), and its logprob (see the module's
     docstring). temperature 0: greedy."""
@@ -52,14 +71,22 @@ def draw_tokens(
     return chosen, log_probs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
 
 
-def inverse_cdf_draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def inverse_cdf_draw(probs: torch.Tensor, generator: Generators = None) -> torch.Tensor:
     """One index per row of `probs` [B, V], drawn with probability probs[i]: the first
     index whose cumulative probability passes a uniform draw scaled to the row's total.
     One random number a row, where torch.multinomial draws one a vocabulary entry (an
     eighth of a 53-token decode at a 265-token vocabulary on the CPU). A token of
-    probability 0 never passes: its cumulative value equals the one before it."""
+    probability 0 never passes: its cumulative value equals the one before it. With a
+    generator a row, row i's draw comes from generator i alone."""
     cumulative = probs.cumsum(dim=-1)
-    uniform = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cumulative.dtype)
+    if isinstance(generator, Sequence):
+        if len(generator) != probs.shape[0]:
+            raise ValueError(f"{len(generator)} generators for {probs.shape[0]} rows")
+        uniform = torch.cat(
+            [torch.rand((1, 1), generator=g, device=probs.device, dtype=cumulative.dtype) for g in generator]
+        )
+    else:
+        uniform = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cumulative.dtype)
     chosen = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True)
     return chosen.squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
@@ -83,7 +110,7 @@ def decode(
     stop_ids: Collection[int] = frozenset(),
     stop_text: Callable[[list[int]], bool] | None = None,
     pad_id: int = 0,
-    generator: torch.Generator | None = None,
+    generator: Generators = None,
 ) -> list[Decoded]:
     """Sample up to `max_new_tokens` after each prompt. A row stops after a token of
     `stop_ids` (kept in its output) or when `stop_text(tokens)` says so.

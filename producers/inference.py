@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from streamrl.algos.sampling import decode, top_p_filter  # noqa: F401  (top_p_filter: callers import it from here)
+from streamrl.algos.sampling import decode, row_generators, top_p_filter  # noqa: F401  (top_p_filter: callers import it from here)
 from streamrl.runtime.device import resolve_device
 from streamrl.runtime.registry import Registry
 
@@ -40,6 +40,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     stop_token_ids: tuple[int, ...] = ()  # end the completion after sampling one of these (kept in it)
+    seed: int | None = None  # this completion's own sampling seed (algos/sampling.py: request_seed)
 
     def __post_init__(self):
         self.stop_token_ids = tuple(int(t) for t in self.stop_token_ids)
@@ -110,7 +111,12 @@ class EmbeddedEngine:
         self.model.load_state_dict(read_safetensors_weights(Path(model_path), self.model))
         self.weight_version = weight_version
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int | None] | None = None) -> list[Completion]:
+        """Sample after each prompt; row i draws from its own generator, seeded by
+        seeds[i] (a request without a seed gets one from the engine's generator), so a
+        completion does not depend on the rest of the batch."""
+        seeds = seeds if seeds is not None else [params.seed] * len(prompts)
+        drawn = [s if s is not None else int(torch.randint(2**62, (1,), generator=self.generator, device=self.generator.device)) for s in seeds]
         decoded = decode(
             self.model,
             prompts,
@@ -119,7 +125,7 @@ class EmbeddedEngine:
             top_p=params.top_p,
             stop_ids={self.tokenizer.eos_token_id, *params.stop_token_ids},
             pad_id=self.tokenizer.pad_token_id,
-            generator=self.generator,
+            generator=row_generators(drawn, self.device),
         )
         return [
             Completion(
@@ -206,7 +212,9 @@ class BatchingEngine:
                 by_params.setdefault(key, []).append(request)
             for requests in by_params.values():
                 try:
-                    results = self.engine.generate([r.prompt for r in requests], requests[0].params)
+                    results = self.engine.generate(
+                        [r.prompt for r in requests], requests[0].params, [r.params.seed for r in requests]
+                    )
                     self.batch_sizes.append(len(requests))
                     for request, result in zip(requests, results):
                         request.future.set_result(result)

@@ -9,6 +9,9 @@ import logging
 import threading
 from typing import Any
 
+import dataclasses
+
+from streamrl.algos.sampling import request_seed
 from streamrl.producers.inference import Completion, SamplingParams
 from streamrl.runtime.chat_template import ChatRenderer
 
@@ -30,8 +33,12 @@ class InferenceClient:
         val_defaults: SamplingParams | None = None,
         max_prompt_tokens: int | None = None,
         chat: ChatRenderer | None = None,
+        run_seed: int | None = None,
     ):
+        """`run_seed`: each completion of a rollout begun with a key (`begin`) samples with
+        its own seed, from this and the key (algos/sampling.py: request_seed)."""
         self._engine = engine
+        self._run_seed = run_seed
         self._chat = chat
         self.max_prompt_tokens = max_prompt_tokens  # a task's prompt may not be longer (in tokens)
         self._train_defaults = defaults
@@ -65,9 +72,23 @@ class InferenceClient:
         key = prompt if isinstance(prompt, str) and not prompt.startswith("\x00") else "\x00" + json.dumps(prompt)
         return list(self._prompt_ids(key))
 
-    def begin(self, is_val: bool = False) -> None:
+    def begin(self, is_val: bool = False, seed_key: str | None = None) -> None:
+        """A new rollout in this thread; `seed_key` (the task and its try) seeds its
+        completions, the first with `seed_key/0`, the next `seed_key/1`, ..."""
         self._local.completions = []
         self._local.is_val = is_val
+        self._local.seed_key = seed_key
+        self._local.calls = 0
+
+    def _next_seed(self, seed_key: str | None = None, call: int | None = None) -> int | None:
+        """The seed of this thread's next completion (None: the engine's own generator)."""
+        key = seed_key if seed_key is not None else getattr(self._local, "seed_key", None)
+        if self._run_seed is None or key is None:
+            return None
+        if call is None:
+            call = self._local.calls
+            self._local.calls += 1
+        return request_seed(self._run_seed, f"{key}/{call}")
 
     def recorded(self) -> list[Completion]:
         return list(getattr(self._local, "completions", []))
@@ -102,6 +123,7 @@ class InferenceClient:
             temperature=temperature if temperature is not None else self._defaults.temperature,
             top_p=top_p if top_p is not None else self._defaults.top_p,
             stop_token_ids=tuple(stop_token_ids),
+            seed=self._next_seed(),
         )
         return self.record(self._engine.complete(prompt_ids, params))
 
@@ -111,13 +133,17 @@ class InferenceClient:
         engine's batching front); a server's front is driven one request per thread."""
         return hasattr(self._engine, "submit")
 
-    def submit_many(self, requests: list[tuple[list[int], bool]]) -> list[Completion | BaseException]:
-        """Sample each (prompt ids, is_val) with the train or validation defaults, all
-        submitted at once so the engine samples them as one batch: a completion, or the
-        exception that request raised. Needs an engine that `batches`."""
+    def submit_many(self, requests: list[tuple[list[int], bool, str | None]]) -> list[Completion | BaseException]:
+        """Sample each (prompt ids, is_val, seed key) with the train or validation defaults,
+        all submitted at once so the engine samples them as one batch: a completion, or
+        the exception that request raised. Each is the first completion of a rollout
+        begun with that seed key. Needs an engine that `batches`."""
         futures = [
-            self._engine.submit(list(prompt), self._val_defaults if is_val else self._train_defaults)
-            for prompt, is_val in requests
+            self._engine.submit(
+                list(prompt),
+                dataclasses.replace(self._val_defaults if is_val else self._train_defaults, seed=self._next_seed(key, 0)),
+            )
+            for prompt, is_val, key in requests
         ]
         return [future.exception() or future.result() for future in futures]
 

@@ -192,8 +192,8 @@ class BaseRolloutWorker:
         """Roll `task` out (re-rolling when asked), then publish its trajectory and
         evaluation. A task always ends in a trajectory: a failure is recorded with its
         error and reward 0, so its group can complete."""
-        for _ in range(max_retries + 1):
-            if self._attempt(task, lambda: self.rollout(task_dict(task))):
+        for tries_left in range(max_retries, -1, -1):
+            if self._attempt(task, lambda: self.rollout(task_dict(task)), tries_left):
                 break
         else:
             self._local.put = failed_events(task, self._local.error, self.worker_id)
@@ -205,11 +205,12 @@ class BaseRolloutWorker:
         The base worker batches nothing: `rollout(task)` waits on its own completions."""
         return [(task, max_retries) for task in tasks]
 
-    def _attempt(self, task: Task, rollout: Callable[[], str | None]) -> bool:
-        """One try of `task`: True when it put a trajectory, else `_local.error` says why."""
+    def _attempt(self, task: Task, rollout: Callable[[], str | None], tries_left: int) -> bool:
+        """One try of `task`: True when it put a trajectory, else `_local.error` says why.
+        Its completions are seeded by the task's id and `tries_left` (a retry samples anew)."""
         self._local.task, self._local.put, self._local.error = task, None, None
         self._local.logged = {}
-        self._inference_client.begin(is_val=task.is_val)
+        self._inference_client.begin(is_val=task.is_val, seed_key=seed_key(task, tries_left))
         try:
             status = rollout()
         except InferenceUnavailable:
@@ -291,7 +292,9 @@ class SingleTurnWorker(BaseRolloutWorker):
                 ready.append((task, row, *self._query_and_prompt(row)))
             except Exception:  # the ordinary path records why
                 left.append((task, max_retries))
-        completions = self._inference_client.submit_many([(prompt, task.is_val) for task, _, _, prompt in ready])
+        completions = self._inference_client.submit_many(
+            [(prompt, task.is_val, seed_key(task, max_retries)) for task, _, _, prompt in ready]
+        )
         for (task, row, query, _), completion in zip(ready, completions):
 
             def score(row=row, query=query, completion=completion):
@@ -299,7 +302,7 @@ class SingleTurnWorker(BaseRolloutWorker):
                     raise completion
                 return self._score(row, query, self._inference_client.record(completion))
 
-            if self._attempt(task, score):
+            if self._attempt(task, score, max_retries):
                 self._publish_put()
             elif max_retries > 0:
                 left.append((task, max_retries - 1))
@@ -391,6 +394,12 @@ def trajectory_from_dict(values: dict[str, Any]) -> Trajectory:
     extra = values.pop("extra_fields", None) or {}
     known["loss_mask"] = [int(bool(m)) for m in known["loss_mask"]]
     return Trajectory(**known, extra_fields={**values, **extra})
+
+
+def seed_key(task: Task, tries_left: int) -> str:
+    """What seeds a try's completions with the run's seed: the task's id (its step, group
+    and place in the group; the same in every run of the recipe) and the tries it has left."""
+    return f"{task.task_id}/{tries_left}"
 
 
 def task_dict(task: Task) -> dict[str, Any]:

@@ -132,6 +132,7 @@ class WorkerLoop:
             SamplingParams(max_new_tokens=cfg.max_response_length, temperature=recipe.validate.temperature),
             max_prompt_tokens=min(cfg.max_prompt_length, recipe.data.max_prompt_length),
             chat=ChatRenderer(self.engine.tokenizer, recipe.data.apply_chat_template, recipe.data.chat_template),
+            run_seed=recipe.trainer.seed,
         )
         # a group's trajectories (and its evaluations) leave as one record each
         self.publisher = EventPublisher(settings, bundle=True, stage="worker")
