@@ -96,8 +96,10 @@ endif
 	$(PY) -m pytest -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The tests that need no service (no broker, PostgreSQL, SGLang or browser): a few minutes.
+# Markers (pyproject.toml, --strict-markers): services, slow, learning, gpu; e.g.
+# `.venv/bin/pytest -m learning` runs the learning tests alone.
 test-fast: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider -m "not services"
+	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) -m "not services"
 
 # ruff (lint and format) and mypy (over the installed layout: tools/typecheck.py), as
 # `make test` runs them first

@@ -82,9 +82,7 @@ def inverse_cdf_draw(probs: torch.Tensor, generator: Generators = None) -> torch
     if isinstance(generator, Sequence):
         if len(generator) != probs.shape[0]:
             raise ValueError(f"{len(generator)} generators for {probs.shape[0]} rows")
-        uniform = torch.cat(
-            [torch.rand((1, 1), generator=g, device=probs.device, dtype=cumulative.dtype) for g in generator]
-        )
+        uniform = torch.cat([torch.rand((1, 1), generator=g, device=probs.device, dtype=cumulative.dtype) for g in generator])
     else:
         uniform = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cumulative.dtype)
     chosen = torch.searchsorted(cumulative, uniform * cumulative[:, -1:], right=True)

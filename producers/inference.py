@@ -111,12 +111,17 @@ class EmbeddedEngine:
         self.model.load_state_dict(read_safetensors_weights(Path(model_path), self.model))
         self.weight_version = weight_version
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int | None] | None = None) -> list[Completion]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int | None] | None = None
+    ) -> list[Completion]:
         """Sample after each prompt; row i draws from its own generator, seeded by
         seeds[i] (a request without a seed gets one from the engine's generator), so a
         completion does not depend on the rest of the batch."""
         seeds = seeds if seeds is not None else [params.seed] * len(prompts)
-        drawn = [s if s is not None else int(torch.randint(2**62, (1,), generator=self.generator, device=self.generator.device)) for s in seeds]
+        drawn = [
+            s if s is not None else int(torch.randint(2**62, (1,), generator=self.generator, device=self.generator.device))
+            for s in seeds
+        ]
         decoded = decode(
             self.model,
             prompts,

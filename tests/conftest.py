@@ -98,6 +98,37 @@ def broker_topics(settings, run_id: str) -> set[str]:
         admin.close()
 
 
+def committed_offsets(settings, group: str) -> dict[tuple[str, int], int]:
+    """The offsets consumer group `group` has committed, by (topic, partition)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(**settings.kafka_client_options())
+    try:
+        return {(tp.topic, tp.partition): meta.offset for tp, meta in admin.list_consumer_group_offsets(group).items()}
+    finally:
+        admin.close()
+
+
+def topic_ends(settings, topic: str) -> dict[tuple[str, int], int]:
+    """Each partition's end offset (exact for topics written one record per batch:
+    the embedded broker reports the base offset of the last batch + 1)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(**settings.kafka_client_options())
+    try:
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        return {(tp.topic, tp.partition): end for tp, end in consumer.end_offsets(partitions).items()}
+    finally:
+        consumer.close()
+
+
+def ledger_read_to(conn, ends: dict[tuple[str, int], int]) -> bool:
+    """Whether the ledger's sink has written every partition in `ends` up to its offset."""
+    rows = conn.execute("select topic, partition, max(next_offset) from consumer_offsets group by topic, partition")
+    written = {(topic, partition): offset for topic, partition, offset in rows}
+    return all(written.get(key, 0) >= end for key, end in ends.items())
+
+
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120, check: bool = False):
     """Run the real `streamrl` CLI in a subprocess."""
     result = subprocess.run(
@@ -113,14 +144,39 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 120, check: bo
     return result
 
 
-def start_sink_process(run_id: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
+def start_sink_process(run_id: str, *extra: str, ready: bool = False) -> subprocess.Popen:
+    """`streamrl sink` for `run_id`; `ready`: returns once it says it is running (its
+    SIGTERM handler is in place from then on)."""
+    sink = subprocess.Popen(
         [sys.executable, "-m", "streamrl.cli", "sink", "--run", run_id, *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
     )
+    if ready:
+        said = read_until(sink, "sink running", timeout=120)
+        assert "sink running" in said, f"the sink did not start: {said}{sink.stderr.read() if sink.poll() is not None else ''}"
+    return sink
+
+
+def read_until(process: subprocess.Popen, text: str, timeout: float) -> str:
+    """What `process` writes to stdout (a text pipe) up to and including the first line
+    holding `text`; less when it ends or `timeout` passes first."""
+    lines: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append(line)
+            if text in line:
+                found.set()
+                return
+        found.set()  # the end of its output
+
+    threading.Thread(target=read, daemon=True).start()
+    found.wait(timeout)
+    return "".join(lines)
 
 
 def fresh_database(settings, prefix: str) -> str:
@@ -224,13 +280,6 @@ SERVICE_MODULES = {
 }
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "services: needs the embedded broker, PostgreSQL, an SGLang server or a browser (`make test-fast` runs the rest)",
-    )
-
-
 # The longest modules (minutes each, measured in CI) run first, in this order: with `make
 # test`'s two pytest-xdist workers taking whole modules (--no-loadscope-reorder keeps this
 # order), a long one started last would run alone.
@@ -253,14 +302,25 @@ LONGEST_MODULES = (
 )
 
 
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def module_name(item) -> str:
     return item.module.__name__.split(".")[-1]
 
 
 def pytest_collection_modifyitems(config, items):
+    cuda = cuda_available()
     for item in items:
         if SERVICE_FIXTURES & set(item.fixturenames) or module_name(item) in SERVICE_MODULES:
             item.add_marker(pytest.mark.services)
+        if module_name(item) in LONGEST_MODULES:
+            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("gpu") and not cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
     rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
     items.sort(key=lambda item: rank.get(module_name(item), len(rank)))  # stable: file order otherwise
 

@@ -98,10 +98,16 @@ def bad_records(settings: Settings, run_id: str) -> int:
     return sent
 
 
-def restart_postgres(settings: Settings) -> None:
+def restart_postgres(settings: Settings, sink_log: Path) -> None:
+    """Stop PostgreSQL until the run's sink has found it gone, then start it again."""
     state = settings.read_state()
+    noticed = sink_log.read_text(errors="replace").count("lost PostgreSQL")
     services.stop_embedded_postgres(state["postgres"])
-    time.sleep(3)
+    wait_for(
+        lambda: sink_log.read_text(errors="replace").count("lost PostgreSQL") > noticed,
+        timeout=60,
+        what="the run's sink to find PostgreSQL gone",
+    )
     run_cli("up", check=True)  # as an operator would; it starts the server on the same socket
 
 
@@ -176,7 +182,7 @@ def test_fault_matrix_ends_with_the_ledger_of_a_fault_free_run(private_stack, tm
             assert run.poll() is None, (tmp_path / "run.log").read_text()[-4000:]
             done = steps_done(settings, run_id)
             if fault == "postgres restart":
-                restart_postgres(settings)
+                restart_postgres(settings, out / "logs" / "sink.log")
             elif fault == "bad records":
                 bad = bad_records(settings, run_id)
             else:

@@ -7,6 +7,7 @@ import threading
 import pytest
 import torch
 
+from streamrl.algos.sampling import request_seed
 from streamrl.producers.inference import BatchingEngine, EmbeddedEngine, SamplingParams, top_p_filter
 from streamrl.runtime.tiny_lm import build_tiny_model
 
@@ -128,3 +129,21 @@ def test_the_inverse_cdf_draw_follows_the_distribution_and_never_draws_a_zero():
     assert counts[[1, 3, 4]].tolist() == pytest.approx([0.5, 0.3, 0.2], abs=0.005)
     edge = inverse_cdf_draw(torch.tensor([[0.0, 0.0, 1.0]]).repeat(1000, 1))
     assert edge.tolist() == [2] * 1000
+
+
+def test_a_completion_samples_the_same_whatever_it_is_batched_with(model_dir):
+    """Each request draws from a generator seeded by its own seed (algos/sampling.py:
+    request_seed): alone, in a batch of eight or behind other prompts, a request gives the
+    same tokens; another seed gives other tokens."""
+    engine = EmbeddedEngine(model_dir, seed=0)
+    tok = engine.tokenizer
+    prompts = [tok(f"{a}+{a * 7 % 100}=")["input_ids"] for a in range(8)]
+    seeds = [request_seed(3, f"s000001-g0000-{i}/2/0") for i in range(8)]
+    params = SamplingParams(max_new_tokens=12, temperature=1.0)
+    together = [c.response_token_ids for c in engine.generate(prompts, params, seeds)]
+    alone = [engine.generate([p], params, [s])[0].response_token_ids for p, s in zip(prompts, seeds)]
+    reversed_order = [c.response_token_ids for c in engine.generate(prompts[::-1], params, seeds[::-1])][::-1]
+    assert together == alone == reversed_order
+    others = [c.response_token_ids for c in engine.generate(prompts, params, [s + 1 for s in seeds])]
+    assert others != together
+    assert request_seed(3, "s000001-g0000-0/2/0") == seeds[0] != request_seed(4, "s000001-g0000-0/2/0")

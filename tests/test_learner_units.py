@@ -11,7 +11,7 @@ from streamrl.learner.checkpoint import latest_checkpoint, load_state
 from streamrl.learner.parallel import Placement
 from streamrl.learner.snapshots import SnapshotStore, load_snapshot
 from streamrl.learner.step_inputs import staleness_split
-from streamrl.learner.trainers import CrossEntropyTrainer, GRPOTrainer
+from streamrl.learner.trainers import CrossEntropyTrainer, GRPOTrainer, totals_of
 from streamrl.runtime.config import Algorithm as AlgorithmConfig
 from streamrl.runtime.config import Trainer as TrainerConfig
 from streamrl.runtime.tiny_lm import build_tiny_model, load
@@ -105,6 +105,55 @@ def test_grpo_step_raises_the_logprob_of_a_positive_advantage(tiny):
     assert result.metrics["ratio"] == pytest.approx(1.0, abs=1e-5)  # behaviour == current policy
     assert result.tokens == 2 and result.samples == 2
     assert logprob(good) > before_good and logprob(bad) < before_bad
+
+
+def test_grpo_loss_and_gradient_at_ratio_one_are_the_policy_gradient_by_hand(tiny):
+    """At ratio 1 (the behaviour logprobs are the current policy's) PPO's clipped loss is
+    the plain policy gradient. Token-mean over the step's N trained tokens:
+        loss = -(1/N) sum_i A_i n_i = -(1/3)(1.0 * 1 + (-0.25) * 2) = -1/6
+    (item 1: one trained token, advantage 1; item 2: two, advantage -0.25), and its
+    gradient is that of -(1/N) sum_i A_i sum_t log p(token_it). One optimizer step then
+    changes every parameter tensor."""
+    tokenizer, model = load(tiny)
+    prompt = tokenizer("12+34=")["input_ids"]
+    first, second = [tokenizer("6")["input_ids"][0]], [tokenizer("9")["input_ids"][0], tokenizer.eos_token_id]
+    trainer = GRPOTrainer(
+        model,
+        tokenizer.pad_token_id,
+        TrainerConfig(lr=1e-2, micro_batch_tokens=64, grad_clip=None),
+        AlgorithmConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_agg_mode="token-mean"),
+    )
+
+    def response_logprobs(response):  # log p of each response token after the prompt, with gradient
+        logits = model(input_ids=torch.tensor([prompt + response])).logits[0]
+        logprobs = torch.log_softmax(logits.float(), -1)
+        return torch.stack([logprobs[len(prompt) - 1 + t, token] for t, token in enumerate(response)])
+
+    with torch.no_grad():
+        behaviour = [response_logprobs(r).tolist() for r in (first, second)]
+    items = [
+        item([*prompt, *r], [0] * len(prompt) + [1] * len(r), advantage=a, logprobs=[0.0] * len(prompt) + b)
+        for r, a, b in ((first, 1.0, behaviour[0]), (second, -0.25, behaviour[1]))
+    ]
+    model.eval()  # no dropout in either forward
+    model.zero_grad()
+    loss, _ = trainer.micro_batch_loss(collate(items, tokenizer.pad_token_id), totals_of(items))
+    loss.backward()
+    assert loss.item() == pytest.approx(-1 / 6, abs=1e-6)
+    trainer_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    model.zero_grad()
+    by_hand = -(1.0 * response_logprobs(first).sum() - 0.25 * response_logprobs(second).sum()) / 3
+    by_hand.backward()
+    for name, p in model.named_parameters():
+        # float32 sums in another order (one padded batch of two rows against two single
+        # rows): measured at most 4.2e-7 apart on gradients up to 0.8
+        torch.testing.assert_close(trainer_grads[name], p.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    trainer.step(items)
+    unchanged = [name for name, p in model.named_parameters() if torch.equal(p, before[name])]
+    assert not unchanged, f"an optimizer step left {unchanged} as they were"
 
 
 def test_cross_entropy_step_lowers_the_loss(tiny):

