@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 
-
 Generators = torch.Generator | Sequence[torch.Generator] | None  # one for the batch, or one a row
 
 

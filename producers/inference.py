@@ -107,6 +107,10 @@ class EmbeddedEngine:
         self.weight_version = weight_version
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
+    def _engine_seed(self) -> int:
+        """A seed for a request that brings none, from the engine's own generator."""
+        return int(torch.randint(2**62, (1,), generator=self.generator, device=self.generator.device))
+
     def load_weights(self, model_path: str | Path, weight_version: int) -> None:
         self.model.load_state_dict(read_safetensors_weights(Path(model_path), self.model))
         self.weight_version = weight_version

@@ -3,13 +3,12 @@ how a trajectory's behaviour logprobs are recovered from the completions it reco
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
 import threading
 from typing import Any
-
-import dataclasses
 
 from streamrl.algos.sampling import request_seed
 from streamrl.producers.inference import Completion, SamplingParams
