@@ -65,6 +65,7 @@ def main() -> None:
     slowest = max(r["wall_s"] for r in rows)
     print(f"held-out accuracy >= {TARGET}: {reached} of {len(rows)} runs; slowest {slowest:.0f} s (budget {BUDGET_S:.0f} s)")
     out = REPO / "bench" / "out" / "main_job.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=1))
 
 

@@ -23,3 +23,21 @@ def assert_learned(before: float, after: float, n: int, what: str, sigmas: float
         f"{what}: {before:.3f} -> {after:.3f} on {n} held-out prompts, a gain of {gain:+.3f}; "
         f"{sigmas:g} standard errors of that gain are {sigmas * se:.3f}"
     )
+
+
+def assert_mean_rose(before: list[float], after: list[float], what: str, sigmas: float = 3.0) -> None:
+    """The mean of `after` exceeds the mean of `before` by at least `sigmas` standard
+    errors of the difference, each from its own sample variance (rewards that are not
+    0 or 1: partial credit)."""
+    assert len(before) > 1 and len(after) > 1, f"{what}: too few values to measure ({len(before)}, {len(after)})"
+    mean_before, mean_after = sum(before) / len(before), sum(after) / len(after)
+
+    def variance(values: list[float], mean: float) -> float:
+        return sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+
+    se = math.sqrt(variance(before, mean_before) / len(before) + variance(after, mean_after) / len(after))
+    gain = mean_after - mean_before
+    assert gain >= sigmas * se and gain > 0, (
+        f"{what}: {mean_before:.3f} ({len(before)} values) -> {mean_after:.3f} ({len(after)}), a gain of "
+        f"{gain:+.3f}; {sigmas:g} standard errors of that gain are {sigmas * se:.3f}"
+    )
