@@ -17,7 +17,13 @@ STEPS = 30
 
 @pytest.mark.learning
 def test_the_key_value_agent_recipe_learns_from_its_multi_turn_episodes(stack, ledger, run_id, tmp_path):
-    """KV_AGENT_MEASURED"""
+    """30 sync-mode GRPO steps from the model after 300 warm-up steps on demonstrations
+    (`python tools/warm_checkpoint.py kv_agent --steps 300`): the sampled success of
+    steps 21-30 beats that of steps 1-10 by three standard errors or more. Measured
+    2026-11-26: 0.355 -> 0.461 over 1,280 episodes each (three standard errors: about
+    0.05); greedy held-out success 0.853 -> 0.97. From 250 warm-up steps the model had
+    not learned to copy the tool's value (sampled success 0.21, flat under GRPO); from
+    340 it starts near the top (0.62-0.74) and has little left to gain."""
     model = warm_model_folder(tmp_path / "model", "kv_agent")
     env = {"KV_STEPS": str(STEPS), "KV_VALIDATE_EVERY": str(STEPS), "KV_WARMUP_STEPS": "0", "KV_SYNC_MODE": "sync"}
     result = run_cli(
@@ -30,9 +36,9 @@ def test_the_key_value_agent_recipe_learns_from_its_multi_turn_episodes(stack, l
         query = "select reward from evaluations where run_id = %s and not is_val and step between %s and %s"
         return [float(r[0]) for r in ledger.execute(query, (run_id, first, last))]
 
-    before, after = rewards(1, 5), rewards(STEPS - 4, STEPS)
-    assert len(before) == len(after) == 5 * 16 * 8  # 5 steps of 16 prompts x 8 episodes
-    assert_mean_rose(before, after, f"sampled success, steps 1-5 -> {STEPS - 4}-{STEPS}")
+    before, after = rewards(1, 10), rewards(STEPS - 9, STEPS)
+    assert len(before) == len(after) == 10 * 16 * 8  # 10 steps of 16 prompts x 8 episodes
+    assert_mean_rose(before, after, f"sampled success, steps 1-10 -> {STEPS - 9}-{STEPS}")
 
     # episodes are multi-turn: a tool turn between two assistant turns, recorded per turn
     shapes = dict(
