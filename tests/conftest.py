@@ -104,7 +104,8 @@ def committed_offsets(settings, group: str) -> dict[tuple[str, int], int]:
 
     admin = KafkaAdminClient(**settings.kafka_client_options())
     try:
-        return {(tp.topic, tp.partition): meta.offset for tp, meta in admin.list_consumer_group_offsets(group).items()}
+        offsets = admin.list_group_offsets({group: None}).get(group, {})
+        return {(tp.topic, tp.partition): meta.offset for tp, meta in offsets.items()}
     finally:
         admin.close()
 
