@@ -168,7 +168,21 @@ def full_state_dict(model: torch.nn.Module, placement: Placement) -> dict | None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return state if placement.is_main else None
+    return tied_as_one(state, model) if placement.is_main else None
+
+
+def tied_as_one(state: dict, model: torch.nn.Module) -> dict:
+    """Names that are one parameter in the model (tied input and output embeddings) point
+    at one gathered tensor, as in an unsharded model's state dict: `save_pretrained` then
+    writes it once, and a version written by several ranks holds the same tensors as one
+    written by a single process (the gathered copies were two tensors: an extra
+    `lm_head.weight`)."""
+    owner_of: dict[int, str] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        owner = owner_of.setdefault(id(parameter), name)
+        if owner != name and owner in state and name in state:
+            state[name] = state[owner]
+    return state
 
 
 def close(placement: Placement) -> None:

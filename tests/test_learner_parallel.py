@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 
 from streamrl.learner.batching import TrainItem
 from streamrl.learner.trainers import GRPOTrainer
@@ -69,6 +70,12 @@ def test_two_processes_train_and_resume_to_the_same_parameters_as_one(tiny, tmp_
         for name in one:
             assert torch.allclose(one[name], two[name], atol=1e-5, rtol=0), (mode, name)
         assert any(not torch.equal(one[name], start[name]) for name in one)  # it did train
+    # the weight versions the two ranks write hold the tensors one process writes (tied
+    # embeddings once), so their files can hash equal
+    names = [
+        sorted(safe_open(next((tmp_path / f"ranks{n}" / "weights").glob("v*/model.safetensors")), "pt").keys()) for n in (1, 2)
+    ]
+    assert names[0] == names[1], set(names[0]) ^ set(names[1])
     moved = torch.load(tmp_path / "ranks2" / "params-train.pt")
     resumed = torch.load(tmp_path / "ranks2" / "params-resume.pt")
     assert any(not torch.equal(moved[k], resumed[k]) for k in moved)  # the resumed step trained too
