@@ -408,6 +408,8 @@ class FaustProcessor:
         too (assignments, table recovery)."""
         import faust
 
+        run_id = self.run_id
+
         class Worker(faust.Worker):
             def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
                 super().on_setup_root_logger(logger, level)
@@ -419,6 +421,11 @@ class FaustProcessor:
                 if not tracebacks:
                     for handler in logger.handlers:
                         handler.addFilter(drop_traceback)
+
+            async def on_startup_finished(self) -> None:
+                await super().on_startup_finished()
+                # what a supervisor or a test waits for: started, tables recovered, reading
+                print(f"processor running: run {run_id} (SIGTERM or Ctrl-C stops it)", flush=True)
 
         if not tracebacks:  # the consumer thread dies with the broker: a line, not a traceback
             threading.excepthook = lambda hook: log.warning(

@@ -24,7 +24,7 @@ from streamrl.runtime.bus import EventPublisher
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.settings import Settings
 from streamrl.supervise import RestartPolicy, RunFailed, Supervisor
-from tests.conftest import REPO, free_port, wait_for
+from tests.conftest import REPO, free_port, read_until, wait_for
 
 
 def supervise(stack, tmp_path, policy: RestartPolicy, args: list[str], timeout_s: float = 60):
@@ -112,19 +112,6 @@ def own_broker(monkeypatch):
     services.stop_embedded_kafka(state)
 
 
-def settled(pid: int, broker_port: int) -> bool:
-    """Whether process `pid` is connected to the broker and has gone quiet (a started
-    processor waits for events: under load its start-up can take far longer than usual)."""
-    process = psutil.Process(pid)
-    if not any(
-        c.raddr and c.raddr.port == broker_port and c.status == psutil.CONN_ESTABLISHED for c in process.net_connections("tcp")
-    ):
-        return False
-    before = sum(process.cpu_times()[:2])
-    time.sleep(1.0)
-    return sum(process.cpu_times()[:2]) - before < 0.1
-
-
 @pytest.mark.parametrize("debug", [False, True])
 def test_a_lost_broker_ends_a_process_with_one_sentence(own_broker, run_id, debug):
     settings, state = own_broker
@@ -139,12 +126,9 @@ def test_a_lost_broker_ends_a_process_with_one_sentence(own_broker, run_id, debu
         stderr=subprocess.PIPE,
         text=True,
     )
-    wait_for(
-        lambda: processor.poll() is not None or settled(processor.pid, int(state["bootstrap"].rsplit(":", 1)[1])),
-        timeout=180,
-        what="the processor to start reading",
-    )  # the broker goes while it reads, not while it starts
-    assert processor.poll() is None, processor.communicate()
+    # the broker goes while it reads, not while it starts: it says when it is reading
+    said = read_until(processor, "processor running", timeout=180)
+    assert "processor running" in said and processor.poll() is None, said + processor.communicate()[1]
     os.kill(state["pid"], signal.SIGKILL)
     _out, err = processor.communicate(timeout=60)
     assert processor.returncode == 3

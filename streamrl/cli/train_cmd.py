@@ -393,6 +393,7 @@ def processor(
 
     stop = stop_on_signals()
     stream = StreamProcessor(current, run, recipe, index_count)
+    console.print(f"processor running: run {run} (SIGTERM or Ctrl-C stops it)", highlight=False)
     try:
         stats = stream.run(stop, idle_exit_s=idle_exit)
     finally:
