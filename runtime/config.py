@@ -231,7 +231,7 @@ class Trainer:
         gt=0.0,
         le=1.0,
     )
-    warmup_check_every: int = knob(25, "warm-up steps between held-out checks (with warmup_until_accuracy)", ge=1)
+    warmup_check_every: int = knob(10, "warm-up steps between held-out checks (with warmup_until_accuracy)", ge=1)
     warmup_batch_size: int = knob(64, "rows per warm-up step", ge=1)
     warmup_lr: float | None = knob(None, "the warm-up's learning rate (default: lr)", gt=0.0)
     warmup_messages_key: str | None = knob(None, "rows hold multi-turn demonstrations under this key")

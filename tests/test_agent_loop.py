@@ -53,7 +53,7 @@ class ScriptedClient:
         self.prompts: list[list[int]] = []
         self.weight_version = weight_version
 
-    def begin(self, is_val: bool = False) -> None:  # the InferenceClient's per-rollout hooks
+    def begin(self, is_val: bool = False, seed_key: str | None = None) -> None:  # the InferenceClient's per-rollout hooks
         pass
 
     def recorded(self) -> list:

@@ -41,7 +41,7 @@ def problems(values: dict) -> list[str]:
         ),
         ({**REMOTE, "trainer": {"type": "remote_api_grpo", "lora": {"rank": 4}}}, "trainer.lora: "),
         ({"weight": {"sync_mode": "sync", "staleness_threshold": 3}}, "weight.staleness_threshold: 3 does nothing here"),
-        ({"trainer": {"warmup_check_every": 10}}, "trainer.warmup_check_every: 10 does nothing here: read only with"),
+        ({"trainer": {"warmup_check_every": 20}}, "trainer.warmup_check_every: 20 does nothing here: read only with"),
         ({"trainer": {"warmup_until_accuracy": 0.3}}, "trainer.warmup_until_accuracy: 0.3 does nothing here: the learner"),
     ],
 )
