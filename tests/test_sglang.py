@@ -180,11 +180,14 @@ def test_an_update_mid_generation_resumes_or_redoes_in_flight_requests(engine, m
     prompt = engine.tokenizer("12+34=")["input_ids"]
     params = SamplingParams(max_new_tokens=100, temperature=1.0)
     results, spanning = [], []
-    for _ in range(5):  # the update must land while requests are generating
+    for _ in range(10):  # the update must land while requests are generating
         engine.update_weights(str(old), 10)
         threads = [threading.Thread(target=lambda: results.append(engine.complete(prompt, params))) for _ in range(24)]
         for thread in threads:
             thread.start()
+        # every request is at the server before the clock starts (a loaded machine takes
+        # long to start 24 threads); then 0.3 s of sampling before the update lands
+        wait_for(lambda: engine._in_flight >= 24, timeout=60, what="the requests to reach the server")
         time.sleep(0.3)
         engine.update_weights(str(new), 11)
         for thread in threads:
