@@ -122,10 +122,7 @@ class EmbeddedEngine:
         seeds[i] (a request without a seed gets one from the engine's generator), so a
         completion does not depend on the rest of the batch."""
         seeds = seeds if seeds is not None else [params.seed] * len(prompts)
-        drawn = [
-            s if s is not None else int(torch.randint(2**62, (1,), generator=self.generator, device=self.generator.device))
-            for s in seeds
-        ]
+        drawn = [s if s is not None else self._engine_seed() for s in seeds]
         decoded = decode(
             self.model,
             prompts,
