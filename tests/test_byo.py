@@ -39,7 +39,8 @@ def train_and_check(ledger, run_id, tmp_path, recipe: str, timeout: float) -> No
         "select sum(reward), count(*) filter (where error is not null) from evaluations where run_id = %s and not is_val",
         (run_id,),
     ).fetchone()
-    assert errors == 0 and rewards > 0, "builtin:math gave no reward at all"
+    first = ledger.execute("select error from evaluations where run_id = %s and error is not null limit 1", (run_id,)).fetchone()
+    assert errors == 0 and rewards > 0, f"builtin:math gave no reward at all ({errors} errors; the first: {first})"
     template = ledger.execute("select config->'data'->>'chat_template' from runs where run_id = %s", (run_id,)).fetchone()[0]
     assert template and "<|im_start|>" in template  # the template the run rendered with is recorded
 

@@ -1,7 +1,8 @@
 """Write the warmed tiny models the learning tests start from: tests/data/<recipe>_warm/.
 
     python tools/warm_checkpoint.py arith --until 0.6      # what tests/data/arith_warm holds
-    python tools/warm_checkpoint.py kv_agent --steps 200   # what tests/data/kv_agent_warm holds
+    python tools/warm_checkpoint.py kv_agent --steps 300   # what tests/data/kv_agent_warm holds
+    python tools/warm_checkpoint.py shift --steps 200      # what tests/data/shift_warm holds
 
 The recipe's model (its set-up script builds it), after the recipe's cross-entropy
 warm-up: until greedy held-out accuracy reaches --until (checked every 10 steps; a
@@ -34,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 def main() -> None:
     quiet_library_progress()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("recipe", choices=["arith", "kv_agent"])
+    parser.add_argument("recipe", choices=["arith", "kv_agent", "shift", "byo_math"])
     parser.add_argument("--until", type=float, help="stop at this greedy held-out accuracy (single-turn recipes)")
     parser.add_argument("--steps", type=int, default=2000, help="the most warm-up steps")
     args = parser.parse_args()

@@ -25,10 +25,10 @@ def assert_learned(before: float, after: float, n: int, what: str, sigmas: float
     )
 
 
-def assert_mean_rose(before: list[float], after: list[float], what: str, sigmas: float = 3.0) -> None:
+def assert_mean_rose(before: list[float], after: list[float], what: str, sigmas: float = 3.0) -> float:
     """The mean of `after` exceeds the mean of `before` by at least `sigmas` standard
     errors of the difference, each from its own sample variance (rewards that are not
-    0 or 1: partial credit)."""
+    0 or 1: partial credit). Returns that standard error."""
     assert len(before) > 1 and len(after) > 1, f"{what}: too few values to measure ({len(before)}, {len(after)})"
     mean_before, mean_after = sum(before) / len(before), sum(after) / len(after)
 
@@ -41,3 +41,4 @@ def assert_mean_rose(before: list[float], after: list[float], what: str, sigmas:
         f"{what}: {mean_before:.3f} ({len(before)} values) -> {mean_after:.3f} ({len(after)}), a gain of "
         f"{gain:+.3f}; {sigmas:g} standard errors of that gain are {sigmas * se:.3f}"
     )
+    return se
