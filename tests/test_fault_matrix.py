@@ -153,7 +153,14 @@ def ledger_facts(settings: Settings, run_id: str) -> dict:
 def test_fault_matrix_ends_with_the_ledger_of_a_fault_free_run(private_stack, tmp_path):
     settings = private_stack
     # sync mode: every step waits for its own rollouts, so the faults fall on several steps
-    env = small_run_env(ARITH_STEPS=str(STEPS), ARITH_WARMUP_STEPS="30", ARITH_VALIDATE_EVERY="4", ARITH_SYNC_MODE="sync")
+    # 16 groups a step (the recipe's 32 halved): the faults need steps, not rollouts
+    env = small_run_env(
+        ARITH_STEPS=str(STEPS),
+        ARITH_WARMUP_STEPS="30",
+        ARITH_VALIDATE_EVERY="4",
+        ARITH_SYNC_MODE="sync",
+        ARITH_BATCH_PROMPTS="16",
+    )
     reference = run_cli("run", RECIPE, "--run", "faults-reference", "--out", str(tmp_path / "reference"), env=env, timeout=600)
     assert reference.returncode == 0, reference.stdout[-3000:] + reference.stderr[-3000:]
 

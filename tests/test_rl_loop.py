@@ -97,7 +97,7 @@ def test_streamrl_run_end_to_end(stack, ledger, run_id, tmp_path):
         run_id,
         "--out",
         str(tmp_path),
-        env=small_run_env(),
+        env=small_run_env(ARITH_BATCH_PROMPTS="8"),
         timeout=420,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -147,7 +147,7 @@ def test_a_weight_version_every_three_steps(stack, ledger, run_id, tmp_path):
     published versions (fully-async, staleness_threshold 1); validation every version."""
     from streamrl.runtime.versions import versions_behind
 
-    env = small_run_env(ARITH_STEPS="9", ARITH_VALIDATE_EVERY="1")
+    env = small_run_env(ARITH_STEPS="9", ARITH_VALIDATE_EVERY="1", ARITH_BATCH_PROMPTS="8")
     result = run_cli("run", RECIPE, "weight.sync_every=3", "--run", run_id, "--out", str(tmp_path), env=env, timeout=420)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert [
@@ -386,7 +386,7 @@ def test_a_batch_scope_estimator_trains_end_to_end_and_records_its_advantages(st
         "--out",
         str(tmp_path),
         "algorithm.type=reinforce_plus_plus_baseline",
-        env=small_run_env(ARITH_STEPS="3"),
+        env=small_run_env(ARITH_STEPS="3", ARITH_BATCH_PROMPTS="8"),
         timeout=420,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

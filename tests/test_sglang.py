@@ -29,6 +29,7 @@ from streamrl.producers.openai_engine import OpenAIEngine
 from streamrl.producers.sglang_engine import Server, SGLangEngine
 from streamrl.producers.sglang_server import InferenceServerError, ManagedServer
 from tests.conftest import REPO, run_cli, wait_for
+from tests.helpers.warm_model import warm_model_folder
 from tests.test_rl_loop import assert_ledger_consistent, scalar
 
 RECIPE = str(REPO / "recipes" / "arith" / "sglang.yaml")
@@ -254,10 +255,13 @@ def test_the_agent_recipe_runs_its_episodes_on_sglang(stack, ledger, run_id, tmp
     """recipes/kv_agent/sglang.yaml: multi-turn tool-calling episodes, each assistant turn
     sampled by the server from the episode's ids (tool results appended as ids), recorded
     turn by turn, with exact ledger counts."""
-    env = {"KV_STEPS": "6", "KV_VALIDATE_EVERY": "6", "KV_WARMUP_STEPS": "300"}  # the format, not the values
+    # the committed warmed model knows the episodes' format (tests/data/kv_agent_warm)
+    model = warm_model_folder(tmp_path / "model", "kv_agent")
+    env = {"KV_STEPS": "6", "KV_VALIDATE_EVERY": "6", "KV_WARMUP_STEPS": "0"}
     result = run_cli(
-        "run", str(REPO / "recipes" / "kv_agent" / "sglang.yaml"), "--run", run_id, "--out", str(tmp_path), env=env, timeout=600
-    )
+        "run", str(REPO / "recipes" / "kv_agent" / "sglang.yaml"), f"rollout_worker.model_path={model}",
+        "--run", run_id, "--out", str(tmp_path / "out"), env=env, timeout=600,
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     shapes = dict(
         ledger.execute(
@@ -286,10 +290,12 @@ def test_the_sglang_recipe_survives_its_server_being_killed(stack, ledger, run_i
     other, and every step records the logprob gap. (Learning is asserted where it can be
     measured: tests/test_rl_loop.py, 100 steps; 14 steps move this recipe's held-out
     accuracy by less than three standard errors.)"""
-    env = {"ARITH_STEPS": "14", "ARITH_WARMUP_STEPS": "350", "ARITH_VALIDATE_EVERY": "14"}
-    log = tmp_path / "logs" / "worker-0.log"
+    model = warm_model_folder(tmp_path / "model")  # answers in the format: groups to train
+    env = {"ARITH_STEPS": "14", "ARITH_WARMUP_STEPS": "0", "ARITH_VALIDATE_EVERY": "14"}
+    log = tmp_path / "out" / "logs" / "worker-0.log"
+    command = ["run", RECIPE, f"rollout_worker.model_path={model}", "--run", run_id, "--out", str(tmp_path / "out")]
     run = subprocess.Popen(
-        [sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--out", str(tmp_path)],
+        [sys.executable, "-m", "streamrl.cli", *command],
         cwd=REPO,
         env={**os.environ, **env},
         stdout=subprocess.PIPE,

@@ -18,6 +18,7 @@ from streamrl.learner.weight_broadcast import WeightBroadcaster
 from streamrl.producers.inference import SamplingParams
 from streamrl.producers.sglang_engine import Server, SGLangEngine
 from tests.conftest import REPO, run_cli
+from tests.helpers.warm_model import warm_model_folder
 from tests.test_rl_loop import assert_ledger_consistent
 
 PROMPT = "12+34="
@@ -98,14 +99,16 @@ def test_the_sglang_recipe_trains_on_broadcast_versions(stack, ledger, run_id, t
     # sync mode: the worker receives each version from its weights thread, not between
     # batches; a version every 2 steps
     sync_every = 2
-    env = {"ARITH_STEPS": "4", "ARITH_WARMUP_STEPS": "150", "ARITH_VALIDATE_EVERY": "4", "ARITH_SYNC_MODE": "sync"}
+    model = warm_model_folder(tmp_path / "model")  # answers in the format: groups to train
+    env = {"ARITH_STEPS": "4", "ARITH_WARMUP_STEPS": "0", "ARITH_VALIDATE_EVERY": "4", "ARITH_SYNC_MODE": "sync"}
     result = run_cli(
         "run",
         str(REPO / "recipes" / "arith" / "sglang.yaml"),
+        f"rollout_worker.model_path={model}",
         "--run",
         run_id,
         "--out",
-        str(tmp_path),
+        str(tmp_path / "out"),
         "weight.transport=distributed",
         f"weight.sync_every={sync_every}",
         env=env,
@@ -119,4 +122,4 @@ def test_the_sglang_recipe_trains_on_broadcast_versions(stack, ledger, run_id, t
     server_log = "".join(p.read_text() for p in stack.home.glob(f"runs/{run_id}/logs/sglang-*.log"))
     assert server_log.count("POST /update_weights_from_distributed") == len(versions) - 1
     assert server_log.count("POST /update_weights_from_disk") == 1  # version 0
-    assert "did not arrive by broadcast" not in (tmp_path / "logs" / "worker-0.log").read_text()
+    assert "did not arrive by broadcast" not in (tmp_path / "out" / "logs" / "worker-0.log").read_text()
