@@ -85,10 +85,15 @@ def test_a_long_run_with_a_small_window_keeps_a_bounded_set_of_topics(stack, led
 
     # sync mode: steps slow enough that retirement (3 s after a window closes) keeps pace;
     # 8 groups a step: the test counts windows, not rollouts
+    groups = 8
     env = {
         **os.environ,
         **small_run_env(
-            ARITH_STEPS="96", ARITH_WARMUP_STEPS="30", ARITH_VALIDATE_EVERY="32", ARITH_SYNC_MODE="sync", ARITH_BATCH_PROMPTS="8"
+            ARITH_STEPS="96",
+            ARITH_WARMUP_STEPS="30",
+            ARITH_VALIDATE_EVERY="32",
+            ARITH_SYNC_MODE="sync",
+            ARITH_BATCH_PROMPTS=str(groups),
         ),
     }
     run = subprocess.Popen(
@@ -127,4 +132,6 @@ def test_a_long_run_with_a_small_window_keeps_a_bounded_set_of_topics(stack, led
     assert late and max(late) <= 9, alive
     assert not broker_topics(stack, run_id)
     assert_ledger_consistent(ledger, run_id, steps=96, staleness_threshold=0)
-    assert count_rows(ledger, "tasks", run_id) == 96 * 8 * 8 + 4 * 200  # every training and validation task
+    assert (
+        count_rows(ledger, "tasks", run_id) == 96 * groups * 8 + 4 * 200
+    )  # every training and validation task (8 rollouts a group)
