@@ -185,6 +185,10 @@ class SGLangEngine:
         sampling: dict[str, Any] = {"max_new_tokens": max_new_tokens, "temperature": params.temperature, "top_p": params.top_p}
         if params.stop_token_ids:
             sampling["stop_token_ids"] = list(params.stop_token_ids)
+        if params.seed is not None:
+            # SGLang draws from it only on a server started with
+            # --enable-deterministic-inference (docs/operations.md, "Reproducible sampling")
+            sampling["sampling_seed"] = params.seed
         payload = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True}
         if self.adapters and self.version is not None:
             payload["lora_path"] = adapter_name(self.version)

@@ -1,6 +1,7 @@
 """The pieces of the inference-server path that need no server: the logprob-gap maths
 (hand-computed), which recipe keys each backend reads, SGLang's launch flags, parsing a
-/generate answer, and behaviour logprobs and versions of a resumed completion."""
+/generate answer, behaviour logprobs and versions of a resumed completion, and the
+sampling seed each SGLang request carries."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import pytest
 import torch
 
 from streamrl.learner.step_metrics import logprob_gap_by_lag, logprob_gap_sums
-from streamrl.producers.inference import Completion
+from streamrl.producers.inference import Completion, SamplingParams
 from streamrl.producers.rollout import behaviour_logprobs
-from streamrl.producers.sglang_engine import parse_generate
+from streamrl.producers.sglang_engine import Server, SGLangEngine, parse_generate
 from streamrl.producers.sglang_server import launch_options, server_flags
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.recipe import RecipeError, consistency_problems, server_urls, with_inference_url
@@ -107,3 +108,20 @@ def test_a_resumed_completion_gives_each_token_its_version():
     )
     logprobs, versions = behaviour_logprobs([1, 2, 7, 8, 9], [0, 0, 1, 1, 1], [completion])
     assert logprobs == [0.0, 0.0, -0.1, -0.2, -0.3] and versions == [0, 0, 4, 5, 5]
+
+
+def test_each_sglang_request_carries_its_completions_sampling_seed():
+    """The seed reaches SGLang's sampling_params as `sampling_seed` (SGLang draws from it on
+    a server with --enable-deterministic-inference); a request without one sends none."""
+    sent = []
+
+    def answer(server, route, payload):
+        sent.append(payload)
+        return {"output_ids": [5], "meta_info": {"output_token_logprobs": [[-0.5, 5, None]]}}
+
+    engine = SGLangEngine([Server("http://127.0.0.1:1")], tokenizer=None)
+    engine._post = answer  # type: ignore[method-assign]
+    engine._generate(engine.servers[0], [1, 2], SamplingParams(max_new_tokens=1, seed=2**63 - 1), 1)
+    engine._generate(engine.servers[0], [1, 2], SamplingParams(max_new_tokens=1), 1)
+    assert sent[0]["sampling_params"]["sampling_seed"] == 2**63 - 1
+    assert "sampling_seed" not in sent[1]["sampling_params"]
