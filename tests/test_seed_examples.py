@@ -272,25 +272,15 @@ def test_evaluator_listings(capsys):
     s002_07.test_evaluator()
 
 
-def judge_examples(rng) -> list[tuple[list[dict], str]]:
-    """Any question, answered "0.5": a judge that scores every answer half right."""
-    words = ["Question", "Answer", "Reference", "Student", "score", "the", "is", "2+3", "5", "correct", "Evaluate"]
-    return [
-        ([{"role": "user", "content": " ".join(rng.choice(words) for _ in range(rng.randint(3, 80)))}], "0.5") for _ in range(8)
-    ]
-
-
 def test_llm_judge_listing(sglang_python, tmp_path, monkeypatch):
     """001_08 as printed, against an OpenAI-compatible server: SGLang serving a small model
-    taught to answer "0.5", reached through the openai client's own settings
+    taught to answer "0.5" (committed: tests/data/judge_warm), reached through the openai client's own settings
     (OPENAI_BASE_URL, OPENAI_API_KEY). The judge's number is the reward."""
     from streamrl.producers.sglang_server import ManagedServer
-    from streamrl.runtime.model_init import init_model
-    from tests.helpers.fine_tune import fine_tune
+    from tests.helpers.warm_model import warm_model_folder
     from tests.seed_examples.listings import s001_08
 
-    base = init_model("tiny-qwen2", tmp_path / "base", match_tokenizer_vocab=True, dtype="float32")
-    judge = fine_tune(base, tmp_path / "judge", judge_examples, steps=120)
+    judge = warm_model_folder(tmp_path / "judge", "judge")  # tests/helpers/fine_tune.py: judge_examples
     server = ManagedServer(sglang_python, str(judge), "cpu", {}, tmp_path / "server.log")
     server.start()
     try:

@@ -19,7 +19,8 @@ import pytest
 from streamrl.runtime import db
 from streamrl.runtime.model_init import init_model
 from tests.conftest import free_port, fresh_database, required_environment, run_cli, start_serve_training
-from tests.helpers.fine_tune import warm_up, write_datasets
+from tests.helpers.fine_tune import write_datasets
+from tests.helpers.warm_model import warm_model_folder
 from tests.test_rl_loop import scalar
 
 COOKBOOK_VERSION = "0.5.8"
@@ -79,7 +80,7 @@ def cookbook(stack, tmp_path_factory):
     python = cookbook_python()
     folder = tmp_path_factory.mktemp("cookbook")
     base = init_model("tiny-qwen2", folder / "tiny-qwen2", seed=0, dtype="float32")
-    warmed = warm_up(base, folder / "tiny-qwen2-boxed", steps=150)
+    warmed = warm_model_folder(folder / "tiny-qwen2-boxed", "boxed")  # tests/helpers/fine_tune.py: warm_up
     chat, gsm8k = write_datasets(folder, rows=2048)
     # a ledger of its own: a service restores every open session of its ledger first
     ledger_env = {"STREAMRL_DATABASE_URL": fresh_database(stack, "cookbook")}

@@ -9,12 +9,18 @@ randomly initialised model never writes `\\boxed{`, every group scores 0, and th
 skips every optimiser step. So the model is first taught the format here (full
 fine-tuning in plain torch on the conversations the loop will render), to the point
 where it writes the format and copies the digit only sometimes: groups then score
-unevenly and the loop's GRPO steps train."""
+unevenly and the loop's GRPO steps train.
+
+The tests start from committed copies (a minute and a half of CPU each to make):
+`python -m tests.helpers.fine_tune` writes tests/data/boxed_warm (the cookbook's model)
+and tests/data/judge_warm (the LLM judge), in float16 like the recipes' warmed models
+(tests/helpers/warm_model.py loads them as float32)."""
 
 from __future__ import annotations
 
 import json
 import random
+import tempfile
 from pathlib import Path
 
 import torch
@@ -96,3 +102,32 @@ def fine_tune(model_folder: Path, out: Path, examples, steps: int, lr: float = 3
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def judge_examples(rng: random.Random) -> list[tuple[list[dict], str]]:
+    """Any question, answered "0.5": a judge that scores every answer half right."""
+    words = ["Question", "Answer", "Reference", "Student", "score", "the", "is", "2+3", "5", "correct", "Evaluate"]
+    return [
+        ([{"role": "user", "content": " ".join(rng.choice(words) for _ in range(rng.randint(3, 80)))}], "0.5") for _ in range(8)
+    ]
+
+
+def main() -> None:
+    from streamrl.runtime.model_init import init_model
+    from tests.helpers.warm_model import DATA
+
+    torch.set_num_threads(1)  # the sums in one order, whatever the machine's cores
+    with tempfile.TemporaryDirectory() as scratch:
+        base = init_model("tiny-qwen2", Path(scratch) / "base", seed=0, dtype="float32")
+        boxed = warm_up(base, Path(scratch) / "boxed", steps=150)
+        judge_base = init_model("tiny-qwen2", Path(scratch) / "judge-base", match_tokenizer_vocab=True, dtype="float32")
+        judge = fine_tune(judge_base, Path(scratch) / "judge", judge_examples, steps=120)
+        for folder, name in ((boxed, "boxed_warm"), (judge, "judge_warm")):
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float16)
+            model.save_pretrained(DATA / name)
+            AutoTokenizer.from_pretrained(folder).save_pretrained(DATA / name)
+            print("wrote", DATA / name)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,5 +1,6 @@
-"""The committed warmed tiny models (tests/data/<recipe>_warm, written by
-tools/warm_checkpoint.py) as float32 model folders a run loads."""
+"""The committed warmed tiny models (tests/data/<name>_warm: the recipes' written by
+tools/warm_checkpoint.py; `boxed` and `judge` by tests/helpers/fine_tune.py) as float32
+model folders a run loads."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ from pathlib import Path
 DATA = Path(__file__).resolve().parents[1] / "data"
 
 
-def warm_model_folder(destination: Path, recipe: str = "arith") -> Path:
+def warm_model_folder(destination: Path, name: str = "arith") -> Path:
     """A float32 copy of the warmed model in `destination` (the workers load a model in its
     saved dtype; the learner in float32: both must hold the same weights)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    warm = DATA / f"{recipe}_warm"
+    warm = DATA / f"{name}_warm"
     model = AutoModelForCausalLM.from_pretrained(warm, dtype=torch.float32)
     model.save_pretrained(destination)
     for path in warm.iterdir():
