@@ -16,6 +16,7 @@ STEPS = 30
 
 
 @pytest.mark.learning
+@pytest.mark.timeout(900)  # the run's own limit below (pytest's default is 600 s)
 def test_the_key_value_agent_recipe_learns_from_its_multi_turn_episodes(stack, ledger, run_id, tmp_path):
     """30 sync-mode GRPO steps from the model after 300 warm-up steps on demonstrations
     (`python tools/warm_checkpoint.py kv_agent --steps 300`): the sampled success of

@@ -183,12 +183,18 @@ def test_an_update_mid_generation_resumes_or_redoes_in_flight_requests(engine, m
     results, spanning = [], []
     for _ in range(10):  # the update must land while requests are generating
         engine.update_weights(str(old), 10)
+        finished_before = len(results)
         threads = [threading.Thread(target=lambda: results.append(engine.complete(prompt, params))) for _ in range(24)]
         for thread in threads:
             thread.start()
-        # every request is at the server before the clock starts (a loaded machine takes
-        # long to start 24 threads); then 0.3 s of sampling before the update lands
-        wait_for(lambda: engine._in_flight >= 24, timeout=60, what="the requests to reach the server")
+        # every request has reached the server before the clock starts (a loaded machine
+        # takes long to start 24 threads, and one may finish before the last one starts);
+        # then 0.3 s of sampling before the update lands
+        wait_for(
+            lambda: engine._in_flight + len(results) - finished_before >= 24,
+            timeout=60,
+            what="the requests to reach the server",
+        )
         time.sleep(0.3)
         engine.update_weights(str(new), 11)
         for thread in threads:
