@@ -26,7 +26,7 @@ from streamrl.learner.warmup import cross_entropy_warmup, demonstration_items, g
 from streamrl.learner.weight_broadcast import WeightBroadcaster
 from streamrl.runtime.chat_template import recipe_renderer
 from streamrl.runtime.config import Recipe
-from streamrl.runtime.dataset import read_rows
+from streamrl.runtime.dataset import read_rows, validation_rows
 from streamrl.runtime.lora import (
     AdapterDisabled,
     adapter_state_dict,
@@ -180,8 +180,7 @@ class Policy:
         worker = self.recipe.rollout_worker
         if not val_cfg.data_files or worker.type != "single_turn" or worker.custom_rollout_worker_module_path:
             return float("nan")  # only the rollout workers know how other workers' tasks are done
-        val_rows = read_rows(val_cfg.data_files, val_cfg.type)
-        val_rows = val_rows[: val_cfg.max_rows] if val_cfg.max_rows else val_rows
+        val_rows = validation_rows(val_cfg.data_files, val_cfg.type, val_cfg.max_rows)
         with self.placement.autocast():
             accuracy = greedy_exact_match(
                 self.model,

@@ -206,13 +206,12 @@ class RemotePolicy:
         from transformers import AutoTokenizer
 
         from streamrl.runtime.chat_template import recipe_renderer
-        from streamrl.runtime.dataset import lookup, read_rows
+        from streamrl.runtime.dataset import lookup, validation_rows
 
         val_cfg, worker = self.recipe.validate.data, self.recipe.rollout_worker
         if not val_cfg.data_files or worker.type != "single_turn" or worker.custom_rollout_worker_module_path:
             return float("nan")  # only the rollout workers know how other workers' tasks are done
-        rows = read_rows(val_cfg.data_files, val_cfg.type)
-        rows = rows[: val_cfg.max_rows] if val_cfg.max_rows else rows
+        rows = validation_rows(val_cfg.data_files, val_cfg.type, val_cfg.max_rows)
         tokenizer = AutoTokenizer.from_pretrained(worker.model_path)
         self.val_saves += 1
         saved = self._result(self.client.save_weights_for_sampler(name=f"val-{self.val_saves}"), "did not save sampler weights")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from streamrl.runtime.bus import EventPublisher, RunReader
 from streamrl.runtime.config import Recipe
-from streamrl.runtime.dataset import epoch_batches, lookup, read_rows, saved_chat_template
+from streamrl.runtime.dataset import epoch_batches, lookup, read_rows, saved_chat_template, validation_rows
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.topic_admin import create_run_topics
 from streamrl.runtime.topic_retention import topic_configs
@@ -159,9 +159,7 @@ def run_publisher(
     data = recipe.data
     rows = read_rows(data.data_files, data.type, prompt_keys=(data.prompt_key,))
     val_cfg = recipe.validate.data
-    val_rows = read_rows(val_cfg.data_files, val_cfg.type, prompt_keys=(val_cfg.prompt_key,)) if val_cfg.data_files else []
-    if val_cfg.max_rows:
-        val_rows = val_rows[: val_cfg.max_rows]
+    val_rows = validation_rows(val_cfg.data_files, val_cfg.type, val_cfg.max_rows, prompt_keys=(val_cfg.prompt_key,))
     pacing = pacing_for(recipe, len(rows))
     val_versions = validation_versions(recipe, pacing.total_steps) if val_rows else []
     batches = epoch_batches(rows, recipe.trajectory_pool.batch_size, data.shuffle, data.seed)

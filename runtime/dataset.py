@@ -74,6 +74,15 @@ def read_rows(
     return rows
 
 
+def validation_rows(data_files: list[str], kind: str, max_rows: int | None, prompt_keys: tuple[str, ...] = ()) -> list[dict]:
+    """The held-out rows every validation scores: the files' first `max_rows` (all where
+    unset; none without files). The publisher, the learner and `streamrl run`, which
+    waits for the last validation, all count them this way."""
+    if not data_files:
+        return []
+    return read_rows(data_files, kind, prompt_keys=prompt_keys)[: max_rows or None]
+
+
 def _file_rows(path: Path, kind: str) -> Iterator[tuple[str, dict]]:
     if kind == "hf":
         if not path.is_dir():

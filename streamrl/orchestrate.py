@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from streamrl.report import RunSummary, load_summary, plot_reward_curve, summary_table, val_accuracy_at
 from streamrl.runtime.config import Recipe
-from streamrl.runtime.dataset import total_train_steps
+from streamrl.runtime.dataset import total_train_steps, validation_rows
 from streamrl.runtime.service_config import Broker
 from streamrl.runtime.services import broker_memory_bytes
 from streamrl.runtime.settings import Settings
@@ -219,7 +219,8 @@ def run_locally(
     interrupt_on_sigterm()
     local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy, recipe.service.broker)
     total = total_train_steps(recipe)  # the same count the publisher and the learner use
-    val_rows = recipe.validate.data.max_rows
+    val = recipe.validate.data
+    val_rows = len(validation_rows(val.data_files, val.type, val.max_rows))  # what each validation scores
     console.print(f"run [bold]{run_id}[/]: logs in {local.logs}", highlight=False)
     # The learner and the workers start first: importing torch and transformers and
     # building the model is most of a run's start. They wait for the run's `created`
@@ -248,7 +249,7 @@ def run_locally(
     local.spawn("processor", ["processor", run_id])
     if recipe.logger.trackers():  # W&B / TensorBoard / MLflow, fed from the topics; training never waits for it
         local.spawn("tracker", ["tracker", run_id], optional=f"`streamrl export {run_id} --to ...` back-fills the trackers")
-    final_val_version = total if recipe.validate.data.data_files else None
+    final_val_version = total if val_rows else None
     val_wait_started = None
 
     def finished(summary: RunSummary) -> bool:
@@ -259,7 +260,11 @@ def run_locally(
             return True
         val_wait_started = val_wait_started or time.monotonic()
         if time.monotonic() - val_wait_started > final_val_timeout_s:
-            console.print("[yellow]final validation incomplete; stopping anyway[/]")
+            scored = dict(zip(summary.val_versions, summary.val_counts)).get(final_val_version, 0)
+            console.print(
+                f"[yellow]final validation incomplete: {scored} of {val_rows} held-out rows scored at version "
+                f"{final_val_version} after {final_val_timeout_s:.0f} s; stopping anyway[/]"
+            )
             return True
         return False
 

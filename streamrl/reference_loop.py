@@ -53,7 +53,7 @@ from streamrl.producers.rollout import seed_key
 from streamrl.producers.worker_loop import make_evaluator
 from streamrl.runtime.chat_template import ChatRenderer, recipe_renderer
 from streamrl.runtime.config import Recipe
-from streamrl.runtime.dataset import epoch_batches, read_rows, total_train_steps
+from streamrl.runtime.dataset import epoch_batches, read_rows, total_train_steps, validation_rows
 from streamrl.runtime.folders import directory_sha256
 from streamrl.runtime.recipe import prepare_recipe
 from streamrl.runtime.threads import learner_threads
@@ -179,7 +179,7 @@ def run(recipe: Recipe, steps: int | None = None, out: Path | None = None, on_st
     renderer = recipe_renderer(recipe, tokenizer)
     evaluator = make_evaluator(recipe)
     val = recipe.validate.data
-    val_rows = read_rows(val.data_files, val.type)[: val.max_rows or None] if val.data_files else []
+    val_rows = validation_rows(val.data_files, val.type, val.max_rows)
     if recipe.trainer.warmup_cross_entropy_steps:
         warm_up(recipe, model, tokenizer, renderer, val_rows)
     trainer = build_trainer(trainer_class(recipe), recipe, model, tokenizer.pad_token_id)

@@ -281,25 +281,36 @@ SERVICE_MODULES = {
 }
 
 
-# The longest modules (minutes each, measured in CI) run first, in this order: with `make
-# test`'s two pytest-xdist workers taking whole modules (--no-loadscope-reorder keeps this
-# order), a long one started last would run alone.
+# The modules of a minute or more, the longest first (their test-seconds in a CI
+# rehearsal: docs/benchmarks.md). `make test`'s two pytest-xdist workers take whole
+# modules in this order (--no-loadscope-reorder keeps it), so the last to start are
+# short ones: a long module started last runs alone while the other worker idles.
 LONGEST_MODULES = (
     "test_sglang",
-    "test_replay",
     "test_rl_loop",
-    "test_training_service",
     "test_agent_recipe",
-    "test_byo",
-    "test_learner_parallel",
-    "test_observability",
+    "test_replay",
     "test_fault_matrix",
-    "test_service_limits",
-    "test_ledger_sink",
-    "test_resume_after_broker_restart",
+    "test_training_service",
+    "test_byo",
+    "test_sglang_adapters",
+    "test_observability",
+    "test_weight_broadcast",
+    "test_topic_retention",
+    "test_learner_parallel",
+    "test_wheel",
+    "test_seed_examples",
+    "test_tinker_cookbook",
     "test_worker_group",
     "test_shift_recipe",
-    "test_services",
+    "test_ledger_sink",
+    "test_reference_loop",
+    "test_service_limits",
+    "test_resume_after_broker_restart",
+    "test_recipe",
+    "test_sql_cli",
+    "test_group_wedge",
+    "test_lora",
 )
 
 

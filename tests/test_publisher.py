@@ -8,7 +8,7 @@ import pytest
 
 from streamrl.producers.publisher import Pacing, pacing_for, step_tasks, validation_tasks, validation_versions
 from streamrl.runtime.config import Recipe
-from streamrl.runtime.dataset import DatasetError, epoch_batches, lookup, read_rows, total_train_steps
+from streamrl.runtime.dataset import DatasetError, epoch_batches, lookup, read_rows, total_train_steps, validation_rows
 
 
 def test_pacing_keeps_at_most_k_plus_one_steps_in_flight():
@@ -73,6 +73,16 @@ def test_dataset_errors_name_the_file_and_line(tmp_path):
         read_rows([str(bad)], required_keys=("prompt",))
     with pytest.raises(DatasetError, match="data file not found"):
         read_rows([str(tmp_path / "missing.jsonl")])
+
+
+def test_validation_scores_the_first_max_rows_or_every_row_of_a_shorter_file(tmp_path):
+    """`streamrl run` waits for this many scores at the last version: a 20-row file under
+    max_rows 200 is 20 (it waited for 200, then gave up after 180 s)."""
+    path = tmp_path / "val.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(20)))
+    assert len(validation_rows([str(path)], "jsonl", 200)) == 20
+    assert [row["answer"] for row in validation_rows([str(path)], "jsonl", 3)] == ["1", "2", "3"]
+    assert len(validation_rows([str(path)], "jsonl", None)) == 20 and validation_rows([], "jsonl", 200) == []
 
 
 def test_parquet_rows(tmp_path):

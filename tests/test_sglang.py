@@ -191,7 +191,7 @@ def test_an_update_mid_generation_resumes_or_redoes_in_flight_requests(engine, m
         # takes long to start 24 threads, and one may finish before the last one starts);
         # then 0.3 s of sampling before the update lands
         wait_for(
-            lambda: engine._in_flight + len(results) - finished_before >= 24,
+            lambda before=finished_before: engine._in_flight + len(results) - before >= 24,
             timeout=60,
             what="the requests to reach the server",
         )
