@@ -8,6 +8,7 @@ settings are pyproject.toml's [tool.mypy]), and prints the errors with the real 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -43,9 +44,20 @@ def build_tree() -> dict[str, str]:
     return prefixes
 
 
+def cache_dir() -> Path:
+    """mypy's cache, kept outside the checkout like the SGLang environment: most of a cold
+    run is reading torch's and transformers' annotations, and mypy reuses an entry whose
+    file has the same content at another path (a fresh clone, its own .venv)."""
+    import mypy.version
+
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "streamrl" / f"mypy-{mypy.version.__version__}-py{sys.version_info.major}.{sys.version_info.minor}"
+
+
 def main() -> int:
     prefixes = build_tree()
-    result = subprocess.run([sys.executable, "-m", "mypy", *sys.argv[1:]], cwd=REPO, capture_output=True, text=True)
+    command = [sys.executable, "-m", "mypy", "--cache-dir", str(cache_dir()), *sys.argv[1:]]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     for line in (result.stdout + result.stderr).splitlines():
         for tree_prefix, real_prefix in prefixes.items():
             if line.startswith(tree_prefix):
