@@ -12,6 +12,7 @@ version is loaded only between batches, so one completion never mixes two polici
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections import deque
@@ -25,6 +26,8 @@ from safetensors.torch import load_file
 from streamrl.algos.sampling import decode, row_generators, top_p_filter  # noqa: F401  (top_p_filter: callers import it from here)
 from streamrl.runtime.device import resolve_device
 from streamrl.runtime.registry import Registry
+
+log = logging.getLogger(__name__)
 
 # `service.inference_service.backend`: factories `fn(recipe, seed, settings, logs) -> front`,
 # a front being what a worker's InferenceClient drives: `tokenizer`, `complete(prompt_ids,
@@ -231,3 +234,11 @@ class BatchingEngine:
     def close(self) -> None:
         self._requests.put(None)
         self._thread.join(30)
+        if self.batch_sizes:  # how well concurrent requests batched (the worker's log)
+            sizes = list(self.batch_sizes)
+            log.info(
+                "sampled %d requests in %d batches (mean %.1f; the latest batches)",
+                sum(sizes),
+                len(sizes),
+                sum(sizes) / len(sizes),
+            )
