@@ -235,10 +235,5 @@ class BatchingEngine:
         self._requests.put(None)
         self._thread.join(30)
         if self.batch_sizes:  # how well concurrent requests batched (the worker's log)
-            sizes = list(self.batch_sizes)
-            log.info(
-                "sampled %d requests in %d batches (mean %.1f; the latest batches)",
-                sum(sizes),
-                len(sizes),
-                sum(sizes) / len(sizes),
-            )
+            requests, batches = sum(self.batch_sizes), len(self.batch_sizes)
+            log.info("sampled %d requests in %d batches (mean %.1f; the latest batches)", requests, batches, requests / batches)

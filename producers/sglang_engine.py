@@ -187,7 +187,7 @@ class SGLangEngine:
             sampling["stop_token_ids"] = list(params.stop_token_ids)
         if params.seed is not None:
             # SGLang draws from it only on a server started with
-            # --enable-deterministic-inference (docs/operations.md, "Reproducible sampling")
+            # --enable-deterministic-inference (docs/anatomy.md, "Why the two agree exactly")
             sampling["sampling_seed"] = params.seed
         payload = {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True}
         if self.adapters and self.version is not None:

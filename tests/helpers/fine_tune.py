@@ -11,7 +11,7 @@ fine-tuning in plain torch on the conversations the loop will render), to the po
 where it writes the format and copies the digit only sometimes: groups then score
 unevenly and the loop's GRPO steps train.
 
-The tests start from committed copies (a minute and a half of CPU each to make):
+The tests start from committed copies (about a minute and a half to make the two):
 `python -m tests.helpers.fine_tune` writes tests/data/boxed_warm (the cookbook's model)
 and tests/data/judge_warm (the LLM judge), in float16 like the recipes' warmed models
 (tests/helpers/warm_model.py loads them as float32)."""
