@@ -80,7 +80,10 @@ run: $(STAMP)
 # STREAMRL_SGLANG_PYTHON names one); if it cannot be built they say so and are skipped
 # (under CI they fail).
 # Two pytest-xdist workers, each taking whole modules (the module fixtures start services):
-# most tests wait on processes of ~1 core each, so two fill a 2-core machine.
+# most tests wait on processes of ~1 core each, so two fill a 2-core machine. Then the
+# tests marked `alone` (sync-mode learning runs, whose steps pass through several
+# processes in turn and slow several-fold beside another run: docs/benchmarks.md) run
+# one at a time with the machine to themselves. Both phases run; either failing fails.
 TEST_WORKERS ?= 2
 
 test: $(STAMP) browser
@@ -93,11 +96,14 @@ endif
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) tools/typecheck.py
-	$(PY) -m pytest -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	status=0; \
+	$(PY) -m pytest -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone" || status=$$?; \
+	$(PY) -m pytest -p no:cacheprovider --durations=10 -m alone || status=$$?; \
+	exit $$status
 
 # The tests that need no service (no broker, PostgreSQL, SGLang or browser): a few minutes.
 # Markers (pyproject.toml, --strict-markers): services, slow, learning, gpu; e.g.
-# `.venv/bin/pytest -m learning` runs the learning tests alone.
+# `.venv/bin/pytest -m learning` runs only the learning tests.
 test-fast: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) -m "not services"
 
