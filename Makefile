@@ -81,7 +81,7 @@ run: $(STAMP)
 # (under CI they fail).
 # Two pytest-xdist workers, each taking whole modules (the module fixtures start services):
 # most tests wait on processes of ~1 core each, so two fill a 2-core machine. Then the
-# tests marked `alone` (sync-mode learning runs, whose steps pass through several
+# tests marked `alone` (long end-to-end runs, whose steps pass through several
 # processes in turn and slow several-fold beside another run: docs/benchmarks.md) run
 # one at a time with the machine to themselves. Both phases run; either failing fails.
 TEST_WORKERS ?= 2
