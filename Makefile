@@ -102,7 +102,7 @@ endif
 	exit $$status
 
 # The tests that need no service (no broker, PostgreSQL, SGLang or browser): a few minutes.
-# Markers (pyproject.toml, --strict-markers): services, slow, learning, gpu; e.g.
+# Markers (pyproject.toml, --strict-markers): services, slow, learning, gpu, alone; e.g.
 # `.venv/bin/pytest -m learning` runs only the learning tests.
 test-fast: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) -m "not services"
