@@ -64,6 +64,11 @@ class Completion:
     token_versions: list[int] = field(default_factory=list)  # per response token, when they differ
 
 
+class PromptTooLong(ValueError):
+    """A task's prompt is longer than max_prompt_length: its rollout fails (and is counted
+    as an over-long prompt), the worker goes on."""
+
+
 class InferenceUnavailable(RuntimeError):
     """The inference service cannot serve (unreachable, crashed, refused a weight version):
     a failure of the worker's infrastructure, not of the task, so the worker stops and

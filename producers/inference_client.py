@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import logging
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from streamrl.algos.sampling import request_seed
-from streamrl.producers.inference import Completion, SamplingParams
+from streamrl.producers.inference import Completion, PromptTooLong, SamplingParams
 from streamrl.runtime.chat_template import ChatRenderer
 
 log = logging.getLogger("streamrl.worker")
@@ -108,7 +110,8 @@ class InferenceClient:
         prompt_ids = list(prompt) if is_ids else self.tokenize(prompt)  # type: ignore[arg-type]  # not ids: text or messages
         first_call = not getattr(self._local, "completions", None)
         if first_call and self.max_prompt_tokens is not None and len(prompt_ids) > self.max_prompt_tokens:
-            raise ValueError(f"the prompt has {len(prompt_ids)} tokens, more than max_prompt_length ({self.max_prompt_tokens})")
+            limit = self.max_prompt_tokens
+            raise PromptTooLong(f"the prompt has {len(prompt_ids)} tokens, more than max_prompt_length ({limit})")
         limit = self._defaults.max_new_tokens
         if max_tokens is not None and max_tokens > limit:
             if not self._warned_max_tokens:
@@ -163,7 +166,8 @@ class InferenceClient:
 
 def behaviour_logprobs(tokens: list[int], loss_mask: list[int], completions: list[Completion]) -> tuple[list[float], list[int]]:
     """Per-token behaviour logprobs and the weight version that sampled each token: each
-    completion's response is found in `tokens` (in order, searching forward); tokens no
+    completion's response is found in `tokens` (in order: right after the completion's
+    prompt where the trajectory begins with it, else searching forward); tokens no
     completion sampled get 0 and version 0. Raises ValueError if a trained token was not
     sampled by any completion."""
     logprobs = [0.0] * len(tokens)
@@ -174,7 +178,14 @@ def behaviour_logprobs(tokens: list[int], loss_mask: list[int], completions: lis
         response = completion.response_token_ids
         if not response:
             continue
-        for start in range(cursor, len(tokens) - len(response) + 1):
+        # where it was sampled: right after its own prompt, when the trajectory holds that
+        # prompt; a forward search alone would take an earlier copy of the same tokens (a
+        # response that repeats the prompt's last token)
+        after_prompt = len(completion.prompt_token_ids)
+        starts: Iterable[int] = range(cursor, len(tokens) - len(response) + 1)
+        if cursor <= after_prompt and tokens[:after_prompt] == list(completion.prompt_token_ids):
+            starts = itertools.chain([after_prompt], starts)
+        for start in starts:
             if tokens[start : start + len(response)] == response:
                 logprobs[start : start + len(response)] = completion.logprobs
                 versions[start : start + len(response)] = completion.token_versions or [completion.weight_version] * len(response)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from streamrl.producers.evaluator import BaseEvaluationTarget, Evaluator, run_evaluator
-from streamrl.producers.inference import Completion, InferenceUnavailable
+from streamrl.producers.inference import Completion, InferenceUnavailable, PromptTooLong
 from streamrl.producers.inference_client import InferenceClient, behaviour_logprobs  # the seed API's names
 from streamrl.runtime.chat_template import as_messages
 from streamrl.runtime.config_reads import WorkerConfig
@@ -316,7 +316,7 @@ class SingleTurnWorker(BaseRolloutWorker):
         prompt = self._inference_client.tokenize(query)
         limit = self._inference_client.max_prompt_tokens
         if limit is not None and len(prompt) > limit:
-            raise ValueError(f"the prompt has {len(prompt)} tokens, more than max_prompt_length ({limit})")
+            raise PromptTooLong(f"the prompt has {len(prompt)} tokens, more than max_prompt_length ({limit})")
         return query, prompt
 
     def _score(self, task: dict[str, Any], query: str | list[dict[str, Any]], result: dict[str, Any]) -> str:

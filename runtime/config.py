@@ -294,6 +294,18 @@ class Validate:
     eval: ValidateEval = knob(help="how often", factory=ValidateEval)
 
 
+@dataclass
+class FailureBudget:
+    """How many failed rollouts (the rollout or its evaluator raised) a run tolerates
+    before `streamrl run` stops it and exits non-zero (streamrl/failures.py)."""
+
+    max_failed_share: float = knob(
+        0.5, "a step, or a validation, with more than this share of its rollouts failed ends the run", ge=0.0, le=1.0
+    )
+    warn_share: float = knob(0.1, "a step with more than this share failed counts towards max_steps_over_warn", ge=0.0, le=1.0)
+    max_steps_over_warn: int = knob(5, "this many steps in a row over warn_share end the run; 0: no such limit", ge=0)
+
+
 class ReplaySource(enum.StrEnum):
     """Where a replay reads the recorded payloads: the broker, falling back to the
     ledger for what it no longer holds (auto), or only one of them."""
@@ -333,6 +345,7 @@ class Recipe:
     trainer: Trainer = knob(help="the learner", factory=Trainer)
     weight: Weight = knob(help="weight versions and staleness", factory=Weight)
     validate: Validate = knob(help="held-out validation", factory=Validate)
+    failure_budget: FailureBudget = knob(help="failed rollouts a run tolerates", factory=FailureBudget)
     service: Service = knob(help="inference and training services", factory=Service)
     logger: Logger = knob(help="experiment trackers", factory=Logger)
     replay: Replay | None = knob(None, "written by streamrl replay", internal=True)

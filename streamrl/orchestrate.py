@@ -22,9 +22,11 @@ import psycopg
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from streamrl.report import RunSummary, load_summary, plot_reward_curve, summary_table, val_accuracy_at
-from streamrl.runtime.config import Recipe
+from streamrl.failures import StepWatch, first_errors_text, load_failures
+from streamrl.report import RunSummary, load_summary, plot_reward_curve, summary_table, val_complete
+from streamrl.runtime.config import FailureBudget, Recipe
 from streamrl.runtime.dataset import total_train_steps, validation_rows
+from streamrl.runtime.db import connect
 from streamrl.runtime.service_config import Broker
 from streamrl.runtime.services import broker_memory_bytes
 from streamrl.runtime.settings import Settings
@@ -113,12 +115,78 @@ class LocalRun:
         finished: Callable[[RunSummary], bool],
         poll_s: float = 1.0,
         before: Callable[[Progress], None] | None = None,
+        rollouts: StepWatch | None = None,
+        budget: FailureBudget | None = None,
     ) -> RunSummary:
         """Progress bars until `finished(summary)`; then the processes are stopped and the
         summary table and reward curve written. While the ledger does not answer, the
         line says so and the processes wait for it (they give up, and so does the run,
-        after `STREAMRL_SERVICE_WAIT_S`)."""
+        after `STREAMRL_SERVICE_WAIT_S`). With `rollouts` and `budget`, failed rollouts
+        are counted on the line, and past the budget the run fails (RunFailed). A failed
+        run is marked failed in the ledger, with why."""
         started = time.monotonic()
+        try:
+            summary = self._follow(console, total_steps, finished, poll_s, before, rollouts, budget)
+        except RunFailed as failed:  # its processes are stopped (_follow's finally)
+            why = self.record_failed(str(failed))
+            raise RunFailed(why) from None
+        if self.broker.window_steps:
+            self.say(windows_left(self.settings, self.run_id, total_steps, self.broker.window_steps))
+        self.retire_topics()
+        wall = time.monotonic() - started
+        summary = load_summary(self.settings.database_url, self.run_id)
+        png = reward_curve_png(summary, self.out / "reward_curve.png")
+        table = summary_table(summary, wall)
+        table.add_row("process restarts", self.supervisor.restarts_text())
+        for key in ("val_accuracy_before_replay", "val_accuracy_after_replay"):
+            value = (summary.finish or {}).get(key, summary.warmup.get(key))
+            if value is not None:
+                table.add_row(key.replace("_", " ").replace("val ", "validation "), f"{value:.3f}")
+        with connect(self.settings.database_url, autocommit=True) as conn:
+            failures = load_failures(conn, self.run_id)
+        for kind, count in sorted(failures.counts.items()):
+            table.add_row(kind, f"{count:,}")
+        console.print(table)
+        for line in first_errors_text(failures):
+            console.print(line, highlight=False, markup=False)
+        console.print(f"reward curve: {png}", highlight=False)
+        return summary
+
+    def record_failed(self, why: str) -> str:
+        """The run's `failed` event, written to the ledger here (its processes are
+        stopped: the sink may be the one that failed); returns `why` with the first error
+        of each failed-rollout kind, as the ledger has them."""
+        from streamrl.consumers.ledger_sink import Placed, create_staging_tables, insert_events
+        from streamrl.schema.events import RunEvent
+        from streamrl.schema.topics import topic_name
+
+        try:
+            with connect(self.settings.database_url) as conn:
+                failures = load_failures(conn, self.run_id)
+                firsts = first_errors_text(failures)
+                why = "\n".join([why, *firsts])
+                earlier = conn.execute(
+                    "select count(*) from run_events where run_id = %s and kind = 'failed'", (self.run_id,)
+                ).fetchone()
+                event = RunEvent(
+                    run_id=self.run_id,
+                    kind="failed",
+                    sequence=earlier[0] if earlier else 0,
+                    name="streamrl run",
+                    message=why,
+                    details={"failures": failures.counts},
+                )
+                create_staging_tables(conn)
+                with conn.transaction():
+                    insert_events(conn, [Placed(event, topic_name(self.run_id, "runs"), -1, -1)])
+                conn.commit()
+        except psycopg.Error as error:
+            self.say(f"could not mark run {self.run_id} failed in the ledger: {error}")
+        with open(self.logs / "supervisor.log", "a") as log:
+            log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} run failed: {why}\n")
+        return why
+
+    def _follow(self, console, total_steps, finished, poll_s, before, rollouts, budget) -> RunSummary:
         summary = None
         try:
             with Progress(
@@ -137,11 +205,18 @@ class LocalRun:
                     self.check()
                     try:
                         summary = load_summary(self.settings.database_url, self.run_id, with_counts=False)
+                        if rollouts is not None:
+                            with connect(self.settings.database_url, autocommit=True) as conn:
+                                rollouts.poll(conn, self.run_id)
                     except psycopg.OperationalError:
                         progress.update(bar, status=f"waiting for the ledger's PostgreSQL  {self.restarts_note()}")
                         continue
-                    notes = "  ".join(note for note in (self.broker_note(), self.restarts_note()) if note)
+                    failed = rollouts.note() if rollouts is not None else ""
+                    notes = "  ".join(note for note in (failed, self.broker_note(), self.restarts_note()) if note)
                     progress.update(bar, completed=len(summary.steps), status=f"{status_line(summary)}  {notes}".rstrip())
+                    breach = rollouts.breach(budget) if rollouts is not None and budget is not None else None
+                    if breach:
+                        raise RunFailed(f"run {self.run_id} failed: {breach}")
                     if finished(summary):
                         break
         except KeyboardInterrupt:
@@ -149,20 +224,7 @@ class LocalRun:
             raise
         finally:
             self.stop()
-        if self.broker.window_steps:
-            self.say(windows_left(self.settings, self.run_id, total_steps, self.broker.window_steps))
-        self.retire_topics()
-        wall = time.monotonic() - started
-        summary = load_summary(self.settings.database_url, self.run_id)
-        png = reward_curve_png(summary, self.out / "reward_curve.png")
-        table = summary_table(summary, wall)
-        table.add_row("process restarts", self.supervisor.restarts_text())
-        for key in ("val_accuracy_before_replay", "val_accuracy_after_replay"):
-            value = (summary.finish or {}).get(key, summary.warmup.get(key))
-            if value is not None:
-                table.add_row(key.replace("_", " ").replace("val ", "validation "), f"{value:.3f}")
-        console.print(table)
-        console.print(f"reward curve: {png}", highlight=False)
+        assert summary is not None
         return summary
 
 
@@ -180,7 +242,11 @@ def reward_curve_png(summary: RunSummary, path: Path) -> str:
 
 
 def status_line(summary: RunSummary) -> str:
-    latest_val = f"val acc {summary.val_accuracy[-1]:.2f} @v{summary.val_versions[-1]}" if summary.val_accuracy else "val acc -"
+    latest_val = "val acc -"
+    if summary.val_accuracy:
+        accuracy, errored, count = summary.val_accuracy[-1], summary.val_errored[-1], summary.val_counts[-1]
+        shown = f"n/a ({errored} of {count} errored)" if accuracy is None else f"{accuracy:.2f}"
+        latest_val = f"val acc {shown} @v{summary.val_versions[-1]}"
     tail = summary.reward_by_step[-10:]
     reward = f"reward {sum(tail) / len(tail):.2f}" if tail else "warming up"
     return f"{reward}  {latest_val}"
@@ -256,7 +322,7 @@ def run_locally(
         nonlocal val_wait_started
         if not local.supervisor.finished(learner) or len(summary.steps) < total:
             return False
-        if final_val_version is None or val_accuracy_at(summary, final_val_version, val_rows) is not None:
+        if final_val_version is None or val_complete(summary, final_val_version, val_rows):
             return True
         val_wait_started = val_wait_started or time.monotonic()
         if time.monotonic() - val_wait_started > final_val_timeout_s:
@@ -268,7 +334,9 @@ def run_locally(
             return True
         return False
 
-    summary = local.follow(console, total, finished)
+    per_step = recipe.trajectory_pool.batch_size * recipe.rollout_worker.rollout_repeat_n
+    rollouts = StepWatch(per_step=per_step, per_validation=val_rows)
+    summary = local.follow(console, total, finished, rollouts=rollouts, budget=recipe.failure_budget)
     console.print(
         f"ask the ledger: streamrl sql \"select step, metrics->>'reward_mean' as reward from train_steps "
         f"where run_id = '{run_id}' order by step\"",

@@ -22,8 +22,10 @@ class RunSummary:
     steps: list[int] = field(default_factory=list)
     reward_by_step: list[float] = field(default_factory=list)
     val_versions: list[int] = field(default_factory=list)
-    val_accuracy: list[float] = field(default_factory=list)
-    val_counts: list[int] = field(default_factory=list)
+    # over the rollouts scored (no error in the rollout or its evaluator); None: none was
+    val_accuracy: list[float | None] = field(default_factory=list)
+    val_counts: list[int] = field(default_factory=list)  # rollouts recorded, scored or not
+    val_errored: list[int] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
     totals: dict[str, float] = field(default_factory=dict)
     warmup: dict = field(default_factory=dict)  # the learner's `started` details
@@ -52,15 +54,18 @@ def load_summary(database_url: str, run_id: str, with_counts: bool = True) -> Ru
         summary.steps = [r[0] for r in rows]
         summary.reward_by_step = [r[1] or 0.0 for r in rows]
         rows = conn.execute(
-            # an evaluator's `accuracy` metric where it reports one (shaped rewards), else the reward
-            "select step, avg(coalesce((metrics->>'accuracy')::float, reward)), count(*) from evaluations "
+            # an evaluator's `accuracy` metric where it reports one (shaped rewards), else the
+            # reward; over scored rollouts only: an error is not a wrong answer
+            "select step, avg(coalesce((metrics->>'accuracy')::float, reward)) filter (where error is null), count(*), "
+            "count(*) filter (where error is not null) from evaluations "
             "where run_id = %s and is_val "
             "group by step order by step",
             (run_id,),
         ).fetchall()
         summary.val_versions = [r[0] for r in rows]
-        summary.val_accuracy = [float(r[1]) for r in rows]
+        summary.val_accuracy = [None if r[1] is None else float(r[1]) for r in rows]
         summary.val_counts = [r[2] for r in rows]
+        summary.val_errored = [r[3] for r in rows]
         row = conn.execute(
             "select details from run_events where run_id = %s and kind = 'started' and name = 'learner'", (run_id,)
         ).fetchone()
@@ -92,10 +97,25 @@ def load_summary(database_url: str, run_id: str, with_counts: bool = True) -> Ru
 
 
 def val_accuracy_at(summary: RunSummary, version: int, expected: int | None = None) -> float | None:
+    """Version `version`'s accuracy, once `expected` rollouts are recorded; None before,
+    or when none of them was scored."""
     for v, acc, count in zip(summary.val_versions, summary.val_accuracy, summary.val_counts):
         if v == version and (expected is None or count >= expected):
             return acc
     return None
+
+
+def val_complete(summary: RunSummary, version: int, expected: int) -> bool:
+    """Every held-out rollout of `version` is recorded (scored or failed)."""
+    return dict(zip(summary.val_versions, summary.val_counts)).get(version, 0) >= expected
+
+
+def val_text(summary: RunSummary, index: int) -> str:
+    """One validation's accuracy for people: "0.850", or "n/a: 16 of 16 errored"."""
+    accuracy, count, errored = summary.val_accuracy[index], summary.val_counts[index], summary.val_errored[index]
+    if accuracy is None:
+        return f"n/a: {errored} of {count} errored"
+    return f"{accuracy:.3f}" + (f" ({errored} of {count} errored)" if errored else "")
 
 
 def smooth(values: list[float], window: int) -> list[float]:
@@ -119,7 +139,9 @@ def plot_reward_curve(summary: RunSummary, path: Path) -> Path:
         ax.plot(summary.steps, summary.reward_by_step, color="tab:blue", alpha=0.25, label="train reward (per step)")
         ax.plot(summary.steps, smooth(summary.reward_by_step, 10), color="tab:blue", label="train reward (10-step mean)")
     if summary.val_versions:
-        ax.plot(summary.val_versions, summary.val_accuracy, "o-", color="tab:orange", label="held-out validation accuracy")
+        scored = [(v, a) for v, a in zip(summary.val_versions, summary.val_accuracy) if a is not None]
+        if scored:
+            ax.plot(*zip(*scored), "o-", color="tab:orange", label="held-out validation accuracy")
     ax.set_ylim(-0.02, 1.02)
     return save_plot(fig, ax, path, f"run {summary.run_id}", "step (weight version)", "reward / accuracy", "lower right")
 
@@ -174,6 +196,10 @@ def plot_logprob_gap(database_url: str, run_id: str, path: Path) -> Path | None:
 # --- `streamrl show RUN`: the run's story ---------------------------------------------------
 
 STORY_QUERIES = {
+    "status": """
+        select r.status, (select split_part(message, E'\\n', 1) from run_events f
+                          where f.run_id = r.run_id and f.kind = 'failed' order by f.created_at desc limit 1) as why_it_failed
+        from runs r where r.run_id = %(run)s""",
     "throughput": """
         select count(*) as steps, extract(epoch from max(created_at) - min(created_at)) as seconds,
                sum(samples) as trained_samples, sum(tokens) as trained_tokens, avg(seconds) as learner_seconds_per_step
@@ -262,8 +288,8 @@ def summary_table(summary: RunSummary, wall_s: float) -> Table:
             f"cross-entropy warm-up ({summary.warmup['warmup_steps']} steps)", f"{summary.warmup['warmup_seconds']:.0f} s"
         )
     if summary.val_accuracy:
-        table.add_row("validation accuracy, first", f"{summary.val_accuracy[0]:.3f} (version {summary.val_versions[0]})")
-        table.add_row("validation accuracy, last", f"{summary.val_accuracy[-1]:.3f} (version {summary.val_versions[-1]})")
+        table.add_row("validation accuracy, first", f"{val_text(summary, 0)} (version {summary.val_versions[0]})")
+        table.add_row("validation accuracy, last", f"{val_text(summary, -1)} (version {summary.val_versions[-1]})")
     if summary.reward_by_step:
         tail = summary.reward_by_step[-10:]
         table.add_row("train reward, last 10 steps", f"{sum(tail) / len(tail):.3f}")
@@ -273,6 +299,23 @@ def summary_table(summary: RunSummary, wall_s: float) -> Table:
     for key, value in summary.counts.items():
         table.add_row(key, f"{value:,}")
     return table
+
+
+def print_failures(console: Console, database_url: str, run_id: str) -> None:
+    """Every failure kind's count (the ledger's `failures` view), then the first of each
+    verbatim with where it happened."""
+    from streamrl.failures import first_errors_text, load_failures
+
+    with connect(database_url, autocommit=True) as conn:
+        failures = load_failures(conn, run_id)
+    table = Table("kind", "count", title="failures")
+    for kind, count in sorted(failures.counts.items(), key=lambda kv: -kv[1]):
+        table.add_row(Text(kind), f"{count:,}")
+    if not failures.counts:
+        table.caption = "none"
+    console.print(table)
+    for line in first_errors_text(failures):
+        console.print(Text(line))
 
 
 def write_story(
@@ -298,6 +341,7 @@ def write_story(
         if not rows:
             section.caption = "none"
         recorder.print(section)
+    print_failures(recorder, database_url, run_id)
     pngs = [plot_reward_curve(summary, out / "reward_curve.png")]
     pngs += [p for p in [plot_logprob_gap(database_url, run_id, out / "logprob_gap.png")] if p]
     html = recorder.export_html(inline_styles=True)

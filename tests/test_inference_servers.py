@@ -110,6 +110,21 @@ def test_a_resumed_completion_gives_each_token_its_version():
     assert logprobs == [0.0, 0.0, -0.1, -0.2, -0.3] and versions == [0, 0, 4, 5, 5]
 
 
+def test_a_response_that_repeats_the_prompts_last_token_is_found_after_its_prompt():
+    """ "3+4=" then "7": the sampled 7 sits after the prompt, not at the prompt's own 7
+    ("1+7=" ... ), which a forward search from the start would take."""
+    completion = Completion(
+        prompt_token_ids=[1, 7, 2],
+        response_token_ids=[7],
+        response_text="",
+        logprobs=[-0.25],
+        finish_reason="length",
+        weight_version=3,
+    )
+    logprobs, versions = behaviour_logprobs([1, 7, 2, 7], [0, 0, 0, 1], [completion])
+    assert logprobs == [0.0, 0.0, 0.0, -0.25] and versions == [0, 0, 0, 3]
+
+
 def test_each_sglang_request_carries_its_completions_sampling_seed():
     """The seed reaches SGLang's sampling_params as `sampling_seed` (SGLang draws from it on
     a server with --enable-deterministic-inference); a request without one sends none."""

@@ -212,7 +212,7 @@ def test_length_limits_hold_for_a_custom_worker(server):
     worker = LongPromptWorker({"repeat": 10}, client, ExactMatchEvaluator(), published.append)
     trajectory, evaluation = worker.run_task(task())
     prompt_tokens = len(encode(server.tokenizer, f"<|im_start|>user\n{'12+34=' * 10}<|im_end|>\n<|im_start|>assistant\n"))
-    assert trajectory.error == f"ValueError: the prompt has {prompt_tokens} tokens, more than max_prompt_length (30)"
+    assert trajectory.error == f"PromptTooLong: the prompt has {prompt_tokens} tokens, more than max_prompt_length (30)"
     assert evaluation.reward == 0.0 and evaluation.error == trajectory.error
     worker = LongPromptWorker({"repeat": 1}, client, ExactMatchEvaluator(), published.append)
     trajectory, _ = worker.run_task(task())
