@@ -36,7 +36,7 @@ from psycopg.types.json import Jsonb, set_json_dumps
 from streamrl.consumers.table_writer import TableWriter, json_dumps
 from streamrl.runtime.backoff import backoff_delay
 from streamrl.runtime.blobs import BlobMissing, PostgresBlobStore
-from streamrl.runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, dead_letter, make_consumer, unframe
+from streamrl.runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, check_placement, dead_letter, make_consumer, unframe
 from streamrl.runtime.db import connect
 from streamrl.runtime.outage import BrokerWatch, PostgresOutage
 from streamrl.runtime.settings import Settings
@@ -100,11 +100,7 @@ def decode_record(record, blobs) -> tuple[list[Event], list[DeadLetter]]:
         try:
             event = unframe(value, blobs)
             if parsed is not None:
-                run_id, kind = parsed
-                if event.KIND != kind:
-                    raise CodecError(f"{type(event).__name__} event on a {kind} topic (expected kind {event.KIND})")
-                if event.run_id != run_id:
-                    raise CodecError(f"event of run {event.run_id!r} on a topic of run {run_id!r}")
+                check_placement(event, *parsed)
             events.append(event)
         except (CodecError, BlobMissing) as exc:
             errors.append(str(exc) if len(frames) == 1 else f"bundle frame {index}: {exc}")

@@ -34,8 +34,10 @@ FRAME_BUNDLE = 0x04
 
 DEFAULT_COMPRESS_OVER = 256 * 1024
 # Largest event a zstd frame may expand to: a frame that claims more (a decompression
-# bomb, or garbage that looks like zstd) is refused, not allocated.
-MAX_DECOMPRESSED_BYTES = 512 * 1024 * 1024
+# bomb, or garbage that looks like zstd) is refused, not allocated. A rollout of a million
+# tokens with its logprobs, versions and text is about 20 MB; a reader decoding one frame
+# at this limit holds about three times it.
+MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(typing.Union[ALL_EVENT_TYPES])  # noqa: UP007 (a tuple of types, unpacked by Union[])

@@ -23,10 +23,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+import zstandard
 from kafka import KafkaProducer
 
 from streamrl.runtime import db, services
 from streamrl.runtime.settings import Settings
+from streamrl.schema import codec
+from streamrl.schema.events import Task
 from streamrl.schema.topics import run_topics, topic_window
 from tests.conftest import REPO, command_lines, free_port, run_cli, wait_for
 from tests.conftest import broker_topics as broker_topic_names
@@ -76,16 +79,24 @@ def process_of(run_id: str, role: str) -> int | None:
 
 
 def bad_records(settings: Settings, run_id: str) -> int:
-    """Undecodable, truncated and oversized values on every topic of the run."""
-    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, max_request_size=settings.max_message_bytes)
+    """Undecodable, truncated and oversized values on every topic of the run, a
+    decompression bomb, an event of a schema version from the future and one of another
+    run: each must become one dead letter, and nothing else change."""
+    producer = KafkaProducer(bootstrap_servers=settings.kafka_bootstrap, max_request_size=3 * 2**20)
     rng = random.Random(7)
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * (codec.MAX_DECOMPRESSED_BYTES + 1))  # about 2 KB
     values = [
         b"",
         b"\x00not an event",
         b"\x93\xa4junk",
         bytes(rng.getrandbits(8) for _ in range(256)),
-        b"\xc1" * (settings.max_message_bytes - 8192),
-    ]  # 1 MB of a byte msgpack never uses
+        b"\xc1" * (settings.max_message_bytes - 8192),  # 1 MB of a byte msgpack never uses
+        b"\xc1" * (settings.max_message_bytes + 51_424),  # over what the run's own producers may send
+        b"\xc1" * (2 * 2**20),
+        bytes([codec.FRAME_ZSTD]) + bomb,
+        codec.encode(Task(run_id=run_id, task_id="from-the-future", group_id="g", schema_version=99)),
+        codec.encode(Task(run_id="another-run", task_id="elsewhere", group_id="g")),
+    ]
     sent = 0
     for kind, topic in run_topics(run_id).items():
         if kind == "dead_letters":

@@ -139,6 +139,41 @@ def test_a_zstd_frame_that_claims_a_huge_size_is_refused_without_allocating_it()
         raise AssertionError("a frame over the limit was decoded")
 
 
+def test_a_dead_letter_for_a_record_of_any_size_fits_a_message_and_says_what_it_left_out():
+    """A 1,100,000-byte garbage record: its dead letter keeps the first 64 KiB, names the
+    record's size and hash, and frames within the broker limit, so dead-lettering it
+    cannot fail and the reader's offset moves past it."""
+    import hashlib
+
+    from streamrl.runtime.bus import DEAD_LETTER_RAW_BYTES, frame
+    from streamrl.runtime.settings import Settings
+
+    value = b"\xc1" * 1_100_000
+    record = SimpleNamespace(topic="streamrl.r1.trajectories", partition=0, offset=9, key=b"k" * 5000, value=value)
+    events, dead = unframe_record(record, "r1", "processor", None)
+    assert events == [] and len(dead) == 1
+    letter = dead[0]
+    assert letter.raw == value[:DEAD_LETTER_RAW_BYTES] and len(letter.key) == 1024
+    assert f"the record's value is 1,100,000 bytes, sha256 {hashlib.sha256(value).hexdigest()}" in letter.error
+    assert "the record's key is 5,000 bytes" in letter.error
+    limit = Settings.from_env().max_message_bytes
+    assert len(frame(letter, limit, None)) < limit
+
+
+def test_an_event_on_another_runs_topic_or_of_another_kind_is_a_dead_letter():
+    from streamrl.schema.events import Task
+
+    task = codec.encode(Task(run_id="r2", task_id="t", group_id="g"))
+    _, dead = unframe_record(
+        SimpleNamespace(topic="streamrl.r1.tasks", partition=0, offset=1, key=None, value=task), "r1", "worker", None
+    )
+    assert "event of run 'r2' on a topic of run 'r1'" in dead[0].error
+    _, dead = unframe_record(
+        SimpleNamespace(topic="streamrl.r2.samples", partition=0, offset=1, key=None, value=task), "r2", "learner", None
+    )
+    assert "Task event on a samples topic" in dead[0].error
+
+
 # --- the recipe loader ---------------------------------------------------------------------
 
 recipe_keys = st.sampled_from(
