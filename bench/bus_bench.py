@@ -9,7 +9,7 @@ from kafka import TopicPartition
 
 from streamrl.runtime.bus import EventPublisher, make_consumer, make_producer, unframe
 from streamrl.runtime.topic_admin import create_topics
-from streamrl.schema import codec
+from streamrl.schema import codec, signing
 from streamrl.schema.events import Trajectory, pack_float32, pack_int32, pack_mask
 from streamrl.schema.topics import topic_name
 
@@ -65,7 +65,8 @@ def main() -> None:
         for event in events:
             publisher.publish(event)
     event_produce = time.perf_counter() - start
-    event_consume = consume_all(settings, events_topic, lambda v: unframe(v, None))
+    key = signing.run_key(settings.bus_key, run_id) if settings.bus_key else None  # as every reader checks it
+    event_consume = consume_all(settings, events_topic, lambda v: unframe(signing.verified(key, v, run_id) if key else v, None))
 
     payload = b"x" * size
     producer = make_producer(settings)

@@ -217,7 +217,7 @@ class FaustProcessor:
             record = message.message
             if not await self._in_order(record):
                 continue
-            events, dead = unframe_record(record, self.run_id, "processor", self._blob_store_if_needed)
+            events, dead = unframe_record(record, self.run_id, "processor", self._blob_store_if_needed, self.settings.bus_key)
             for letter in dead:
                 await asyncio.gather(*await self._send([letter]))
             hold = AckWhenReleased(message)  # a bundle's events may wait on their group
@@ -386,7 +386,8 @@ class FaustProcessor:
         for event in events:
             check_writes("processor", event)
         topic, key = topic_name(self.run_id, events[0].KIND), event_key(events[0])
-        values = codec.bundle([frame(event, limit, None) for event in events], limit - FRAME_OVERHEAD_BYTES)
+        frames = [frame(event, limit, None, self.settings.bus_key) for event in events]
+        values = codec.bundle(frames, limit - FRAME_OVERHEAD_BYTES)
         return [await self.output_producer.send(topic, key=key, value=value) for value in values]
 
     async def _stop_output_producer(self, *args, **kwargs) -> None:

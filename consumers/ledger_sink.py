@@ -42,6 +42,7 @@ from streamrl.runtime.outage import BrokerWatch, PostgresOutage
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.topic_admin import create_topics
 from streamrl.runtime.topic_windows import RETIRE_EVERY_S, SinkWindows, delete_topics, ledger_holds
+from streamrl.schema import signing
 from streamrl.schema.codec import CodecError, split_bundle
 from streamrl.schema.events import DeadLetter, Event, RunEvent
 from streamrl.schema.ledger import TABLE_BY_EVENT, event_row
@@ -87,9 +88,10 @@ class SinkStats:
     by_type: dict[str, int] = field(default_factory=dict)
 
 
-def decode_record(record, blobs) -> tuple[list[Event], list[DeadLetter]]:
+def decode_record(record, blobs, bus_key: bytes | None = None) -> tuple[list[Event], list[DeadLetter]]:
     """The events in a consumer record (one, or a bundle's) and, if some frame is not an
-    event of this topic's, one dead letter keeping the whole record with the reasons."""
+    event of this topic's (or, with a bus key, not signed with its run's key), one dead
+    letter keeping the record with the reasons."""
     parsed = parse_topic(record.topic)
     try:
         frames = split_bundle(record.value)
@@ -98,6 +100,9 @@ def decode_record(record, blobs) -> tuple[list[Event], list[DeadLetter]]:
     events, errors = [], []
     for index, value in enumerate(frames):
         try:
+            if bus_key is not None:
+                topic_run = parsed[0] if parsed else "unknown"
+                value = signing.verified(signing.run_key(bus_key, topic_run), value, topic_run)
             event = unframe(value, blobs)
             if parsed is not None:
                 check_placement(event, *parsed)
@@ -291,7 +296,7 @@ class LedgerSink:
         placed, dead, next_offsets = [], [], {}
         for tp, records in batch.items():
             for record in records:
-                events, bad = decode_record(record, self.blobs)
+                events, bad = decode_record(record, self.blobs, self.settings.bus_key)
                 placed += [Placed(event, record.topic, record.partition, record.offset) for event in events]
                 dead += bad
             next_offsets[tp] = records[-1].offset + 1

@@ -31,7 +31,7 @@ from streamrl.runtime.blobs import PostgresBlobStore
 from streamrl.runtime.outage import BrokerWatch
 from streamrl.runtime.settings import Settings, SettingsError
 from streamrl.runtime.topic_admin import WindowTopics, track_topic
-from streamrl.schema import codec
+from streamrl.schema import codec, signing
 from streamrl.schema.events import DeadLetter, Event
 from streamrl.schema.topics import (
     ROTATED_KINDS,
@@ -105,27 +105,30 @@ def make_consumer(settings: Settings, group_id: str | None, **overrides) -> Kafk
     return KafkaConsumer(**settings.kafka_client_options(), **options)
 
 
-def frame(event: Event, max_message_bytes: int, blobs: BlobWriter | None) -> bytes:
-    """The bytes to send for `event`: inline (compressed when large) or a blob reference."""
+def frame(event: Event, max_message_bytes: int, blobs: BlobWriter | None, bus_key: bytes | None = None) -> bytes:
+    """The bytes to send for `event`: inline (compressed when large) or a blob reference;
+    signed with its run's key when there is a bus key (schema/signing.py)."""
     data = codec.encode(event)
-    if len(data) <= max_message_bytes - FRAME_OVERHEAD_BYTES:
-        return data
-    if blobs is None:
-        raise MessageTooLarge(
-            f"{type(event).__name__} {event.event_id} encodes to {len(data)} bytes, over the broker "
-            f"limit of {max_message_bytes} (STREAMRL_KAFKA_MAX_MESSAGE_BYTES), and this producer has "
-            "no blob store to send it by reference"
-        )
-    reference, ref = codec.encode_reference(data)
-    blobs.put(ref.sha256, data)
-    return reference
+    room = max_message_bytes - FRAME_OVERHEAD_BYTES - (signing.SIGNED_OVERHEAD_BYTES if bus_key else 0)
+    if len(data) > room:
+        if blobs is None:
+            raise MessageTooLarge(
+                f"{type(event).__name__} {event.event_id} encodes to {len(data)} bytes, over the broker "
+                f"limit of {max_message_bytes} (STREAMRL_KAFKA_MAX_MESSAGE_BYTES), and this producer has "
+                "no blob store to send it by reference"
+            )
+        reference, ref = codec.encode_reference(data)
+        blobs.put(ref.sha256, data)
+        data = reference
+    return signing.sign(signing.run_key(bus_key, event.run_id), data) if bus_key else data
 
 
-def unframe_record(record, run_id: str, stage: str, blobs) -> tuple[list[Event], list[DeadLetter]]:
+def unframe_record(record, run_id: str, stage: str, blobs, bus_key: bytes | None = None) -> tuple[list[Event], list[DeadLetter]]:
     """The events of a consumer record (one, or a bundle's) and, if some frame cannot be
     decoded, one dead letter keeping the whole record with each bad frame's reason: the
     good events of a bundle go on without it. `blobs` is a BlobReader or a callable that
-    opens one on first use."""
+    opens one on first use. With a bus key, a frame not signed with the key of the run
+    whose topic it is on is refused before it is decoded."""
     try:
         frames = codec.split_bundle(record.value)
     except codec.CodecError as exc:
@@ -134,6 +137,8 @@ def unframe_record(record, run_id: str, stage: str, blobs) -> tuple[list[Event],
     placed = parse_topic(record.topic)
     for index, value in enumerate(frames):
         try:
+            if bus_key is not None:
+                value = signing.verified(signing.run_key(bus_key, placed[0] if placed else run_id), value, run_id)
             event = unframe(value, blobs(value) if callable(blobs) else blobs)
             if placed is not None:
                 check_placement(event, *placed)
@@ -200,7 +205,7 @@ class EventPublisher:
                 if self._windows.open(event.run_id, window, partitions):
                     self._replace_producer()
         key = event_key(event)
-        value = frame(event, self._settings.max_message_bytes, self._blobs)
+        value = frame(event, self._settings.max_message_bytes, self._blobs, self._settings.bus_key)
         if self._bundle:
             with self._in_flight_lock:
                 self._held.setdefault((topic, key), []).append(value)
@@ -444,7 +449,7 @@ class RunReader:
         events, dead = [], []
         for tp, records in batch.items():
             for record in records:
-                decoded, bad = unframe_record(record, self.run_id, self.stage, self._blob_store_if_needed)
+                decoded, bad = unframe_record(record, self.run_id, self.stage, self._blob_store_if_needed, self.settings.bus_key)
                 events += [(event, tp, record.offset) for event in decoded]  # a bundle's events share its offset
                 dead += bad
         return events, dead

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamrl.runtime.db import connect
-from streamrl.runtime.settings import Settings
+from streamrl.runtime.settings import BUS_KEY_FILE, Settings
 
 EMBEDDED_DATABASE = "streamrl"
 
@@ -187,6 +187,8 @@ def up(settings: Settings) -> list[str]:
     """Start what is not running; idempotent. Returns a line per service saying what happened."""
     state = settings.read_state()
     said = []
+    if settings.ensure_bus_key():
+        said.append(f"bus: wrote the key this machine's runs sign their events with, {settings.home / BUS_KEY_FILE}")
     if settings.kafka_bootstrap_env:
         said.append(f"kafka: external {settings.kafka_bootstrap_env}")
     else:

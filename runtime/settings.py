@@ -6,8 +6,10 @@ names; a test checks they agree).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -46,6 +48,7 @@ SGLANG_VERSION = "0.5.23"
 DEFAULT_KAFKA_PORT = 9092
 DEFAULT_POSTGRES_PORT = 5432
 STATE_FILE = "services.json"
+BUS_KEY_FILE = "bus.key"  # the key events are signed with (Settings.bus_key)
 
 
 READER_ROLE = "streamrl_reader"  # created by migration 0007
@@ -105,6 +108,44 @@ class Settings:
     sglang_python_env: str | None = None
     readonly_database_url_env: str | None = None
     service_wait_s: int = 120
+
+    @functools.cached_property
+    def bus_key(self) -> bytes | None:
+        """The key every event on the bus is signed with (schema/signing.py):
+        STREAMRL_BUS_KEY (64 hex digits), else STREAMRL_HOME/bus.key, which `streamrl up`
+        writes; None where neither exists (frames are then neither signed nor checked)."""
+        text = os.environ.get("STREAMRL_BUS_KEY") or None
+        where = "STREAMRL_BUS_KEY"
+        if text is None:
+            path = self.home / BUS_KEY_FILE
+            where = str(path)
+            try:
+                text = path.read_text().strip()
+            except FileNotFoundError:
+                return None
+        try:
+            key = bytes.fromhex(text)
+        except ValueError:
+            key = b""
+        if len(key) < 16:
+            raise SettingsError(f"{where}: expected a bus key of at least 32 hex digits (`streamrl up` writes one)")
+        return key
+
+    def ensure_bus_key(self) -> bool:
+        """Write STREAMRL_HOME/bus.key (32 random bytes, readable by this user only) unless
+        a key exists; True when it wrote one."""
+        if self.bus_key is not None:
+            return False
+        self.home.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.home / BUS_KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process wrote it first
+            self.__dict__.pop("bus_key", None)
+            return False
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_hex(32) + "\n")
+        self.__dict__.pop("bus_key", None)
+        return True
 
     @classmethod
     def from_env(cls) -> Settings:

@@ -31,6 +31,7 @@ FRAME_PLAIN = 0x01
 FRAME_ZSTD = 0x02
 FRAME_REFERENCE = 0x03
 FRAME_BUNDLE = 0x04
+FRAME_SIGNED = 0x05  # schema.signing: a mac, then one of the frames above
 
 DEFAULT_COMPRESS_OVER = 256 * 1024
 # Largest event a zstd frame may expand to: a frame that claims more (a decompression
@@ -132,6 +133,8 @@ def decode(data: bytes | None) -> Event:
         raise CodecError("blob reference frame: resolve it through the blob store before decoding")
     elif frame == FRAME_BUNDLE:
         raise CodecError("bundle frame: split it (split_bundle) before decoding, and bundles do not nest")
+    elif frame == FRAME_SIGNED:
+        raise CodecError("signed frame: check its mac (schema.signing.verified) before decoding")
     elif frame != FRAME_PLAIN:
         raise CodecError(
             f"not a StreamRL event: first byte 0x{frame:02x}, expected a frame type "

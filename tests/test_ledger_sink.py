@@ -16,7 +16,7 @@ from streamrl.producers.synthetic import SYNTHETIC, synthetic_events
 from streamrl.runtime.blobs import PostgresBlobStore
 from streamrl.runtime.bus import EventPublisher, MessageTooLarge, make_consumer
 from streamrl.runtime.topic_admin import create_run_topics
-from streamrl.schema import codec
+from streamrl.schema import codec, signing
 from streamrl.schema.events import Trajectory, pack_float32, pack_int32, pack_mask
 from streamrl.schema.topics import run_topics, topic_name
 from tests.conftest import SinkThread, count_rows, start_sink_process, wait_for
@@ -136,6 +136,16 @@ def test_sink_killed_three_times_loses_and_duplicates_nothing(stack, ledger, run
     assert sorted(in_ledger) == sorted(produced)
 
 
+def run_key(settings, run_id: str) -> bytes:
+    return signing.run_key(settings.bus_key, run_id)
+
+
+def signed(settings, frame: bytes) -> bytes:
+    """`frame` signed as the run's own processes sign theirs (the tests share its bus key)."""
+    run_id = codec.decode(frame).run_id
+    return signing.sign(run_key(settings, run_id), frame)
+
+
 def test_garbage_on_every_topic_becomes_a_dead_letter_and_the_sink_goes_on(stack, ledger, run_id):
     create_run_topics(stack, run_id)
     garbage_at = {}
@@ -145,7 +155,7 @@ def test_garbage_on_every_topic_becomes_a_dead_letter_and_the_sink_goes_on(stack
             garbage_at[topic] = (meta.partition, meta.offset)
         # A well-formed event on the wrong topic is refused too.
         meta = publisher.producer.send(
-            topic_name(run_id, "tasks"), key=b"g0", value=codec.encode(SYNTHETIC["Evaluation"](run_id, 0))
+            topic_name(run_id, "tasks"), key=b"g0", value=signed(stack, codec.encode(SYNTHETIC["Evaluation"](run_id, 0)))
         ).get(10)
         wrong_topic_at = (meta.partition, meta.offset)
         # Valid events after the garbage, on the same partitions (same key).
@@ -165,7 +175,7 @@ def test_garbage_on_every_topic_becomes_a_dead_letter_and_the_sink_goes_on(stack
     for topic, (partition, offset) in garbage_at.items():
         matching = [r for r in by_topic[topic] if (r[0], r[1]) == (partition, offset)]
         assert len(matching) == 1, topic
-        assert "first byte 0x00" in matching[0][2]
+        assert "unsigned frame (0x00)" in matching[0][2]  # refused before it is decoded
         assert matching[0][3].startswith(b"\x00not an event")
     wrong = [r for r in by_topic[topic_name(run_id, "tasks")] if (r[0], r[1]) == wrong_topic_at]
     assert "Evaluation event on a tasks topic" in wrong[0][2]
@@ -182,7 +192,8 @@ def test_garbage_on_every_topic_becomes_a_dead_letter_and_the_sink_goes_on(stack
     deadline = time.monotonic() + 10
     while len(seen) < 8 and time.monotonic() < deadline:
         for records in consumer.poll(timeout_ms=500).values():
-            seen += [codec.decode(r.value) for r in records if r.value.startswith(b"\x01")]
+            signed_values = [r.value for r in records if r.value.startswith(bytes([codec.FRAME_SIGNED]))]  # not the garbage
+            seen += [codec.decode(signing.verified(run_key(stack, run_id), v, run_id)) for v in signed_values]
     consumer.close()
     assert {(d.source_topic, d.source_partition, d.source_offset) for d in seen} >= {
         (t, p, o) for t, (p, o) in garbage_at.items() if not t.endswith(".dead_letters")
@@ -195,7 +206,7 @@ def test_a_bundle_is_one_row_per_event_and_a_bad_frame_in_it_one_dead_letter(sta
     with EventPublisher(stack, bundle=True) as publisher:  # held per key, sent at the flush
         for task in tasks[:4]:
             publisher.publish(task)
-    frames = [codec.encode(t) for t in tasks[4:]]
+    frames = [signed(stack, codec.encode(t)) for t in tasks[4:]]
     (mixed,) = codec.bundle([frames[0], b"\x00not an event", frames[1]], 1 << 20)
     with EventPublisher(stack) as publisher:
         meta = publisher.producer.send(topic_name(run_id, "tasks"), key=b"g0", value=mixed).get(10)
@@ -211,7 +222,7 @@ def test_a_bundle_is_one_row_per_event_and_a_bad_frame_in_it_one_dead_letter(sta
     ((error, raw, offset),) = ledger.execute(
         "select error, raw, source_offset from dead_letters where run_id = %s", (run_id,)
     ).fetchall()
-    assert "bundle frame 1" in error and "first byte 0x00" in error
+    assert "bundle frame 1" in error and "unsigned frame (0x00)" in error
     assert bytes(raw) == mixed and offset == meta.offset  # the whole record is kept
 
 
