@@ -23,6 +23,7 @@ ENV_VARS = {
     "STREAMRL_KAFKA_SASL_USERNAME": "SASL user name",
     "STREAMRL_KAFKA_SASL_PASSWORD": "SASL password",
     "STREAMRL_KAFKA_SSL_CAFILE": "CA bundle for SSL",
+    "STREAMRL_BUS_KEY": "the key events on the bus are signed with, 64 hex digits (default: STREAMRL_HOME/bus.key)",
     "STREAMRL_TOPIC_PARTITIONS": "partitions per run topic (default 4)",
     "STREAMRL_KAFKA_MAX_MESSAGE_BYTES": "largest message the broker accepts (default 1048576)",
     "STREAMRL_KAFKA_SESSION_TIMEOUT_MS": "consumer group session timeout (default 6000)",
