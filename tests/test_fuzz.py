@@ -174,6 +174,36 @@ def test_an_event_on_another_runs_topic_or_of_another_kind_is_a_dead_letter():
     assert "Task event on a samples topic" in dead[0].error
 
 
+SINK_DECODES_BOMBS = """
+import resource, sys
+from types import SimpleNamespace
+from streamrl.consumers.ledger_sink import decode_record
+bomb = open(sys.argv[1], "rb").read()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for offset in range(20):
+    record = SimpleNamespace(topic="streamrl.r1.trajectories", partition=0, offset=offset, key=None, value=bomb)
+    events, dead = decode_record(record, None)
+    assert not events and len(dead) == 1
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+
+
+def test_the_sink_reading_compression_bombs_holds_at_most_a_few_times_the_frame_limit(tmp_path):
+    """20 records of about 2 KB that expand to just under the 64 MiB limit: the sink's
+    decoder refuses each, and its peak memory grows by less than four times the limit
+    (with the old 512 MiB limit one 32 KB record cost the sink 1.18 GB)."""
+    import subprocess
+    import sys
+
+    bomb = tmp_path / "bomb"
+    body = zstandard.ZstdCompressor(level=19).compress(b"\0" * (codec.MAX_DECOMPRESSED_BYTES - 1024))
+    bomb.write_bytes(bytes([codec.FRAME_ZSTD]) + body)
+    grown_kib = int(
+        subprocess.run([sys.executable, "-c", SINK_DECODES_BOMBS, str(bomb)], capture_output=True, text=True, check=True).stdout
+    )
+    assert grown_kib * 1024 < 4 * codec.MAX_DECOMPRESSED_BYTES, grown_kib
+
+
 # --- the recipe loader ---------------------------------------------------------------------
 
 recipe_keys = st.sampled_from(
