@@ -154,7 +154,8 @@ def check_placement(event: Event, topic_run_id: str, topic_kind: str) -> None:
     if event.KIND != topic_kind:
         raise codec.CodecError(f"{type(event).__name__} event on a {topic_kind} topic (expected kind {event.KIND})")
     if event.run_id != topic_run_id:
-        raise codec.CodecError(f"event of run {event.run_id!r} on a topic of run {topic_run_id!r}")
+        named = repr(event.run_id[:100]) + (f" ({len(event.run_id):,} characters)" if len(event.run_id) > 100 else "")
+        raise codec.CodecError(f"event of run {named} on a topic of run {topic_run_id!r}")
 
 
 def unframe(value: bytes | None, blobs: BlobReader | None) -> Event:

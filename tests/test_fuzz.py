@@ -189,15 +189,18 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
 
 
 def test_the_sink_reading_compression_bombs_holds_at_most_a_few_times_the_frame_limit(tmp_path):
-    """20 records of about 2 KB that expand to just under the 64 MiB limit: the sink's
+    """20 records of a few KB that expand to just under the 64 MiB limit: the sink's
     decoder refuses each, and its peak memory grows by less than four times the limit
     (with the old 512 MiB limit one 32 KB record cost the sink 1.18 GB)."""
     import subprocess
     import sys
 
     bomb = tmp_path / "bomb"
-    body = zstandard.ZstdCompressor(level=19).compress(b"\0" * (codec.MAX_DECOMPRESSED_BYTES - 1024))
-    bomb.write_bytes(bytes([codec.FRAME_ZSTD]) + body)
+    # a task whose run id is one long string: decoded, it is held twice (bytes and str)
+    payload = msgspec.msgpack.encode(
+        {"type": "task", "run_id": "r" * (codec.MAX_DECOMPRESSED_BYTES - 1024), "task_id": "t", "group_id": "g"}
+    )
+    bomb.write_bytes(bytes([codec.FRAME_ZSTD]) + zstandard.ZstdCompressor(level=19).compress(payload))
     grown_kib = int(
         subprocess.run([sys.executable, "-c", SINK_DECODES_BOMBS, str(bomb)], capture_output=True, text=True, check=True).stdout
     )
