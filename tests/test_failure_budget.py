@@ -106,3 +106,47 @@ def test_a_run_whose_every_prompt_is_too_long_fails_naming_the_over_long_prompts
     assert code == 1, flat[-3000:]
     assert "over-long prompt" in flat and "more than max_prompt_length (2)" in flat, flat[-3000:]
     assert ledger.execute("select status from runs where run_id = %s", (run_id,)).fetchone()[0] == "failed"
+
+
+@pytest.mark.services
+def test_a_run_whose_supervisor_gives_up_on_a_process_exits_1_and_is_failed_in_the_ledger(stack, ledger, run_id, tmp_path):
+    """--max-restarts 0: the worker SIGKILLed after the first step is not restarted; the
+    run stops, exits 1 naming the worker, and its status is failed, not left running."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import command_lines, wait_for
+
+    run = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--max-restarts", "0", "--run", run_id, "--out", str(tmp_path)],
+        cwd=REPO,
+        env={**os.environ, **SMALL, "ARITH_STEPS": "20"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(
+            lambda: (
+                run.poll() is not None
+                or ledger.execute("select count(*) from train_steps where run_id = %s", (run_id,)).fetchone()[0] >= 1
+            ),
+            timeout=300,
+            what="the first trained step",
+        )
+        (worker,) = [pid for pid, args in command_lines().items() if "worker" in args and run_id in args and "run" not in args]
+        os.kill(worker, signal.SIGKILL)
+        said, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    flat = " ".join(said.split())
+    assert run.returncode == 1, flat[-3000:]
+    assert "worker-0 exited with code -9" in flat, flat[-3000:]
+    status, message = ledger.execute(
+        "select r.status, e.message from runs r join run_events e on e.run_id = r.run_id and e.kind = 'failed' where r.run_id = %s",
+        (run_id,),
+    ).fetchone()
+    assert status == "failed" and "worker-0 exited with code -9" in message
