@@ -45,6 +45,9 @@ union all select 'dead letters', count(*) from dead_letters where run_id = %(run
 """
 
 
+COUNT_NAMES = [line.split("'")[1] for line in COUNT_QUERY.strip().splitlines()]
+
+
 def load_summary(database_url: str, run_id: str, with_counts: bool = True) -> RunSummary:
     summary = RunSummary(run_id)
     with connect(database_url, autocommit=True) as conn:
@@ -75,7 +78,8 @@ def load_summary(database_url: str, run_id: str, with_counts: bool = True) -> Ru
         ).fetchone()
         summary.finish = (row[0] or {}) if row else None
         if with_counts:
-            summary.counts = dict(conn.execute(COUNT_QUERY, {"run": run_id}).fetchall())
+            counts = dict(conn.execute(COUNT_QUERY, {"run": run_id}).fetchall())
+            summary.counts = {name: counts[name] for name in COUNT_NAMES}  # a union's rows come in any order
             row = conn.execute(
                 "select sum(seconds), sum(tokens), sum(samples), avg((staleness->>'mean')::float), "
                 "max((staleness->>'max')::float), sum((staleness->>'dropped')::float), "

@@ -33,7 +33,8 @@ CURVES = """
     from train_steps where run_id = %(run)s order by step"""
 
 VALIDATION = """
-    select step as weight_version, avg(coalesce((metrics->>'accuracy')::float, reward)) as accuracy, count(*)
+    select step as weight_version,
+           avg(coalesce((metrics->>'accuracy')::float, reward)) filter (where error is null) as accuracy, count(*)
     from evaluations where run_id = %(run)s and is_val group by step order by step"""
 
 ROLLOUT_COLUMNS = """t.id, t.trajectory_id, t.step, t.group_id, t.sample_index, t.weight_version, t.num_tokens,
