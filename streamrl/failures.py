@@ -111,33 +111,62 @@ def load_step_rollouts(conn: psycopg.Connection, run_id: str, from_step: int = 0
     return {(step, is_val): StepRollouts(recorded, failed) for step, is_val, recorded, failed in rows}
 
 
+KIND_COUNTS = """
+select step, is_val, kind, count(*) from failures
+where run_id = %(run)s and (step is null or step >= %(from_step)s) group by step, is_val, kind
+"""
+# the progress line's names for the kinds that are counted, not budgeted
+SHORT_NAMES = {
+    "truncated response": "truncated",
+    "dropped stale sample": "stale dropped",
+    "learner step skipped": "steps skipped",
+    "dead letter": "dead letters",
+}
+
+
 @dataclass
 class StepWatch:
-    """The run's rollouts by step, read a window at a time: each poll re-reads from the
-    first step not yet complete, so a long run's polls stay small."""
+    """The run's rollouts and failures by step, read a window at a time: each poll
+    re-reads from the first step not yet complete, so a long run's polls stay small."""
 
     per_step: int
     per_validation: int
     steps: dict[tuple[int, bool], StepRollouts] = field(default_factory=dict)
+    kinds: dict[tuple[int | None, bool, str], int] = field(default_factory=dict)
 
     def complete(self, key: tuple[int, bool]) -> bool:
         expected = self.per_validation if key[1] else self.per_step
         return self.steps[key].recorded >= expected
 
-    def poll(self, conn: psycopg.Connection, run_id: str) -> None:
+    def poll(self, conn: psycopg.Connection, run_id: str, trained_steps: int = 0) -> None:
+        """Re-read what may have changed: rollouts of steps not yet complete, and failures
+        from there or from the last trained step (a step's skipped update and dropped
+        samples are recorded when it trains, after its rollouts)."""
         newest = max((step for step, _ in self.steps), default=0)
         training = {step for step, is_val in self.steps if not is_val}
         not_yet = [step for step in range(1, newest) if step not in training]  # a step whose first rollout is late
         open_steps = [key[0] for key in self.steps if not self.complete(key)]
-        self.steps.update(load_step_rollouts(conn, run_id, min([newest, *not_yet, *open_steps])))
+        from_step = min([newest, *not_yet, *open_steps])
+        self.steps.update(load_step_rollouts(conn, run_id, from_step))
+        from_step = min(from_step, max(0, trained_steps - 1))
+        self.kinds = {key: n for key, n in self.kinds.items() if key[0] is not None and key[0] < from_step}
+        for step, is_val, kind, count in conn.execute(KIND_COUNTS, {"run": run_id, "from_step": from_step}).fetchall():
+            self.kinds[(step, is_val, kind)] = count
 
     def breach(self, budget: FailureBudget) -> str | None:
         return budget_breach(self.steps, self.per_step, self.per_validation, budget)
 
     def note(self) -> str:
+        """For the progress line: "failed 12/256 rollouts  truncated 5  dead letters 1"."""
         failed = sum(s.failed for (_, is_val), s in self.steps.items() if not is_val)
         recorded = sum(s.recorded for (_, is_val), s in self.steps.items() if not is_val)
-        return f"failed {failed}/{recorded} rollouts" if failed else ""
+        notes = [f"failed {failed}/{recorded} rollouts"] if failed else []
+        others: dict[str, int] = {}
+        for (_, is_val, kind), count in self.kinds.items():
+            if not is_val and kind in SHORT_NAMES:
+                others[SHORT_NAMES[kind]] = others.get(SHORT_NAMES[kind], 0) + count
+        notes += [f"{name} {count}" for name, count in others.items()]
+        return "  ".join(notes)
 
 
 def budget_breach(

@@ -207,7 +207,7 @@ class LocalRun:
                         summary = load_summary(self.settings.database_url, self.run_id, with_counts=False)
                         if rollouts is not None:
                             with connect(self.settings.database_url, autocommit=True) as conn:
-                                rollouts.poll(conn, self.run_id)
+                                rollouts.poll(conn, self.run_id, len(summary.steps))
                     except psycopg.OperationalError:
                         progress.update(bar, status=f"waiting for the ledger's PostgreSQL  {self.restarts_note()}")
                         continue

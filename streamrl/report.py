@@ -78,7 +78,7 @@ def load_summary(database_url: str, run_id: str, with_counts: bool = True) -> Ru
         ).fetchone()
         summary.finish = (row[0] or {}) if row else None
         if with_counts:
-            counts = dict(conn.execute(COUNT_QUERY, {"run": run_id}).fetchall())
+            counts: dict[str, int] = dict(conn.execute(COUNT_QUERY, {"run": run_id}).fetchall())
             summary.counts = {name: counts[name] for name in COUNT_NAMES}  # a union's rows come in any order
             row = conn.execute(
                 "select sum(seconds), sum(tokens), sum(samples), avg((staleness->>'mean')::float), "

@@ -48,6 +48,22 @@ def test_steps_in_a_row_over_the_warning_share_breach_and_a_clean_step_resets_th
     )
 
 
+def test_the_progress_line_counts_failed_rollouts_and_the_other_kinds():
+    from streamrl.failures import StepWatch
+
+    watch = StepWatch(per_step=16, per_validation=4, steps=steps((1, False, 16, 2), (2, False, 10, 1), (0, True, 4, 4)))
+    watch.kinds = {
+        (1, False, "rollout error (TypeError)"): 2,
+        (2, False, "evaluator error"): 1,
+        (1, False, "truncated response"): 3,
+        (2, False, "truncated response"): 4,
+        (2, False, "dropped stale sample"): 5,
+        (None, False, "dead letter"): 1,
+        (0, True, "truncated response"): 9,
+    }
+    assert watch.note() == "failed 3/26 rollouts  truncated 7  stale dropped 5  dead letters 1"
+
+
 def test_a_validation_accuracy_is_over_scored_rollouts_and_says_when_there_were_none():
     summary = RunSummary("r", val_versions=[0, 5], val_accuracy=[None, 0.75], val_counts=[16, 16], val_errored=[16, 4])
     assert val_text(summary, 0) == "n/a: 16 of 16 errored"
