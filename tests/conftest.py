@@ -227,6 +227,16 @@ def wait_for(predicate, timeout: float, interval: float = 0.25, what: str = "con
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def wait_for_first_step(ledger, run_id: str, run: subprocess.Popen, timeout: float = 300) -> None:
+    """Until the run's first step is in the ledger, or its `streamrl run` has exited."""
+    query = "select count(*) from train_steps where run_id = %s"
+    wait_for(
+        lambda: run.poll() is not None or ledger.execute(query, (run_id,)).fetchone()[0] >= 1,
+        timeout=timeout,
+        what="the first trained step",
+    )
+
+
 class SinkThread:
     """The ledger sink in a background thread of the test process."""
 

@@ -18,7 +18,7 @@ from streamrl.runtime.bus import EventPublisher
 from streamrl.schema import codec, signing
 from streamrl.schema.events import RunEvent, WeightVersion
 from streamrl.schema.topics import topic_name
-from tests.conftest import REPO, wait_for
+from tests.conftest import REPO, wait_for_first_step
 
 RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
 STEPS = 6
@@ -52,14 +52,7 @@ def test_forged_weight_versions_and_run_events_are_dead_letters_and_the_run_trai
         stderr=subprocess.STDOUT,
     )
     try:
-        wait_for(
-            lambda: (
-                run.poll() is not None
-                or ledger.execute("select count(*) from train_steps where run_id = %s", (run_id,)).fetchone()[0] >= 1
-            ),
-            timeout=300,
-            what="the first trained step",
-        )
+        wait_for_first_step(ledger, run_id, run)
         foreign = tmp_path / "foreign-weights"
         foreign.mkdir()
         forged = [

@@ -133,7 +133,7 @@ def test_a_run_whose_supervisor_gives_up_on_a_process_exits_1_and_is_failed_in_t
     import subprocess
     import sys
 
-    from tests.conftest import command_lines, wait_for
+    from tests.conftest import command_lines, wait_for_first_step
 
     run = subprocess.Popen(
         [sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--max-restarts", "0", "--run", run_id, "--out", str(tmp_path)],
@@ -144,14 +144,7 @@ def test_a_run_whose_supervisor_gives_up_on_a_process_exits_1_and_is_failed_in_t
         text=True,
     )
     try:
-        wait_for(
-            lambda: (
-                run.poll() is not None
-                or ledger.execute("select count(*) from train_steps where run_id = %s", (run_id,)).fetchone()[0] >= 1
-            ),
-            timeout=300,
-            what="the first trained step",
-        )
+        wait_for_first_step(ledger, run_id, run)
         (worker,) = [pid for pid, args in command_lines().items() if "worker" in args and run_id in args and "run" not in args]
         os.kill(worker, signal.SIGKILL)
         said, _ = run.communicate(timeout=300)
