@@ -36,8 +36,9 @@ from psycopg.types.json import Jsonb, set_json_dumps
 from streamrl.consumers.table_writer import TableWriter, json_dumps
 from streamrl.runtime.backoff import backoff_delay
 from streamrl.runtime.blobs import BlobMissing, PostgresBlobStore
-from streamrl.runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, check_placement, dead_letter, make_consumer, unframe
+from streamrl.runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, make_consumer, unframe
 from streamrl.runtime.db import connect
+from streamrl.runtime.dead_letters import check_placement, dead_letter
 from streamrl.runtime.outage import BrokerWatch, PostgresOutage
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.topic_admin import create_topics

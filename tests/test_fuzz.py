@@ -145,7 +145,8 @@ def test_a_dead_letter_for_a_record_of_any_size_fits_a_message_and_says_what_it_
     cannot fail and the reader's offset moves past it."""
     import hashlib
 
-    from streamrl.runtime.bus import DEAD_LETTER_RAW_BYTES, frame
+    from streamrl.runtime.bus import frame
+    from streamrl.runtime.dead_letters import DEAD_LETTER_RAW_BYTES
     from streamrl.runtime.settings import Settings
 
     value = b"\xc1" * 1_100_000

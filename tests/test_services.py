@@ -63,6 +63,7 @@ def test_external_postgres_by_url(stack, external_database, tmp_path, run_id):
         "STREAMRL_HOME": str(tmp_path / "ext"),
         "STREAMRL_DATABASE_URL": external_database,
         "STREAMRL_KAFKA_BOOTSTRAP": stack.kafka_bootstrap,
+        "STREAMRL_BUS_KEY": stack.bus_key.hex(),  # the processes of one deployment share its key
     }
     up = run_cli("up", env=env, check=True)
     assert "postgres: external" in up.stdout and "kafka: external" in up.stdout
