@@ -82,7 +82,7 @@ def test_compose_validates_and_runs_every_role():
         check_cli_accepts(streamrl_commands(s["command"])) for s in services.values() if streamrl_commands(s.get("command", []))
     }
     assert commands_streamrl_run_starts() == {"publish", "sink", "processor", "learner", "worker", "tracker"}
-    assert commands_streamrl_run_starts() | {"db"} == started
+    assert commands_streamrl_run_starts() | {"up"} == started  # `up`: migrations and the bus key, once
     # GPUs where the model runs, restart policies and health checks where a service waits on one
     for name in ("sglang", "learner"):
         assert services[name]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
@@ -140,7 +140,7 @@ def test_manifests_agree_with_the_settings_and_the_cli(monkeypatch):
             if args:
                 started.add(check_cli_accepts(args))
                 assert {"configMapRef": {"name": "streamrl-settings"}} in container["envFrom"]
-    assert started == commands_streamrl_run_starts() | {"db"}
+    assert started == commands_streamrl_run_starts() | {"up"}
     workers = docs[("Deployment", "streamrl-worker")]
     assert workers["spec"]["replicas"] >= 2 and "--name" in workers["spec"]["template"]["spec"]["containers"][0]["args"]
     assert docs[("Deployment", "streamrl-processor")]["spec"]["replicas"] == 2
