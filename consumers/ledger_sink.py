@@ -36,14 +36,13 @@ from psycopg.types.json import Jsonb, set_json_dumps
 from streamrl.consumers.table_writer import TableWriter, json_dumps
 from streamrl.runtime.backoff import backoff_delay
 from streamrl.runtime.blobs import BlobMissing, PostgresBlobStore
-from streamrl.runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, make_consumer, unframe
+from streamrl.runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, make_consumer, open_frame
 from streamrl.runtime.db import connect
-from streamrl.runtime.dead_letters import check_placement, dead_letter
+from streamrl.runtime.dead_letters import dead_letter
 from streamrl.runtime.outage import BrokerWatch, PostgresOutage
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.topic_admin import create_topics
 from streamrl.runtime.topic_windows import RETIRE_EVERY_S, SinkWindows, delete_topics, ledger_holds
-from streamrl.schema import signing
 from streamrl.schema.codec import CodecError, split_bundle
 from streamrl.schema.events import DeadLetter, Event, RunEvent
 from streamrl.schema.ledger import TABLE_BY_EVENT, event_row
@@ -101,13 +100,7 @@ def decode_record(record, blobs, bus_key: bytes | None = None) -> tuple[list[Eve
     events, errors = [], []
     for index, value in enumerate(frames):
         try:
-            if bus_key is not None:
-                topic_run = parsed[0] if parsed else "unknown"
-                value = signing.verified(signing.run_key(bus_key, topic_run), value, topic_run)
-            event = unframe(value, blobs)
-            if parsed is not None:
-                check_placement(event, *parsed)
-            events.append(event)
+            events.append(open_frame(value, parsed, "unknown", blobs, bus_key))
         except (CodecError, BlobMissing) as exc:
             errors.append(str(exc) if len(frames) == 1 else f"bundle frame {index}: {exc}")
     return events, [undecodable(record, "; ".join(errors))] if errors else []

@@ -137,15 +137,25 @@ def unframe_record(record, run_id: str, stage: str, blobs, bus_key: bytes | None
     placed = parse_topic(record.topic)
     for index, value in enumerate(frames):
         try:
-            if bus_key is not None:
-                value = signing.verified(signing.run_key(bus_key, placed[0] if placed else run_id), value, run_id)
-            event = unframe(value, blobs(value) if callable(blobs) else blobs)
-            if placed is not None:
-                check_placement(event, *placed)
-            events.append(event)
+            events.append(open_frame(value, placed, run_id, blobs, bus_key))
         except (codec.CodecError, LookupError, ValueError) as exc:  # kept as a dead letter; processing goes on
             errors.append(str(exc) if len(frames) == 1 else f"bundle frame {index}: {exc}")
     return events, [dead_letter(record, run_id, "; ".join(errors), stage)] if errors else []
+
+
+def open_frame(value: bytes | None, placed: tuple[str, str] | None, run_id: str, blobs, bus_key: bytes | None) -> Event:
+    """One frame of a record, in the order a reader must take it: with a bus key its
+    signature under the key of the run whose topic it is on (`placed`: that topic's run
+    and kind, None for another topic), then its payload (`blobs`: a BlobReader, or a
+    callable that opens one for the verified frame), then its place. CodecError (or
+    BlobMissing) says why it is refused."""
+    topic_run = placed[0] if placed else run_id
+    if bus_key is not None:
+        value = signing.verified(signing.run_key(bus_key, topic_run), value, topic_run)
+    event = unframe(value, blobs(value) if callable(blobs) else blobs)
+    if placed is not None:
+        check_placement(event, *placed)
+    return event
 
 
 def unframe(value: bytes | None, blobs: BlobReader | None) -> Event:

@@ -15,6 +15,7 @@ blob store checks, so a blob is covered too.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 
@@ -24,7 +25,9 @@ MAC_BYTES = 32
 SIGNED_OVERHEAD_BYTES = 1 + MAC_BYTES
 
 
+@functools.lru_cache(maxsize=64)
 def run_key(bus_key: bytes, run_id: str) -> bytes:
+    """A run's key (computed once per process and run: every frame sent or read needs it)."""
     return hmac.new(bus_key, b"streamrl run key\0" + run_id.encode(), hashlib.sha256).digest()
 
 

@@ -16,12 +16,6 @@ import psycopg
 
 from streamrl.runtime.config import FailureBudget
 
-BUDGETED_KINDS = ("rollout error", "evaluator error", "over-long prompt")
-
-
-def budgeted(kind: str) -> bool:
-    return kind.startswith(BUDGETED_KINDS)
-
 
 @dataclass(frozen=True)
 class FirstFailure:
@@ -56,21 +50,11 @@ class StepRollouts:
 
 @dataclass
 class Failures:
-    """What `load_failures` read: counts by kind ("validation" kinds apart), the first of
-    each kind, and rollouts by (step, is_val)."""
+    """What `load_failures` read: counts by kind ("validation" kinds apart) and the first
+    of each kind."""
 
     counts: dict[str, int] = field(default_factory=dict)
     first: dict[str, FirstFailure] = field(default_factory=dict)
-    steps: dict[tuple[int, bool], StepRollouts] = field(default_factory=dict)
-
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    def rollouts_failed(self) -> tuple[int, int]:
-        """Training rollouts failed and recorded."""
-        recorded = sum(s.recorded for (_, is_val), s in self.steps.items() if not is_val)
-        failed = sum(s.failed for (_, is_val), s in self.steps.items() if not is_val)
-        return failed, recorded
 
 
 def label(kind: str, is_val: bool) -> str:
@@ -95,8 +79,8 @@ from trajectories t where t.run_id = %(run)s and t.step >= %(from_step)s group b
 
 
 def load_failures(conn: psycopg.Connection, run_id: str) -> Failures:
-    """Every failure of the run: counts by kind, the first of each, rollouts by step."""
-    failures = Failures(steps=load_step_rollouts(conn, run_id))
+    """Every failure of the run: counts by kind and the first of each."""
+    failures = Failures()
     for kind, is_val, count in conn.execute(COUNTS, {"run": run_id}).fetchall():
         failures.counts[label(kind, is_val)] = count
     for kind, is_val, error, process, step, task_id, data_row in conn.execute(FIRSTS, {"run": run_id}).fetchall():

@@ -161,17 +161,15 @@ class LocalRun:
         from streamrl.schema.topics import topic_name
 
         try:
-            with connect(self.settings.database_url) as conn:
+            with connect(self.settings.database_url, autocommit=True) as conn:
                 failures = load_failures(conn, self.run_id)
-                firsts = first_errors_text(failures)
-                why = "\n".join([why, *firsts])
-                earlier = conn.execute(
-                    "select count(*) from run_events where run_id = %s and kind = 'failed'", (self.run_id,)
-                ).fetchone()
+                why = "\n".join([why, *first_errors_text(failures)])
+                query = "select count(*) from run_events where run_id = %s and kind = 'failed'"
+                (earlier,) = conn.execute(query, (self.run_id,)).fetchone() or (0,)
                 event = RunEvent(
                     run_id=self.run_id,
                     kind="failed",
-                    sequence=earlier[0] if earlier else 0,
+                    sequence=earlier,  # a resumed run may fail again
                     name="streamrl run",
                     message=why,
                     details={"failures": failures.counts},
@@ -179,7 +177,6 @@ class LocalRun:
                 create_staging_tables(conn)
                 with conn.transaction():
                     insert_events(conn, [Placed(event, topic_name(self.run_id, "runs"), -1, -1)])
-                conn.commit()
         except psycopg.Error as error:
             self.say(f"could not mark run {self.run_id} failed in the ledger: {error}")
         with open(self.logs / "supervisor.log", "a") as log:

@@ -100,15 +100,6 @@ def load_summary(database_url: str, run_id: str, with_counts: bool = True) -> Ru
     return summary
 
 
-def val_accuracy_at(summary: RunSummary, version: int, expected: int | None = None) -> float | None:
-    """Version `version`'s accuracy, once `expected` rollouts are recorded; None before,
-    or when none of them was scored."""
-    for v, acc, count in zip(summary.val_versions, summary.val_accuracy, summary.val_counts):
-        if v == version and (expected is None or count >= expected):
-            return acc
-    return None
-
-
 def val_complete(summary: RunSummary, version: int, expected: int) -> bool:
     """Every held-out rollout of `version` is recorded (scored or failed)."""
     return dict(zip(summary.val_versions, summary.val_counts)).get(version, 0) >= expected
