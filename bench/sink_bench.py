@@ -15,7 +15,8 @@ from bus_bench import trajectories
 from common import bench_settings, drop_database, fresh_database, fresh_run_id
 from psycopg.types.json import Jsonb, set_json_dumps
 
-from streamrl.consumers.ledger_sink import WRITERS, LedgerSink, json_dumps
+from streamrl.consumers.ledger_sink import LedgerSink
+from streamrl.consumers.ledger_writes import WRITERS, json_dumps
 from streamrl.runtime.bus import EventPublisher
 from streamrl.runtime.db import connect
 from streamrl.runtime.topic_admin import create_run_topics

@@ -31,21 +31,21 @@ from typing import Any
 import psycopg
 from kafka import OffsetAndMetadata, TopicPartition
 from kafka.errors import KafkaError
-from psycopg.types.json import Jsonb, set_json_dumps
 
-from streamrl.consumers.table_writer import TableWriter, json_dumps
+from streamrl.consumers.ledger_writes import SINK_STAGE, Placed, create_staging_tables, load_offsets, write_batch
 from streamrl.runtime.backoff import backoff_delay
 from streamrl.runtime.blobs import BlobMissing, PostgresBlobStore
 from streamrl.runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, make_consumer, open_frame
+from streamrl.runtime.config import Recipe
 from streamrl.runtime.db import connect
 from streamrl.runtime.dead_letters import dead_letter
 from streamrl.runtime.outage import BrokerWatch, PostgresOutage
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.topic_admin import create_topics
 from streamrl.runtime.topic_windows import RETIRE_EVERY_S, SinkWindows, delete_topics, ledger_holds
+from streamrl.runtime.weight_trust import VersionRules, known_total_steps
 from streamrl.schema.codec import CodecError, split_bundle
-from streamrl.schema.events import DeadLetter, Event, RunEvent
-from streamrl.schema.ledger import TABLE_BY_EVENT, event_row
+from streamrl.schema.events import DeadLetter, Event, WeightVersion
 from streamrl.schema.topics import all_runs_pattern, parse_topic, run_pattern, topic_name, topic_window
 
 # How long a stopping sink keeps writing what is left on the topics.
@@ -53,31 +53,6 @@ DRAIN_S = 10.0
 log = logging.getLogger("streamrl.ledger_sink")
 
 SINK_GROUP = "streamrl-ledger"
-SINK_STAGE = "ledger-sink"
-RUN_STATUS = {"created": "created", "started": "running", "resumed": "running", "finished": "finished", "failed": "failed"}
-
-
-WRITERS = {event_type: TableWriter(table) for event_type, table in TABLE_BY_EVENT.items()}
-
-
-def create_staging_tables(conn: psycopg.Connection) -> None:
-    """The COPY targets of `insert_events`, once per database session, in a transaction
-    of their own: created inside a batch's, a rolled-back batch would take them along.
-    The session's JSONB values are dumped by msgspec (the COPYs take them unwrapped)."""
-    set_json_dumps(json_dumps, conn)
-    with conn.transaction():
-        for writer in WRITERS.values():
-            conn.execute(writer.create_stage_sql)
-
-
-@dataclass
-class Placed:
-    """A decoded event with the coordinates it was read from."""
-
-    event: Event
-    topic: str
-    partition: int
-    offset: int
 
 
 @dataclass
@@ -111,95 +86,6 @@ def undecodable(record, error: str) -> DeadLetter:
     return dead_letter(record, parsed[0] if parsed else "unknown", error, SINK_STAGE)
 
 
-def insert_events(conn: psycopg.Connection, placed: list[Placed]) -> None:
-    """Insert one batch (inside the caller's transaction), grouped by table. The
-    session must have its staging tables (`create_staging_tables`)."""
-    by_type: dict[type, list[tuple]] = {}
-    for p in placed:
-        by_type.setdefault(type(p.event), []).append(
-            WRITERS[type(p.event)].params(event_row(p.event, p.topic, p.partition, p.offset))
-        )
-    with conn.cursor() as cur:
-        for event_type, params in by_type.items():
-            WRITERS[event_type].write(cur, params)
-        run_ids = sorted({p.event.run_id for p in placed})
-        cur.executemany("insert into runs (run_id) values (%s) on conflict (run_id) do nothing", [(r,) for r in run_ids])
-        for p in placed:
-            if isinstance(p.event, RunEvent):
-                apply_run_event(cur, p.event)
-
-
-def apply_run_event(cur: psycopg.Cursor, event: RunEvent) -> None:
-    """Keep the `runs` row (the current state of a run) in step with its lifecycle events."""
-    cur.execute(
-        """update runs set
-             status = coalesce(%s, status),
-             name = coalesce(nullif(%s, ''), name),
-             config = coalesce(%s, config),
-             parent_run_id = coalesce(%s, parent_run_id),
-             updated_at = now()
-           where run_id = %s""",
-        (
-            RUN_STATUS.get(event.kind),
-            event.name if event.kind == "created" else "",  # the run's name, not a stage's
-            Jsonb(event.config, dumps=json_dumps) if event.kind == "created" and event.config else None,
-            event.parent_run_id,
-            event.run_id,
-        ),
-    )
-
-
-def save_offsets(conn: psycopg.Connection, consumer: str, next_offsets: dict[TopicPartition, int]) -> None:
-    conn.cursor().executemany(
-        """insert into consumer_offsets (consumer, topic, partition, next_offset) values (%s, %s, %s, %s)
-           on conflict (consumer, topic, partition)
-           do update set next_offset = excluded.next_offset, updated_at = now()""",
-        [(consumer, tp.topic, tp.partition, offset) for tp, offset in next_offsets.items()],
-    )
-
-
-def load_offsets(conn: psycopg.Connection, consumer: str) -> dict[TopicPartition, int]:
-    rows = conn.execute("select topic, partition, next_offset from consumer_offsets where consumer = %s", (consumer,)).fetchall()
-    return {TopicPartition(t, p): o for t, p, o in rows}
-
-
-def write_batch(
-    conn: psycopg.Connection, placed: list[Placed], dead: list[DeadLetter], consumer: str, next_offsets: dict[TopicPartition, int]
-) -> list[DeadLetter]:
-    """Write a batch and the offsets after it in one transaction. A row the database
-    rejects (say, a NUL byte in a text field) does not block the partition: the batch is
-    retried event by event and the rejected ones become dead letters. Returns all dead
-    letters written."""
-    try:
-        with conn.transaction():
-            insert_events(conn, placed + [Placed(d, d.source_topic, d.source_partition, d.source_offset) for d in dead])
-            save_offsets(conn, consumer, next_offsets)
-        return dead
-    except (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError) as batch_error:
-        log.warning("batch rejected (%s); retrying event by event", batch_error)
-    dead = list(dead)
-    with conn.transaction():
-        for p in placed:
-            try:
-                with conn.transaction():  # a savepoint
-                    insert_events(conn, [p])
-            except (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError) as exc:
-                dead.append(
-                    DeadLetter(
-                        run_id=p.event.run_id,
-                        source_topic=p.topic,
-                        source_partition=p.partition,
-                        source_offset=p.offset,
-                        raw=b"",
-                        error=f"ledger rejected {type(p.event).__name__} {p.event.event_id}: {exc}".strip(),
-                        stage=SINK_STAGE,
-                    )
-                )
-        insert_events(conn, [Placed(d, d.source_topic, d.source_partition, d.source_offset) for d in dead])
-        save_offsets(conn, consumer, next_offsets)
-    return dead
-
-
 class LedgerSink:
     """Owns the consumer, the database connection and the dead-letter producer."""
 
@@ -227,6 +113,7 @@ class LedgerSink:
         self.stats = SinkStats()
         self._dead_letter_topics: set[str] = set()
         self.windows = SinkWindows()  # rotating runs' windows, retired here (runtime/topic_windows.py)
+        self._version_rules: dict[str, VersionRules | None] = {}  # run id -> what its learner's versions are
 
     def _connect(self) -> None:
         """(Re)open the ledger connection. After a lost connection the partitions are
@@ -291,7 +178,12 @@ class LedgerSink:
         for tp, records in batch.items():
             for record in records:
                 events, bad = decode_record(record, self.blobs, self.settings.bus_key)
-                placed += [Placed(event, record.topic, record.partition, record.offset) for event in events]
+                for event in events:
+                    problem = self._version_problem(event) if isinstance(event, WeightVersion) else None
+                    if problem:
+                        bad.append(undecodable(record, f"refused: {problem}"))
+                    else:
+                        placed.append(Placed(event, record.topic, record.partition, record.offset))
                 dead += bad
             next_offsets[tp] = records[-1].offset + 1
         dead = write_batch(self.connection, placed, dead, self.group_id, next_offsets)
@@ -305,6 +197,24 @@ class LedgerSink:
         count = sum(len(r) for r in batch.values())
         self._count(placed, dead)
         return count
+
+    def _version_problem(self, event: WeightVersion) -> str | None:
+        """Why a weight version cannot be its run's learner's (runtime/weight_trust.py:
+        number and folder; the workers check its hash), or None. Unchecked while the
+        ledger has not yet got the run's recipe, and for a run without one (a demo's)."""
+        if event.run_id not in self._version_rules:
+            row = self.connection.execute("select config from runs where run_id = %s", (event.run_id,)).fetchone()
+            if not row or not row[0]:
+                return None
+            try:
+                recipe = Recipe.from_dict(row[0])
+            except ValueError:  # ConfigError: not a recipe (synthetic events)
+                self._version_rules[event.run_id] = None
+            else:
+                rules = VersionRules.of(self.settings.home, event.run_id, recipe, known_total_steps(recipe))
+                self._version_rules[event.run_id] = rules
+        rules = self._version_rules[event.run_id]
+        return rules.problem(event) if rules is not None else None
 
     def _publish_dead_letters(self, dead: list[DeadLetter]) -> None:
         if not dead:

@@ -11,6 +11,9 @@ import psycopg
 from sqlalchemy import ARRAY, Table, Text
 from sqlalchemy.dialects.postgresql import JSONB
 
+# What differs between two copies of one event sent twice: where and when.
+UNSTATED_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "created_at")
+
 
 def json_dumps(value) -> bytes:
     return msgspec.json.encode(value)
@@ -68,7 +71,10 @@ class TableWriter:
     the first copy. Repeats are rare, so most batches cost one COPY; the staged path
     cost a second write of every row and a truncate (docs/decisions.md)."""
 
-    def __init__(self, table: Table):
+    def __init__(self, table: Table, stated_once: bool = False):
+        """`stated_once`: the table's events are facts a writer states once (a run's life,
+        its weight versions): a second copy of an id with other content is reported by
+        `write`, not kept silently."""
         self.table = table
         columns = [c for c in table.columns if c.name not in ("id", "ingested_at")]
         self.columns = [c.name for c in columns]
@@ -91,6 +97,14 @@ class TableWriter:
         self.stage_copy_sql = f"copy {self.stage} ({names}) from stdin (format binary)"
         self.move_sql = f"insert into {table.name} ({names}) select {names} from {self.stage} on conflict (event_id) do nothing"
         self.clear_sql = f"truncate {self.stage}"
+        # a copy sent again (a restart, a re-announcement) differs in where and when it was sent only
+        content = [name for name in self.columns if name not in UNSTATED_COLUMNS]
+        self.conflicts_sql = (
+            f"select s.event_id, s.kafka_topic, s.kafka_partition, s.kafka_offset from {self.stage} s join {table.name} t on t.event_id = s.event_id "
+            f"where ({', '.join('s.' + c for c in content)}) is distinct from ({', '.join('t.' + c for c in content)})"
+            if stated_once
+            else None
+        )
 
     def params(self, row: dict) -> tuple:
         """The row's values in column order, for a binary COPY: its dumpers are chosen by
@@ -110,13 +124,17 @@ class TableWriter:
             for row in rows:
                 copy.write_row(row)
 
-    def write(self, cur: psycopg.Cursor, rows: list[tuple]) -> None:
+    def write(self, cur: psycopg.Cursor, rows: list[tuple]) -> set[tuple]:
+        """Insert `rows`; (event id, topic, partition, offset) of each the ledger already
+        held with other content (a `stated_once` table's; the first copy is kept)."""
         try:
             with cur.connection.transaction():  # a savepoint inside the batch's transaction
                 self._copy(cur, self.direct_copy_sql, rows)
-            return
+            return set()
         except psycopg.errors.UniqueViolation:
             pass  # an event the ledger already holds: keep its first copy
         self._copy(cur, self.stage_copy_sql, rows)
+        conflicts = set(cur.execute(self.conflicts_sql).fetchall()) if self.conflicts_sql else set()
         cur.execute(self.move_sql)
         cur.execute(self.clear_sql)
+        return conflicts

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from streamrl.runtime.folders import LATEST_SNAPSHOT, write_folder
+from streamrl.runtime.versions import version_folder
 
 
 def rng_state() -> dict:
@@ -88,11 +89,6 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def load_state(folder: Path) -> dict:
     return json.loads((folder / "state.json").read_text())
-
-
-def version_folder(root: Path, version: int) -> Path:
-    """Where weight version `version` lives under `root` (the learner's weights folder)."""
-    return root / f"v{version:06d}"
 
 
 def write_weight_version(root: Path, version: int, model, tokenizer, state_dict: dict | None = None) -> Path:

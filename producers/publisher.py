@@ -14,6 +14,8 @@ final version.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
 import subprocess
 import threading
@@ -23,10 +25,12 @@ from pathlib import Path
 from streamrl.runtime.bus import EventPublisher, RunReader
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.dataset import epoch_batches, lookup, read_rows, saved_chat_template, validation_rows
+from streamrl.runtime.service_config import resolved_window_steps
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.topic_admin import create_run_topics
 from streamrl.runtime.topic_retention import topic_configs
 from streamrl.runtime.versions import newest_version
+from streamrl.runtime.weight_trust import VersionRules, VersionSequence, WeightVersionRefused
 from streamrl.schema.events import RunEvent, Task, WeightVersion
 from streamrl.schema.topics import set_window_steps
 
@@ -118,6 +122,16 @@ def create_run(
     parent_run_id: str | None = None,
     tag: str | None = None,
 ) -> None:
+    broker = recipe.service.broker
+    if broker.window_steps == "auto":  # recorded resolved: every reader of the run sees the same windows
+        recipe = copy.deepcopy(recipe)
+        recipe.service.broker.window_steps = resolved_window_steps(
+            broker,
+            recipe.trainer.save_freq,
+            recipe.weight.staleness_threshold,
+            settings.embedded_kafka,
+            settings.partition_assignment,
+        )
     create_run_topics(settings, run_id, configs=topic_configs(recipe.service.broker, settings))
     set_window_steps(run_id, recipe.service.broker.window_steps)  # a replay publishes the new run's rollouts next
     config = recipe.to_dict()
@@ -167,12 +181,17 @@ def run_publisher(
 
     weights = RunReader(settings, run_id, ["weights"], group_id=None, stage="publisher")
     publisher = EventPublisher(settings, bundle=True, stage="publisher")  # a group's tasks leave as one record
+    # versions that cannot be the learner's are passed over (the workers dead-letter them)
+    versions = VersionSequence(VersionRules.of(settings.home, run_id, recipe, pacing.total_steps))
     latest = -1
     next_step = 1
     try:
         while not stop.is_set():
             events, _ = weights.poll(timeout_ms=100)
-            latest = max([latest] + [e.version for e, _, _ in events if isinstance(e, WeightVersion)])
+            for event in (e for e, _, _ in events if isinstance(e, WeightVersion)):
+                with contextlib.suppress(WeightVersionRefused):
+                    versions.offer(event)
+            latest = versions.accepted.version if versions.accepted is not None else -1
             while val_versions and latest >= val_versions[0]:
                 version = val_versions.pop(0)
                 for task in validation_tasks(run_id, version, val_rows, val_cfg.prompt_key):

@@ -43,7 +43,9 @@ from streamrl.runtime.config import Recipe
 from streamrl.runtime.config_reads import unread_keys
 from streamrl.runtime.plugins import load_class
 from streamrl.runtime.settings import Settings
-from streamrl.schema.events import RunEvent, Task, WeightVersion
+from streamrl.runtime.weight_trust import VersionRules, VersionSequence, WeightVersionRefused, check_folder, known_total_steps
+from streamrl.schema import codec
+from streamrl.schema.events import DeadLetter, RunEvent, Task, WeightVersion
 
 log = logging.getLogger("streamrl.worker")
 WORKER_GROUP = "streamrl-worker"
@@ -70,18 +72,40 @@ def worker_class(recipe: Recipe) -> type[BaseRolloutWorker]:
 
 
 class WeightWatcher:
-    """Follows the run's weights topic; knows the newest version."""
+    """Follows the run's weights topic; knows the newest version its learner announced.
+    A version that cannot be the learner's (runtime/weight_trust.py) is refused: kept in
+    `refused` as a dead letter for the worker to publish, and never loaded."""
 
-    def __init__(self, settings: Settings, run_id: str):
+    def __init__(self, settings: Settings, run_id: str, recipe: Recipe):
         self.reader = RunReader(settings, run_id, ["weights"], group_id=None, stage="worker")
-        self.latest: WeightVersion | None = None
+        self.sequence = VersionSequence(VersionRules.of(settings.home, run_id, recipe, known_total_steps(recipe)))
+        self.refused: list[DeadLetter] = []
+        self._read_at: dict[str, tuple[TopicPartition, int, WeightVersion | None]] = {}  # event id -> where, and before
+
+    @property
+    def latest(self) -> WeightVersion | None:
+        return self.sequence.accepted
 
     def poll(self, timeout_ms: int = 0) -> WeightVersion | None:
-        events, _ = self.reader.poll(timeout_ms=timeout_ms)
-        for event, _, _ in events:
-            if isinstance(event, WeightVersion) and (self.latest is None or event.version > self.latest.version):
-                self.latest = event
-        return self.latest
+        events, dead = self.reader.poll(timeout_ms=timeout_ms)
+        self.refused += dead
+        for event, tp, offset in events:
+            if not isinstance(event, WeightVersion):
+                continue
+            before = self.sequence.accepted
+            try:
+                if self.sequence.offer(event):
+                    self._read_at[event.event_id] = (tp, offset, before)
+            except WeightVersionRefused as exc:
+                self.refused.append(refused_letter(event, tp, offset, str(exc)))
+        return self.sequence.accepted
+
+    def refuse(self, event: WeightVersion, reason: str) -> None:
+        """`event` failed its check at loading: a dead letter, and the version before it is
+        the newest again."""
+        tp, offset, before = self._read_at.pop(event.event_id)
+        self.refused.append(refused_letter(event, tp, offset, reason))
+        self.sequence.withdraw(event, before)
 
     def wait_for(self, version: int, stop: threading.Event) -> WeightVersion | None:
         while not stop.is_set():
@@ -89,6 +113,22 @@ class WeightWatcher:
             if latest is not None and latest.version >= version:
                 return latest
         return None
+
+    def take_refused(self) -> list[DeadLetter]:
+        refused, self.refused = self.refused, []
+        return refused
+
+
+def refused_letter(event: WeightVersion, tp: TopicPartition, offset: int, reason: str) -> DeadLetter:
+    return DeadLetter(
+        run_id=event.run_id,
+        source_topic=tp.topic,
+        source_partition=tp.partition,
+        source_offset=offset,
+        raw=codec.encode(event),
+        error=f"refused: {reason}",
+        stage="worker",
+    )
 
 
 def run_worker(
@@ -148,30 +188,38 @@ class WorkerLoop:
             stage="worker",
             member=name if in_group else None,
         )
-        self.watcher = WeightWatcher(settings, run_id)
+        self.recipe = recipe
+        self.watcher = WeightWatcher(settings, run_id, recipe)
+        self.followers: list[WeightWatcher] = [self.watcher]
         self.loaded_version = -1
         self._load_lock = threading.Lock()
         self.failures: list[BaseException] = []
         self.pool = ThreadPoolExecutor(max_workers=cfg.max_concurrent_tasks, thread_name_prefix="rollout")
         self.unread_reported = False
 
-    def load(self, version: WeightVersion | None) -> None:
-        """Load `version` into the engine if it is newer (applied before its next batch)."""
+    def load(self, version: WeightVersion | None, watcher: WeightWatcher) -> None:
+        """Load `version` into the engine if it is newer (applied before its next batch),
+        once its folder holds what it announced (or refuse it: `watcher` dead-letters it)."""
         with self._load_lock:
             if version is not None and version.version > self.loaded_version:
+                try:
+                    check_folder(version)
+                except WeightVersionRefused as exc:
+                    log.error("%s", exc)
+                    watcher.refuse(version, str(exc))
+                    return
                 if version.broadcast is not None:  # weight.transport distributed (an SGLang engine)
                     self.engine.update_weights(Path(version.uri), version.version, broadcast=version.broadcast)
                 else:
                     self.engine.update_weights(Path(version.uri), version.version)
                 self.loaded_version = version.version
 
-    def _follow_weights(self) -> None:
+    def _follow_weights(self, watcher: WeightWatcher) -> None:
         """fully-async, or weights broadcast: load each version as it arrives, from a
         thread of its own."""
-        watcher = WeightWatcher(self.settings, self.run_id)
         try:
             while not self.stop.is_set():
-                self.load(watcher.poll(timeout_ms=200))
+                self.load(watcher.poll(timeout_ms=200), watcher)
         except Exception as exc:  # a weight version the engine refused: the worker stops, loudly
             self.failures.append(exc)
             self.stop.set()
@@ -179,12 +227,14 @@ class WorkerLoop:
     def run(self, idle_exit_s: float | None) -> int:
         # a broadcast version is received as it is sent, whatever the worker is doing
         if self.mode == "fully-async" or self.transport == "distributed":
-            threading.Thread(target=self._follow_weights, name="weights", daemon=True).start()
+            follower = WeightWatcher(self.settings, self.run_id, self.recipe)
+            self.followers.append(follower)
+            threading.Thread(target=self._follow_weights, args=(follower,), name="weights", daemon=True).start()
         done, last_work = 0, time.monotonic()
         try:
             while not self.stop.is_set():
                 events, dead = take_tasks(self.tasks, self.cfg.max_concurrent_tasks, self.cfg.rollout_repeat_n)
-                for letter in dead:
+                for letter in dead + [d for w in self.followers for d in w.take_refused()]:
                     self.publisher.publish(letter)
                 batch = [task for task, _, _ in events if isinstance(task, Task)]
                 if not batch and not dead:
@@ -237,13 +287,15 @@ class WorkerLoop:
         """The engine holds a version every task of `batch` allows (sync waits for it;
         batch-async takes the newest between batches). False: stopped while waiting."""
         needed = max(task.min_weight_version for task in batch)
-        if self.loaded_version < needed:
+        if self.loaded_version >= needed:
+            if self.mode != "fully-async":
+                self.load(self.watcher.poll(), self.watcher)
+            return True
+        while self.loaded_version < needed:  # a version refused at loading: the learner's own comes later
             latest = self.watcher.wait_for(needed, self.stop)
             if latest is None:
                 return False
-            self.load(latest)
-        elif self.mode != "fully-async":
-            self.load(self.watcher.poll())
+            self.load(latest, self.watcher)
         return True
 
     def _roll_out(self, batch: list[Task]) -> None:

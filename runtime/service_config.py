@@ -69,6 +69,11 @@ WINDOWS_NEED_PLAIN_PROCESSOR = (
 )
 
 
+# The shortest window `window_steps: auto` makes: each window costs its readers a few
+# partitions more to fetch, and its topics a creation and a deletion (docs/operations.md).
+AUTO_WINDOW_STEPS = 25
+
+
 @dataclass
 class Broker:
     """What the run leaves on the Kafka broker (runtime/topic_retention.py)."""
@@ -93,12 +98,14 @@ class Broker:
         "refuses it",
         ge=1,
     )
-    window_steps: int | None = knob(
-        None,
+    window_steps: int | Literal["auto"] | None = knob(
+        "auto",
         "rotate the topics of tasks, rollouts, samples and steps every this "
         "many steps: a window's topics leave the broker once the ledger holds them "
         "and the learner's newest snapshot (trainer.save_freq) is past them, so a "
-        "long run's broker memory stops growing; none: one topic per kind",
+        "long run's broker memory stops growing; auto: on the embedded broker with fixed "
+        f"shards (what `streamrl run` gives), windows of max({AUTO_WINDOW_STEPS}, trainer.save_freq, "
+        "staleness_threshold + 2) steps, else none; none: one topic per kind",
         ge=1,
     )
     memory_warning_share: float = knob(
@@ -114,17 +121,31 @@ class Service:
     broker: Broker = knob(help="the run's topics on the Kafka broker", factory=Broker)
 
 
+def resolved_window_steps(broker: Broker, save_freq: int, staleness: int, embedded: bool, assignment: str) -> int | None:
+    """What `window_steps` a run is created with: `auto` becomes windows on the embedded
+    broker (which holds every record in memory) when the run's processes have fixed
+    shards (the faust processor cannot follow windows), and none elsewhere (an external
+    Kafka expires records by retention_ms)."""
+    if broker.window_steps != "auto":
+        return broker.window_steps
+    if not embedded or assignment != "shard" or broker.retention_ms or broker.retention_bytes:
+        return None
+    return max(AUTO_WINDOW_STEPS, save_freq, staleness + 2)
+
+
 def window_problems(broker: Broker, staleness: int) -> list[str]:
     """A window must be longer than how far the writers run ahead of the learner (at most
     `staleness` + 1 steps), or a reader's hold (schema/topics.py HELD_WINDOWS) could miss
     a step not yet trained."""
-    if broker.window_steps is not None and (broker.retention_ms or broker.retention_bytes):
+    if broker.window_steps in (None, "auto"):
+        return []
+    if broker.retention_ms or broker.retention_bytes:
         return [
             "service.broker.window_steps: not with retention_ms or retention_bytes: a rotating run's windows "
             "leave the broker whole once nothing needs them, and an expiry would only reach its run-level "
             "topics; choose one"
         ]
-    if broker.window_steps is not None and broker.window_steps < staleness + 2:
+    if broker.window_steps < staleness + 2:
         return [
             f"service.broker.window_steps: {broker.window_steps} is too short: a window must hold more steps than "
             f"the rollouts run ahead of the learner (weight.staleness_threshold {staleness} + 1), so at least "

@@ -156,7 +156,7 @@ class LocalRun:
         """The run's `failed` event, written to the ledger here (its processes are
         stopped: the sink may be the one that failed); returns `why` with the first error
         of each failed-rollout kind, as the ledger has them."""
-        from streamrl.consumers.ledger_sink import Placed, create_staging_tables, insert_events
+        from streamrl.consumers.ledger_writes import Placed, create_staging_tables, insert_events
         from streamrl.schema.events import RunEvent
         from streamrl.schema.topics import topic_name
 

@@ -363,3 +363,28 @@ def test_sink_rejects_a_malformed_shard():
 
     result = run_cli("sink", "--shard", "2/2")
     assert result.returncode == 2 and "expected I/N" in result.stderr
+
+
+def test_a_second_copy_of_a_stated_fact_with_other_content_is_a_dead_letter(stack, ledger, run_id):
+    """A run event or a weight version is stated once: the same event again (a restart's
+    re-announcement) changes nothing, the same id with other content is refused and
+    kept as a dead letter, never silently dropped (the first copy stays)."""
+    from streamrl.schema.events import RunEvent, WeightVersion
+
+    create_run_topics(stack, run_id)
+    created = RunEvent(run_id=run_id, kind="created", name="the run", config={"synthetic": True})
+    version = WeightVersion(run_id=run_id, version=0, uri="/w/v000000", sha256="a" * 64)
+    again = RunEvent(run_id=run_id, kind="created", name="the run", config={"synthetic": True})
+    renamed = RunEvent(run_id=run_id, kind="created", name="renamed", config={"synthetic": True})
+    moved = WeightVersion(run_id=run_id, version=0, uri="/elsewhere", sha256="b" * 64)
+    assert created.event_id == again.event_id == renamed.event_id and version.event_id == moved.event_id
+    publish(stack, [created, version])
+    with SinkThread(stack, run_id):
+        wait_for(lambda: count_rows(ledger, "weight_versions", run_id) == 1, 60, what="the first copies")
+        publish(stack, [again, renamed, moved])
+        wait_for(lambda: count_rows(ledger, "dead_letters", run_id) == 2, 60, what="the two conflicting copies")
+    assert ledger.execute("select name from runs where run_id = %s", (run_id,)).fetchone() == ("the run",)
+    assert ledger.execute("select uri from weight_versions where run_id = %s", (run_id,)).fetchall() == [("/w/v000000",)]
+    letters = ledger.execute("select error, raw from dead_letters where run_id = %s order by source_topic", (run_id,)).fetchall()
+    assert all("repeats an event id the ledger holds, with other content" in error for error, _ in letters)
+    assert [codec.decode(raw) for _, raw in letters] == [renamed, moved]
