@@ -1,15 +1,16 @@
-"""One long run's broker memory: topics rotated by windows of steps
-(`service.broker.window_steps`) against one topic per kind (the baseline).
+"""One long run's broker memory: a default run (`service.broker.window_steps: auto`,
+which rotates the topics in windows on the embedded broker) against one topic per kind
+(`window_steps: null`, the baseline), or against windows of a chosen size (`--window`).
 
 Each setting gets a fresh embedded broker and PostgreSQL, and one run of the built-in
-recipe for STEPS steps, with a snapshot every WINDOW steps and fixed shards
-(STREAMRL_PARTITION_ASSIGNMENT=shard, which a rotating run uses) in both, so that they
-differ by rotation alone. While it trains, the broker's resident memory and the
-trained step count are read every 2 s. The run's time per step is what rotation costs on
-the training path (the windows are made by the publishers and retired by the ledger
-sink, off the learner's path).
+recipe with fixed shards (what `streamrl run` gives its processes), so that they differ
+by rotation alone. While it trains, the broker's resident memory and the trained step
+count are read every 2 s. The run's time per step is what rotation costs on the
+training path (the windows are made by the publishers and retired by the ledger sink,
+off the learner's path). The baseline may run fewer steps (`--baseline-steps`): it
+grows linearly, and at 5,000 steps it would hold about 3 GB.
 
-    python bench/broker_window.py [--steps 3000] [--window 25]
+    python bench/broker_window.py [--steps 5000] [--baseline-steps 1000] [--window N]
 
 Prints RSS against steps for both, the step time of each, and writes
 bench/out/broker_window.{json,png}.
@@ -41,8 +42,9 @@ def trained_steps(settings: Settings, run_id: str) -> int:
         return 0
 
 
-def one_long_run(settings: Settings, label: str, steps: int, window: int | None, save_freq: int, out: Path) -> dict:
-    run_id = fresh_run_id("window" if window else "plain")
+def one_long_run(settings: Settings, label: str, steps: int, window: str, out: Path) -> dict:
+    """`window`: the run's service.broker.window_steps (auto, null or a number)."""
+    run_id = fresh_run_id("plain" if window == "null" else "window")
     # both with fixed shards, the assignment a rotating run uses, so the step times differ by rotation alone
     env = {
         **os.environ,
@@ -53,7 +55,7 @@ def one_long_run(settings: Settings, label: str, steps: int, window: int | None,
         "STREAMRL_PARTITION_ASSIGNMENT": "shard",
         "COLUMNS": "300",
     }
-    overrides = [f"trainer.save_freq={save_freq}"] + ([f"service.broker.window_steps={window}"] if window else [])
+    overrides = [f"service.broker.window_steps={window}"] if window != "auto" else []
     started = time.monotonic()
     run = subprocess.Popen(
         [sys.executable, "-m", "streamrl.cli", "run", str(RECIPE), *overrides, "--run", run_id, "--out", str(out / run_id)],
@@ -106,31 +108,38 @@ def plot(results: dict, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--window", type=int, default=25)
+    parser.add_argument("--steps", type=int, default=5000)
+    parser.add_argument("--baseline-steps", type=int, default=None, help="default: --steps")
+    parser.add_argument("--window", default="auto", help="the rotating run's window_steps (default: the recipe's auto)")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="broker-window-"))
     results = {}
-    for label, window in (("one topic per kind", None), (f"window_steps {args.window}", args.window)):
-        print(f"{label}: {args.steps} steps on a fresh broker", flush=True)
-        settings = fresh_broker(workdir / str(window))
+    rotated_label = "default (window_steps auto)" if args.window == "auto" else f"window_steps {args.window}"
+    plan = (("one topic per kind", "null", args.baseline_steps or args.steps), (rotated_label, args.window, args.steps))
+    for label, window, steps in plan:
+        print(f"{label}: {steps} steps on a fresh broker", flush=True)
+        settings = fresh_broker(workdir / window)
         try:
-            results[label] = one_long_run(settings, label, args.steps, window, args.window, workdir / "runs")
+            results[label] = one_long_run(settings, label, steps, window, workdir / "runs")
         finally:
             services.down(settings)
     base, rotated = results.values()
-    checkpoints = sorted({s for s in (100, 250, 500, 1000, 2000, 3000, 5000, args.steps) if s <= args.steps})
-    print(f"\n{'trained steps':<15}{'one topic per kind (MB)':>25}{f'window_steps {args.window} (MB)':>25}")
+    checkpoints = sorted({s for s in (100, 250, 500, 1000, 2000, 3000, 4000, 5000, args.steps) if s <= args.steps})
+    print(f"\n{'trained steps':<15}{'one topic per kind (MB)':>25}{f'{rotated_label} (MB)':>32}")
     for step in checkpoints:
         print(
             f"{step:<15}{rss_at(base['samples'], step) or float('nan'):>25.0f}"
-            f"{rss_at(rotated['samples'], step) or float('nan'):>25.0f}"
+            f"{rss_at(rotated['samples'], step) or float('nan'):>32.0f}"
         )
     print(
         f"time per step: {base['seconds_per_step']:.3f} s one topic per kind, {rotated['seconds_per_step']:.3f} s "
         f"with windows ({rotated['seconds_per_step'] / base['seconds_per_step'] - 1:+.1%})"
     )
+    late = [(done, rss) for done, rss in rotated["samples"] if done >= args.steps // 5]
+    if len(late) > 1:  # after warm-up: is it flat?
+        (s0, r0), (s1, r1) = late[0], late[-1]
+        print(f"after step {s0}: {r0:.0f} -> {r1:.0f} MB at step {s1} ({(r1 - r0) / max(1, s1 - s0):+.4f} MB a step)")
     for line in rotated["said"]:
         print(f"the rotating run said: {line}")
     (OUT / "broker_window.json").write_text(json.dumps(results, indent=2))

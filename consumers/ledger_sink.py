@@ -43,9 +43,10 @@ from streamrl.runtime.outage import BrokerWatch, PostgresOutage
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.topic_admin import create_topics
 from streamrl.runtime.topic_windows import RETIRE_EVERY_S, SinkWindows, delete_topics, ledger_holds
-from streamrl.runtime.weight_trust import VersionRules, known_total_steps
+from streamrl.runtime.weight_trust import VersionRules, VersionSequence, WeightVersionRefused, known_total_steps
 from streamrl.schema.codec import CodecError, split_bundle
 from streamrl.schema.events import DeadLetter, Event, WeightVersion
+from streamrl.schema.ledger import query_events
 from streamrl.schema.topics import all_runs_pattern, parse_topic, run_pattern, topic_name, topic_window
 
 # How long a stopping sink keeps writing what is left on the topics.
@@ -113,7 +114,7 @@ class LedgerSink:
         self.stats = SinkStats()
         self._dead_letter_topics: set[str] = set()
         self.windows = SinkWindows()  # rotating runs' windows, retired here (runtime/topic_windows.py)
-        self._version_rules: dict[str, VersionRules | None] = {}  # run id -> what its learner's versions are
+        self._versions: dict[str, VersionSequence | None] = {}  # run id -> its learner's versions so far
 
     def _connect(self) -> None:
         """(Re)open the ledger connection. After a lost connection the partitions are
@@ -200,21 +201,37 @@ class LedgerSink:
 
     def _version_problem(self, event: WeightVersion) -> str | None:
         """Why a weight version cannot be its run's learner's (runtime/weight_trust.py:
-        number and folder; the workers check its hash), or None. Unchecked while the
+        number, sequence and folder; the workers check its hash too), or None. A run's
+        versions share a partition, so the sink reads them in order. Unchecked while the
         ledger has not yet got the run's recipe, and for a run without one (a demo's)."""
-        if event.run_id not in self._version_rules:
+        if event.run_id not in self._versions:
             row = self.connection.execute("select config from runs where run_id = %s", (event.run_id,)).fetchone()
             if not row or not row[0]:
                 return None
-            try:
-                recipe = Recipe.from_dict(row[0])
-            except ValueError:  # ConfigError: not a recipe (synthetic events)
-                self._version_rules[event.run_id] = None
-            else:
-                rules = VersionRules.of(self.settings.home, event.run_id, recipe, known_total_steps(recipe))
-                self._version_rules[event.run_id] = rules
-        rules = self._version_rules[event.run_id]
-        return rules.problem(event) if rules is not None else None
+            self._versions[event.run_id] = self._version_sequence(event.run_id, row[0])
+        versions = self._versions[event.run_id]
+        if versions is None:
+            return None
+        try:
+            versions.offer(event)  # False for one announced again: its content is checked as it is written
+        except WeightVersionRefused as exc:
+            return str(exc)
+        return None
+
+    def _version_sequence(self, run_id: str, config: dict) -> VersionSequence | None:
+        """The run's versions as its learner announces them, from the newest the ledger holds."""
+        try:
+            recipe = Recipe.from_dict(config)
+        except ValueError:  # ConfigError: not a recipe (synthetic events)
+            return None
+        newest = query_events(
+            self.connection,
+            WeightVersion,
+            "select * from weight_versions where run_id = %s order by version desc limit 1",
+            (run_id,),
+        )
+        rules = VersionRules.of(self.settings.home, run_id, recipe, known_total_steps(recipe))
+        return VersionSequence(rules, newest[0] if newest else None)
 
     def _publish_dead_letters(self, dead: list[DeadLetter]) -> None:
         if not dead:

@@ -100,7 +100,8 @@ class TableWriter:
         # a copy sent again (a restart, a re-announcement) differs in where and when it was sent only
         content = [name for name in self.columns if name not in UNSTATED_COLUMNS]
         self.conflicts_sql = (
-            f"select s.event_id, s.kafka_topic, s.kafka_partition, s.kafka_offset from {self.stage} s join {table.name} t on t.event_id = s.event_id "
+            "select s.event_id, s.kafka_topic, s.kafka_partition, s.kafka_offset "
+            f"from {self.stage} s join {table.name} t on t.event_id = s.event_id "
             f"where ({', '.join('s.' + c for c in content)}) is distinct from ({', '.join('t.' + c for c in content)})"
             if stated_once
             else None

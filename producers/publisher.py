@@ -121,7 +121,9 @@ def create_run(
     publisher: EventPublisher,
     parent_run_id: str | None = None,
     tag: str | None = None,
-) -> None:
+) -> Recipe:
+    """Make the run's topics and publish its `created` event; returns the recipe as the
+    run records it (`window_steps: auto` resolved), which the caller goes on with."""
     broker = recipe.service.broker
     if broker.window_steps == "auto":  # recorded resolved: every reader of the run sees the same windows
         recipe = copy.deepcopy(recipe)
@@ -155,6 +157,7 @@ def create_run(
         )
     )
     publisher.flush()
+    return recipe
 
 
 def run_publisher(

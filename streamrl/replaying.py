@@ -95,7 +95,7 @@ def replay_run(settings: Settings, options: ReplayOptions, console: Console) -> 
         highlight=False,
     )
     with EventPublisher(settings, stage="app") as publisher:
-        create_run(settings, options.into, config, publisher, parent_run_id=options.source)
+        config = create_run(settings, options.into, config, publisher, parent_run_id=options.source)
 
     def publish(on_progress) -> int:
         return rp.publish_replay(settings, options.into, plan, trajectories, evaluations, rescorer, options.rate, on_progress)

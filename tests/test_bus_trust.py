@@ -72,6 +72,15 @@ def test_forged_weight_versions_and_run_events_are_dead_letters_and_the_run_trai
             producer.send(topic_name(run_id, event.KIND), value=codec.encode(event))
         producer.flush()
         producer.close()
+        # with the run's key: what only another stage, or nobody, would say
+        weights = stack.home / "weights" / run_id  # the recipe's weight.sync_weight_path
+        held = [
+            WeightVersion(run_id=run_id, version=999_999, step=3, uri=str(foreign), sha256="0" * 64),
+            WeightVersion(run_id=run_id, version=STEPS, step=STEPS, uri=str(weights / f"v{STEPS:06d}"), sha256="0" * 64),
+            RunEvent(run_id=run_id, kind="created", name="renamed", config={"forged": True}),  # the created event's id
+        ]
+        with EventPublisher(stack) as publisher:
+            refused_at = [publisher.publish(event).get(30) for event in held]
         code = run.wait(timeout=600)
     finally:
         if run.poll() is None:
@@ -92,3 +101,19 @@ def test_forged_weight_versions_and_run_events_are_dead_letters_and_the_run_trai
     wrong_key = [e for _, e in letters if e.startswith("signature does not verify")]
     assert len(unsigned) == len(wrong_key) == len(forged), letters
     assert {t for t, _ in letters} == {topic_name(run_id, "weights"), topic_name(run_id, "runs")}
+    # the run's own key does not make a version out of its learner's sequence or folder,
+    # nor a second `created` with other content, acceptable: each is a dead letter
+    refused = {
+        (topic, offset): error
+        for topic, offset, error in ledger.execute(
+            "select source_topic, source_offset, error from dead_letters where run_id = %s and error like 'refused: %%'",
+            (run_id,),
+        )
+    }
+    out_of_range, out_of_sequence, renamed = (refused.get((r.topic, r.offset), "") for r in refused_at)
+    assert "outside 0..6" in out_of_range, refused
+    assert "out of sequence" in out_of_sequence, refused
+    assert "repeats an event id the ledger holds, with other content" in renamed, refused
+    assert ledger.execute(
+        "select sha256 <> %s from weight_versions where run_id = %s and version = %s", ("0" * 64, run_id, STEPS)
+    ).fetchone() == (True,)

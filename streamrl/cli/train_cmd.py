@@ -315,7 +315,7 @@ def publish(
         recipe = with_url(prepared_recipe(file, overrides, load_code=not checked), inference_url)
         run = checked_run_id(run or new_run_id(recipe.experiment_name), "--run")
         with EventPublisher(current, stage="app") as publisher:
-            create_run(current, run, recipe, publisher, tag=tag)
+            recipe = create_run(current, run, recipe, publisher, tag=tag)
         console.print(f"run {run}", highlight=False)
     if run is None:  # FILE or --resume gave one (checked above)
         raise UsageError("give a recipe FILE or --resume RUN")
