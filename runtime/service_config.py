@@ -104,7 +104,7 @@ class Broker:
         "many steps: a window's topics leave the broker once the ledger holds them "
         "and the learner's newest snapshot (trainer.save_freq) is past them, so a "
         "long run's broker memory stops growing; auto: on the embedded broker with fixed "
-        f"shards (what `streamrl run` gives), windows of max({AUTO_WINDOW_STEPS}, trainer.save_freq, "
+        f"shards (what `streamrl run` gives) and retention remove, windows of max({AUTO_WINDOW_STEPS}, trainer.save_freq, "
         "staleness_threshold + 2) steps, else none; none: one topic per kind",
         ge=1,
     )
@@ -124,11 +124,12 @@ class Service:
 def resolved_window_steps(broker: Broker, save_freq: int, staleness: int, embedded: bool, assignment: str) -> int | None:
     """What `window_steps` a run is created with: `auto` becomes windows on the embedded
     broker (which holds every record in memory) when the run's processes have fixed
-    shards (the faust processor cannot follow windows), and none elsewhere (an external
-    Kafka expires records by retention_ms)."""
+    shards (the faust processor cannot follow windows), and none elsewhere: an external
+    Kafka expires records by retention_ms, and `retention: keep` keeps every record on
+    the broker for a Kafka-side replay."""
     if broker.window_steps != "auto":
         return broker.window_steps
-    if not embedded or assignment != "shard" or broker.retention_ms or broker.retention_bytes:
+    if not embedded or assignment != "shard" or broker.retention == "keep" or broker.retention_ms or broker.retention_bytes:
         return None
     return max(AUTO_WINDOW_STEPS, save_freq, staleness + 2)
 

@@ -95,5 +95,7 @@ def test_auto_windows_on_the_embedded_broker_with_fixed_shards_only():
     assert resolved_window_steps(auto, save_freq=10, staleness=30, embedded=True, assignment="shard") == 32
     assert resolved_window_steps(auto, save_freq=10, staleness=1, embedded=False, assignment="shard") is None
     assert resolved_window_steps(auto, save_freq=10, staleness=1, embedded=True, assignment="group") is None
+    kept = Broker(retention="keep")  # every record stays on the broker, for a Kafka-side replay
+    assert resolved_window_steps(kept, save_freq=10, staleness=1, embedded=True, assignment="shard") is None
     for chosen in (None, 8):
         assert resolved_window_steps(Broker(window_steps=chosen), 10, 1, True, "shard") == chosen
