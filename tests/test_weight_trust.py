@@ -99,3 +99,37 @@ def test_auto_windows_on_the_embedded_broker_with_fixed_shards_only():
     assert resolved_window_steps(kept, save_freq=10, staleness=1, embedded=True, assignment="shard") is None
     for chosen in (None, 8):
         assert resolved_window_steps(Broker(window_steps=chosen), 10, 1, True, "shard") == chosen
+
+
+def test_a_worker_loads_a_version_only_when_its_folder_holds_it_and_else_takes_the_learners_own(tmp_path):
+    """WorkerLoop.load with a version whose folder does not hash to what it announced: not
+    loaded, a dead letter at its record, and the learner's own version of that number is
+    accepted when it comes."""
+    import threading
+    from types import SimpleNamespace
+
+    from kafka import TopicPartition
+
+    from streamrl.producers.worker_loop import WeightWatcher, WorkerLoop
+
+    folder = tmp_path / "weights" / "r" / "v000003"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"the learner's weights")
+    loaded: list[int] = []
+    worker = SimpleNamespace(
+        _load_lock=threading.Lock(), loaded_version=0, engine=SimpleNamespace(update_weights=lambda p, v: loaded.append(v))
+    )
+    watcher = WeightWatcher.__new__(WeightWatcher)
+    watcher.sequence, watcher.refused, watcher._read_at = VersionSequence(rules(tmp_path)), [], {}
+    v0 = version(tmp_path, 0)
+    watcher.sequence.accepted = v0
+    forged, genuine = version(tmp_path, 3), version(tmp_path, 3, sha256=directory_sha256(folder))
+    assert watcher.sequence.offer(forged)
+    watcher._read_at[forged.event_id] = (TopicPartition("streamrl.r.weights", 0), 17, v0)
+    WorkerLoop.load(worker, forged, watcher)
+    assert loaded == [] and worker.loaded_version == 0 and watcher.sequence.accepted is v0
+    (letter,) = watcher.take_refused()
+    assert (letter.source_offset, letter.stage) == (17, "worker") and "hashes to" in letter.error
+    assert watcher.sequence.offer(genuine)
+    WorkerLoop.load(worker, genuine, watcher)
+    assert loaded == [3] and worker.loaded_version == 3
