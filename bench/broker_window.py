@@ -136,10 +136,10 @@ def main() -> None:
         f"time per step: {base['seconds_per_step']:.3f} s one topic per kind, {rotated['seconds_per_step']:.3f} s "
         f"with windows ({rotated['seconds_per_step'] / base['seconds_per_step'] - 1:+.1%})"
     )
-    late = [(done, rss) for done, rss in rotated["samples"] if done >= args.steps // 5]
-    if len(late) > 1:  # after warm-up: is it flat?
-        (s0, r0), (s1, r1) = late[0], late[-1]
-        print(f"after step {s0}: {r0:.0f} -> {r1:.0f} MB at step {s1} ({(r1 - r0) / max(1, s1 - s0):+.4f} MB a step)")
+    warm, end = args.steps // 5, args.steps
+    first, last = rss_at(rotated["samples"], warm), rss_at(rotated["samples"], end)  # before the run's end removes its topics
+    if first is not None and last is not None:  # flat after warm-up?
+        print(f"from step {warm} to step {end}: {first:.0f} -> {last:.0f} MB ({(last - first) / (end - warm):+.4f} MB a step)")
     for line in rotated["said"]:
         print(f"the rotating run said: {line}")
     (OUT / "broker_window.json").write_text(json.dumps(results, indent=2))
