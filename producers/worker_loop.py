@@ -24,7 +24,7 @@ import os
 import threading
 import time
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -79,7 +79,7 @@ class WeightWatcher:
     def __init__(self, settings: Settings, run_id: str, recipe: Recipe):
         self.reader = RunReader(settings, run_id, ["weights"], group_id=None, stage="worker")
         self.sequence = VersionSequence(VersionRules.of(settings.home, run_id, recipe, known_total_steps(recipe)))
-        self.refused: list[DeadLetter] = []
+        self.refused: deque[DeadLetter] = deque()  # appended by the thread that polls, taken by the worker's loop
         self._read_at: dict[str, tuple[TopicPartition, int, WeightVersion | None]] = {}  # event id -> where, and before
 
     @property
@@ -88,7 +88,7 @@ class WeightWatcher:
 
     def poll(self, timeout_ms: int = 0) -> WeightVersion | None:
         events, dead = self.reader.poll(timeout_ms=timeout_ms)
-        self.refused += dead
+        self.refused.extend(dead)
         for event, tp, offset in events:
             if not isinstance(event, WeightVersion):
                 continue
@@ -115,8 +115,10 @@ class WeightWatcher:
         return None
 
     def take_refused(self) -> list[DeadLetter]:
-        refused, self.refused = self.refused, []
-        return refused
+        taken = []
+        while self.refused:
+            taken.append(self.refused.popleft())
+        return taken
 
 
 def refused_letter(event: WeightVersion, tp: TopicPartition, offset: int, reason: str) -> DeadLetter:
@@ -234,10 +236,13 @@ class WorkerLoop:
         try:
             while not self.stop.is_set():
                 events, dead = take_tasks(self.tasks, self.cfg.max_concurrent_tasks, self.cfg.rollout_repeat_n)
-                for letter in dead + [d for w in self.followers for d in w.take_refused()]:
+                letters = dead + [d for w in self.followers for d in w.take_refused()]
+                for letter in letters:
                     self.publisher.publish(letter)
                 batch = [task for task, _, _ in events if isinstance(task, Task)]
                 if not batch and not dead:
+                    if letters:  # refused weight versions, while no task comes
+                        self.publisher.flush()
                     if idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s:
                         break
                     continue

@@ -106,6 +106,7 @@ def test_a_worker_loads_a_version_only_when_its_folder_holds_it_and_else_takes_t
     loaded, a dead letter at its record, and the learner's own version of that number is
     accepted when it comes."""
     import threading
+    from collections import deque
     from types import SimpleNamespace
 
     from kafka import TopicPartition
@@ -120,7 +121,7 @@ def test_a_worker_loads_a_version_only_when_its_folder_holds_it_and_else_takes_t
         _load_lock=threading.Lock(), loaded_version=0, engine=SimpleNamespace(update_weights=lambda p, v: loaded.append(v))
     )
     watcher = WeightWatcher.__new__(WeightWatcher)
-    watcher.sequence, watcher.refused, watcher._read_at = VersionSequence(rules(tmp_path)), [], {}
+    watcher.sequence, watcher.refused, watcher._read_at = VersionSequence(rules(tmp_path)), deque(), {}
     v0 = version(tmp_path, 0)
     watcher.sequence.accepted = v0
     forged, genuine = version(tmp_path, 3), version(tmp_path, 3, sha256=directory_sha256(folder))
