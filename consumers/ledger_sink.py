@@ -221,7 +221,7 @@ class LedgerSink:
     def _version_sequence(self, run_id: str, config: dict) -> VersionSequence | None:
         """The run's versions as its learner announces them, from the newest the ledger holds."""
         try:
-            recipe = Recipe.from_dict(config)
+            recipe = Recipe.recorded(config)
         except ValueError:  # ConfigError: not a recipe (synthetic events)
             return None
         newest = query_events(

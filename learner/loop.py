@@ -129,7 +129,7 @@ class Learner:
     def holds_window(self, window: int, newest: int) -> bool:
         """A rotating run's sample windows the learner reads: those with steps it has not
         trained (a window leaves the broker only once a snapshot is past it)."""
-        return holds_untrained(self.recipe.service.broker.window_steps, window, self.step)
+        return holds_untrained(self.recipe.service.broker.resolved_windows(), window, self.step)
 
     def snapshot_due(self, step: int) -> bool:
         return step % self.recipe.trainer.save_freq == 0 or step == self.total_steps
@@ -201,7 +201,7 @@ class Learner:
     def start(self) -> None:
         policy = self.policy
         self.recorded = recorded_steps(
-            self.settings, self.run_id, after=self.step, window_steps=self.recipe.service.broker.window_steps
+            self.settings, self.run_id, after=self.step, window_steps=self.recipe.service.broker.resolved_windows()
         )
         self.resumed_from, self.replay_to = self.step, max(self.recorded, default=self.step)
         # the re-trained weights are checked against the newest version among the replayed steps

@@ -135,7 +135,7 @@ def create_run(
             settings.partition_assignment,
         )
     create_run_topics(settings, run_id, configs=topic_configs(recipe.service.broker, settings))
-    set_window_steps(run_id, recipe.service.broker.window_steps)  # a replay publishes the new run's rollouts next
+    set_window_steps(run_id, recipe.service.broker.resolved_windows())  # a replay publishes the new run's rollouts next
     config = recipe.to_dict()
     if recipe.data.apply_chat_template is not False and not recipe.data.chat_template:
         # the template the run renders with, as the model folder holds it now
@@ -172,7 +172,7 @@ def run_publisher(
     finished ones); returns the number of training steps published."""
     skip = skip_task_ids or set()
     stop = stop or threading.Event()
-    set_window_steps(run_id, recipe.service.broker.window_steps)
+    set_window_steps(run_id, recipe.service.broker.resolved_windows())
     data = recipe.data
     rows = read_rows(data.data_files, data.type, prompt_keys=(data.prompt_key,))
     val_cfg = recipe.validate.data

@@ -355,6 +355,16 @@ class Recipe:
         """The typed recipe from a checked mapping; missing keys take their defaults."""
         return _build(cls, values)
 
+    @classmethod
+    def recorded(cls, values: dict) -> Recipe:
+        """The recipe a run recorded in its `created` event. A run resolves
+        `window_steps: auto` when it is created, so a recorded `auto` is a run recorded
+        before the key had that default: it rotated nothing."""
+        recipe = cls.from_dict(values)
+        if recipe.service.broker.window_steps == "auto":
+            recipe.service.broker.window_steps = None
+        return recipe
+
     def to_dict(self) -> dict:
         values = dataclasses.asdict(self)
         for section in ("rollout_worker", "algorithm"):  # a custom component's own keys, in its section

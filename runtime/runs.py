@@ -51,8 +51,8 @@ def fetch_run_config(settings: Settings, run_id: str, timeout_s: float = 60.0, c
                     problem = assignment_problem(run_id, event.details.get("partition_assignment"), settings.partition_assignment)
                     if check_assignment and problem:
                         raise AssignmentMismatch(problem)
-                    recipe = Recipe.from_dict(event.config)
-                    set_window_steps(run_id, recipe.service.broker.window_steps)  # where this process publishes
+                    recipe = Recipe.recorded(event.config)
+                    set_window_steps(run_id, recipe.service.broker.resolved_windows())  # where this process publishes
                     return recipe
     finally:
         reader.close()

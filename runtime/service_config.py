@@ -112,6 +112,13 @@ class Broker:
         0.25, "the run says once when the embedded broker's memory passes this share of the machine's", gt=0.0, le=1.0
     )
 
+    def resolved_windows(self) -> int | None:
+        """`window_steps` as its run recorded it. `auto` is resolved when a run is created
+        (`resolved_window_steps`), so a process reading a run's recipe never meets it."""
+        if self.window_steps == "auto":
+            raise ValueError("service.broker.window_steps: auto reached a run's process unresolved (create_run resolves it)")
+        return self.window_steps
+
 
 @dataclass
 class Service:
@@ -138,7 +145,8 @@ def window_problems(broker: Broker, staleness: int) -> list[str]:
     """A window must be longer than how far the writers run ahead of the learner (at most
     `staleness` + 1 steps), or a reader's hold (schema/topics.py HELD_WINDOWS) could miss
     a step not yet trained."""
-    if broker.window_steps in (None, "auto"):
+    windows = broker.window_steps
+    if not isinstance(windows, int):  # none, or auto: resolved to a valid size when the run is created
         return []
     if broker.retention_ms or broker.retention_bytes:
         return [
@@ -146,7 +154,7 @@ def window_problems(broker: Broker, staleness: int) -> list[str]:
             "leave the broker whole once nothing needs them, and an expiry would only reach its run-level "
             "topics; choose one"
         ]
-    if broker.window_steps < staleness + 2:
+    if windows < staleness + 2:
         return [
             f"service.broker.window_steps: {broker.window_steps} is too short: a window must hold more steps than "
             f"the rollouts run ahead of the learner (weight.staleness_threshold {staleness} + 1), so at least "

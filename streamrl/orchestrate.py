@@ -130,8 +130,9 @@ class LocalRun:
         except RunFailed as failed:  # its processes are stopped (_follow's finally)
             why = self.record_failed(str(failed))
             raise RunFailed(why) from None
-        if self.broker.window_steps:
-            self.say(windows_left(self.settings, self.run_id, total_steps, self.broker.window_steps))
+        windows = self.broker.resolved_windows()
+        if windows:
+            self.say(windows_left(self.settings, self.run_id, total_steps, windows))
         self.retire_topics()
         wall = time.monotonic() - started
         summary = load_summary(self.settings.database_url, self.run_id)

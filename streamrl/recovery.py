@@ -90,8 +90,8 @@ def rebuild_from_ledger(settings: Settings, run_id: str, trained_step: int) -> R
         created = query_events(conn, RunEvent, "select * from run_events where run_id = %s and kind = 'created'", (run_id,))
         if not created:
             raise LookupError(f"run {run_id!r} has no 'created' event in the ledger")
-        broker = Recipe.from_dict(created[0].config).service.broker
-        set_window_steps(run_id, broker.window_steps)
+        broker = Recipe.recorded(created[0].config).service.broker
+        set_window_steps(run_id, broker.resolved_windows())
         if not run_topics_intact(settings, run_id):
             delete_run_topics(settings, run_id)
             create_run_topics(settings, run_id, configs=topic_configs(broker, settings))
@@ -187,7 +187,7 @@ def prepare_resume(settings: Settings, run_id: str) -> Resume:
         row = conn.execute("select config, details from run_events where run_id = %s and kind = 'created'", (run_id,)).fetchone()
     if row is None:
         raise LookupError(f"--resume: run {run_id!r} is not in the ledger")
-    recipe = Recipe.from_dict(row[0])
+    recipe = Recipe.recorded(row[0])
     checkpoint = latest_checkpoint(run_dir(settings, run_id, recipe.trainer.checkpoint_path))
     trained = load_state(checkpoint)["step"] if checkpoint else 0
     return Resume(recipe, trained, rebuild_from_ledger(settings, run_id, trained), (row[1] or {}).get("partition_assignment"))

@@ -49,7 +49,7 @@ def replay_run(settings: Settings, options: ReplayOptions, console: Console) -> 
     if taken:
         raise rp.ReplayError(f"--into: run {options.into!r} already exists; choose a new id")
     try:
-        source_config = Recipe.from_dict(row[0])
+        source_config = Recipe.recorded(row[0])
     except ConfigError as exc:
         raise rp.ReplayError(f"run {options.source!r}: its recorded config is not a recipe of this version ({exc})") from None
     try:

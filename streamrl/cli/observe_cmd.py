@@ -77,7 +77,7 @@ def export(
     config, _ = ledger_run_config(database_url(current), checked_run_id(run, "RUN"))
     if not config:
         raise CommandFailed(f"run {run} is not in the ledger (streamrl runs lists those that are)")
-    recipe = Recipe.from_dict(config)  # the run's own logger options (project, tags, folders)
+    recipe = Recipe.recorded(config)  # the run's own logger options (project, tags, folders)
     recipe.logger.backend, recipe.logger.backends = "console", list(to)  # type: ignore[arg-type]  # --to takes tracker names only
     if out is not None:
         out = out.resolve()
