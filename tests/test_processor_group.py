@@ -5,6 +5,7 @@ group ends in the ledger exactly once: samples for the groups that teach, a
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -122,8 +123,12 @@ def test_two_processors_one_killed_account_for_every_group_once(stack, ledger, r
             process.send_signal(signal.SIGKILL)
             process.wait()
         log.close()
-        # shown with a failure: what the processors said (rebalances, recoveries)
-        print((tmp_path / "processors.log").read_text(errors="replace")[-20000:])
+        # shown with a failure: what the processors said, the lines that tell first (a CI
+        # log keeps the start of a test's output), then the end of the whole log
+        said = (tmp_path / "processors.log").read_text(errors="replace")
+        telling = [line for line in said.splitlines() if re.search(r"ERROR|WARN|stall|exited|stopp|Traceback|Error", line)]
+        print("\n".join(["the processors' errors, warnings and exits:", *telling[-60:], "the end of their log:"]))
+        print(said[-20000:])
     assert count_rows(ledger, "samples", run_id) == expected_samples
     assert count_rows(ledger, "filtered_groups", run_id) == filtered_groups
     reasons = ledger.execute("select reason, count(*) from filtered_groups where run_id = %s group by 1", (run_id,)).fetchall()
