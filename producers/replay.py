@@ -274,6 +274,8 @@ def replay_config(
     if rescore:
         config.rollout_worker.evaluator_module_path = rescore
     config.trainer.total_train_steps, config.trainer.total_epochs = plan.steps, None
+    if recipe is None:  # the source's topic windows fitted the source's processes; the new run resolves its own
+        config.service.broker.window_steps = "auto"
     config.replay = Replay(
         parent_run=source_run,
         source=source,
