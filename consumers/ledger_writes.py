@@ -12,7 +12,7 @@ from kafka import TopicPartition
 from psycopg.types.json import Jsonb, set_json_dumps
 
 from streamrl.consumers.table_writer import TableWriter, json_dumps
-from streamrl.schema import codec
+from streamrl.runtime.dead_letters import refused_event
 from streamrl.schema.events import DeadLetter, Event, RunEvent, WeightVersion
 from streamrl.schema.ledger import TABLE_BY_EVENT, event_row
 
@@ -76,16 +76,11 @@ def insert_events(conn: psycopg.Connection, placed: list[Placed]) -> list[Placed
 
 def conflict_letter(p: Placed) -> DeadLetter:
     """A second copy of an event id with other content: the ledger keeps the first."""
-    return DeadLetter(
-        run_id=p.event.run_id,
-        source_topic=p.topic,
-        source_partition=p.partition,
-        source_offset=p.offset,
-        raw=codec.encode(p.event),
-        error=f"refused: {type(p.event).__name__} {p.event.event_id} repeats an event id the ledger holds, "
-        "with other content (the first copy is kept)",
-        stage=SINK_STAGE,
+    reason = (
+        f"{type(p.event).__name__} {p.event.event_id} repeats an event id the ledger holds, "
+        "with other content (the first copy is kept)"
     )
+    return refused_event(p.event, p.topic, p.partition, p.offset, reason, SINK_STAGE)
 
 
 def apply_run_event(cur: psycopg.Cursor, event: RunEvent) -> None:

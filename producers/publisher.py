@@ -14,8 +14,6 @@ final version.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import logging
 import subprocess
 import threading
@@ -25,7 +23,7 @@ from pathlib import Path
 from streamrl.runtime.bus import EventPublisher, RunReader
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.dataset import epoch_batches, lookup, read_rows, saved_chat_template, validation_rows
-from streamrl.runtime.service_config import resolved_window_steps
+from streamrl.runtime.service_config import with_resolved_windows
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.topic_admin import create_run_topics
 from streamrl.runtime.topic_retention import topic_configs
@@ -124,16 +122,7 @@ def create_run(
 ) -> Recipe:
     """Make the run's topics and publish its `created` event; returns the recipe as the
     run records it (`window_steps: auto` resolved), which the caller goes on with."""
-    broker = recipe.service.broker
-    if broker.window_steps == "auto":  # recorded resolved: every reader of the run sees the same windows
-        recipe = copy.deepcopy(recipe)
-        recipe.service.broker.window_steps = resolved_window_steps(
-            broker,
-            recipe.trainer.save_freq,
-            recipe.weight.staleness_threshold,
-            settings.embedded_kafka,
-            settings.partition_assignment,
-        )
+    recipe = with_resolved_windows(recipe, settings.embedded_kafka, settings.partition_assignment)
     create_run_topics(settings, run_id, configs=topic_configs(recipe.service.broker, settings))
     set_window_steps(run_id, recipe.service.broker.resolved_windows())  # a replay publishes the new run's rollouts next
     config = recipe.to_dict()
@@ -192,8 +181,10 @@ def run_publisher(
         while not stop.is_set():
             events, _ = weights.poll(timeout_ms=100)
             for event in (e for e, _, _ in events if isinstance(e, WeightVersion)):
-                with contextlib.suppress(WeightVersionRefused):
+                try:
                     versions.offer(event)
+                except WeightVersionRefused as exc:  # the workers and the ledger sink dead-letter it
+                    log.warning("passed over: %s", exc)
             latest = versions.accepted.version if versions.accepted is not None else -1
             while val_versions and latest >= val_versions[0]:
                 version = val_versions.pop(0)

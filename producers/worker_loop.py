@@ -41,10 +41,10 @@ from streamrl.runtime.bus import EventPublisher, RunReader
 from streamrl.runtime.chat_template import ChatRenderer
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.config_reads import unread_keys
+from streamrl.runtime.dead_letters import refused_event
 from streamrl.runtime.plugins import load_class
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.weight_trust import VersionRules, VersionSequence, WeightVersionRefused, check_folder, known_total_steps
-from streamrl.schema import codec
 from streamrl.schema.events import DeadLetter, RunEvent, Task, WeightVersion
 
 log = logging.getLogger("streamrl.worker")
@@ -76,15 +76,12 @@ class WeightWatcher:
     A version that cannot be the learner's (runtime/weight_trust.py) is refused: kept in
     `refused` as a dead letter for the worker to publish, and never loaded."""
 
-    def __init__(self, settings: Settings, run_id: str, recipe: Recipe):
+    def __init__(self, settings: Settings, run_id: str, rules: VersionRules):
         self.reader = RunReader(settings, run_id, ["weights"], group_id=None, stage="worker")
-        self.sequence = VersionSequence(VersionRules.of(settings.home, run_id, recipe, known_total_steps(recipe)))
+        self.sequence = VersionSequence(rules)
         self.refused: deque[DeadLetter] = deque()  # appended by the thread that polls, taken by the worker's loop
-        self._read_at: dict[str, tuple[TopicPartition, int, WeightVersion | None]] = {}  # event id -> where, and before
-
-    @property
-    def latest(self) -> WeightVersion | None:
-        return self.sequence.accepted
+        # version -> where it was read and the version before it, for the accepted ones not yet loaded
+        self._read_at: dict[int, tuple[TopicPartition, int, WeightVersion | None]] = {}
 
     def poll(self, timeout_ms: int = 0) -> WeightVersion | None:
         events, dead = self.reader.poll(timeout_ms=timeout_ms)
@@ -95,17 +92,22 @@ class WeightWatcher:
             before = self.sequence.accepted
             try:
                 if self.sequence.offer(event):
-                    self._read_at[event.event_id] = (tp, offset, before)
+                    self._read_at[event.version] = (tp, offset, before)
             except WeightVersionRefused as exc:
-                self.refused.append(refused_letter(event, tp, offset, str(exc)))
+                self.refused.append(refused_event(event, tp.topic, tp.partition, offset, str(exc), "worker"))
         return self.sequence.accepted
 
     def refuse(self, event: WeightVersion, reason: str) -> None:
         """`event` failed its check at loading: a dead letter, and the version before it is
         the newest again."""
-        tp, offset, before = self._read_at.pop(event.event_id)
-        self.refused.append(refused_letter(event, tp, offset, reason))
+        tp, offset, before = self._read_at.pop(event.version)
+        self.refused.append(refused_event(event, tp.topic, tp.partition, offset, reason, "worker"))
         self.sequence.withdraw(event, before)
+
+    def loaded(self, version: int) -> None:
+        """`version` is in the engine: it and the ones before it can no longer be refused."""
+        for number in [n for n in self._read_at if n <= version]:
+            del self._read_at[number]
 
     def wait_for(self, version: int, stop: threading.Event) -> WeightVersion | None:
         while not stop.is_set():
@@ -119,18 +121,6 @@ class WeightWatcher:
         while self.refused:
             taken.append(self.refused.popleft())
         return taken
-
-
-def refused_letter(event: WeightVersion, tp: TopicPartition, offset: int, reason: str) -> DeadLetter:
-    return DeadLetter(
-        run_id=event.run_id,
-        source_topic=tp.topic,
-        source_partition=tp.partition,
-        source_offset=offset,
-        raw=codec.encode(event),
-        error=f"refused: {reason}",
-        stage="worker",
-    )
 
 
 def run_worker(
@@ -190,8 +180,8 @@ class WorkerLoop:
             stage="worker",
             member=name if in_group else None,
         )
-        self.recipe = recipe
-        self.watcher = WeightWatcher(settings, run_id, recipe)
+        self.version_rules = VersionRules.of(settings.home, run_id, recipe, known_total_steps(recipe))
+        self.watcher = WeightWatcher(settings, run_id, self.version_rules)
         self.followers: list[WeightWatcher] = [self.watcher]
         self.loaded_version = -1
         self._load_lock = threading.Lock()
@@ -215,6 +205,7 @@ class WorkerLoop:
                 else:
                     self.engine.update_weights(Path(version.uri), version.version)
                 self.loaded_version = version.version
+                watcher.loaded(version.version)
 
     def _follow_weights(self, watcher: WeightWatcher) -> None:
         """fully-async, or weights broadcast: load each version as it arrives, from a
@@ -229,7 +220,7 @@ class WorkerLoop:
     def run(self, idle_exit_s: float | None) -> int:
         # a broadcast version is received as it is sent, whatever the worker is doing
         if self.mode == "fully-async" or self.transport == "distributed":
-            follower = WeightWatcher(self.settings, self.run_id, self.recipe)
+            follower = WeightWatcher(self.settings, self.run_id, self.version_rules)
             self.followers.append(follower)
             threading.Thread(target=self._follow_weights, args=(follower,), name="weights", daemon=True).start()
         done, last_work = 0, time.monotonic()

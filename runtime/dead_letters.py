@@ -5,6 +5,7 @@ size whatever the record's."""
 from __future__ import annotations
 
 import hashlib
+from types import SimpleNamespace
 
 from streamrl.schema import codec
 from streamrl.schema.events import DeadLetter, Event
@@ -54,3 +55,11 @@ def dead_letter(record, run_id: str, error: str, stage: str) -> DeadLetter:
         error=error,
         stage=stage,
     )
+
+
+def refused_event(event: Event, topic: str, partition: int, offset: int, reason: str, stage: str) -> DeadLetter:
+    """An event a reader decoded and then refused (a weight version that cannot be its
+    learner's, a second copy of a fact with other content): its dead letter keeps it
+    encoded again, bounded like any other."""
+    record = SimpleNamespace(topic=topic, partition=partition, offset=offset, key=None, value=codec.encode(event))
+    return dead_letter(record, event.run_id, f"refused: {reason}", stage)

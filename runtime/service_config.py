@@ -3,6 +3,7 @@ for remote_api_* trainers, where the model trains (train_service, tinker_service
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -139,6 +140,20 @@ def resolved_window_steps(broker: Broker, save_freq: int, staleness: int, embedd
     if not embedded or assignment != "shard" or broker.retention == "keep" or broker.retention_ms or broker.retention_bytes:
         return None
     return max(AUTO_WINDOW_STEPS, save_freq, staleness + 2)
+
+
+def with_resolved_windows(recipe, embedded: bool, assignment: str):
+    """`recipe` as a run records it, `window_steps: auto` resolved (a copy; the recipe
+    itself when there is nothing to resolve). `streamrl run` and `create_run` both take
+    it, so the two agree on the windows."""
+    broker = recipe.service.broker
+    if broker.window_steps != "auto":
+        return recipe
+    resolved = copy.deepcopy(recipe)
+    resolved.service.broker.window_steps = resolved_window_steps(
+        broker, recipe.trainer.save_freq, recipe.weight.staleness_threshold, embedded, assignment
+    )
+    return resolved
 
 
 def window_problems(broker: Broker, staleness: int) -> list[str]:

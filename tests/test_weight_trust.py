@@ -126,7 +126,7 @@ def test_a_worker_loads_a_version_only_when_its_folder_holds_it_and_else_takes_t
     watcher.sequence.accepted = v0
     forged, genuine = version(tmp_path, 3), version(tmp_path, 3, sha256=directory_sha256(folder))
     assert watcher.sequence.offer(forged)
-    watcher._read_at[forged.event_id] = (TopicPartition("streamrl.r.weights", 0), 17, v0)
+    watcher._read_at[forged.version] = (TopicPartition("streamrl.r.weights", 0), 17, v0)
     WorkerLoop.load(worker, forged, watcher)
     assert loaded == [] and worker.loaded_version == 0 and watcher.sequence.accepted is v0
     (letter,) = watcher.take_refused()

@@ -27,7 +27,7 @@ from streamrl.cli.common import (
     sharding,
 )
 from streamrl.runtime.config import ReplaySource
-from streamrl.runtime.service_config import WINDOWS_NEED_PLAIN_PROCESSOR, resolved_window_steps
+from streamrl.runtime.service_config import WINDOWS_NEED_PLAIN_PROCESSOR, with_resolved_windows
 
 
 def register(app: typer.Typer) -> None:
@@ -181,12 +181,9 @@ def run_recipe(
         check_mode(mode, recipe)
     if recipe is None:  # FILE or --resume gave one (checked above)
         raise UsageError("give a recipe FILE or --resume RUN")
-    broker = recipe.service.broker
-    if broker.window_steps == "auto":  # a new run's (a resumed run's recipe was recorded resolved)
-        assigned = current.partition_assignment if os.environ.get("STREAMRL_PARTITION_ASSIGNMENT") else "shard"
-        broker.window_steps = resolved_window_steps(
-            broker, recipe.trainer.save_freq, recipe.weight.staleness_threshold, current.embedded_kafka, assigned
-        )
+    # a new run's windows, as its publisher will record them (a resumed run's were recorded)
+    assigned = current.partition_assignment if os.environ.get("STREAMRL_PARTITION_ASSIGNMENT") else "shard"
+    recipe = with_resolved_windows(recipe, current.embedded_kafka, assigned)
     if not os.environ.get("STREAMRL_PARTITION_ASSIGNMENT"):
         assignment = resumed.partition_assignment if resume else "shard"
         if assignment is None:  # a run started before its assignment was recorded
