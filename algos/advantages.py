@@ -11,7 +11,7 @@ One registry, two kinds, one signature per kind:
         need the whole step (REINFORCE++ whitens over all of its tokens), and the one
         place a whole step meets is the learner (processors share a run's partitions), so
         the learner computes them over the samples it is about to train
-        (`learner/advantage_stage.py`); replay recomputes them the same way.
+        (`learner/step_inputs.py`, `with_batch_advantages`); replay recomputes them the same way.
 
 A recipe adds its own with `@register_advantage("name")` (or
 `@register_batch_advantage("name")`) in the file `algorithm.custom_advantage_module_path`

@@ -48,8 +48,12 @@ def kl_k1(log_ratio: torch.Tensor) -> torch.Tensor:
 
 @register_kl_estimator("k2")
 def kl_k2(log_ratio: torch.Tensor) -> torch.Tensor:
-    """(log pi - log pi_ref)^2 / 2: biased, low variance."""
-    return 0.5 * log_ratio.square()
+    """(log pi - log pi_ref)^2 / 2: biased, low variance. A non-finite log-ratio (a -inf
+    reference logprob on a masked position) keeps its value, inf, without a gradient: the
+    square's gradient there is inf, and inf times the mask's 0 would be NaN."""
+    finite = torch.isfinite(log_ratio)
+    finite_part = torch.where(finite, log_ratio, torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device))
+    return torch.where(finite, 0.5 * finite_part.square(), 0.5 * log_ratio.detach().square())
 
 
 # verl's low-variance KL bounds: the log-ratio is clamped before exp (an exp of a
@@ -73,7 +77,9 @@ def kl_k3_straight_through(log_ratio: torch.Tensor) -> torch.Tensor:
     is an unbiased estimate of the KL, but its gradient 1 - exp(-x) is not an unbiased
     estimate of the KL's gradient; k2's gradient x is (for samples of pi)."""
     k2 = kl_k2(log_ratio)
-    return kl_k3(log_ratio).detach() + k2 - k2.detach()
+    # (k2 - sg(k2)) is exactly 0 in value; added to k3 last, it leaves k3's value exact
+    # (k3 + k2 - k2 rounds at large log-ratios: 11 for 10 in bfloat16)
+    return kl_k3(log_ratio).detach() + (k2 - k2.detach())
 
 
 @register_kl_estimator("abs")

@@ -161,8 +161,10 @@ def aggregate_loss(
     loss_scale_factor: float = 1.0,
 ) -> torch.Tensor:
     """Reduce a per-token loss to a scalar with the batch's global counts, by the
-    registered aggregation `mode`; positions outside `mask` are left out by selection."""
-    return LOSS_AGGREGATIONS.get(mode)(masked(token_loss, mask), mask, global_tokens, global_sequences, loss_scale_factor)
+    registered aggregation `mode`; positions outside `mask` are left out by selection.
+    Sums run in float32 at least: a bfloat16 sum over thousands of tokens keeps 8 bits."""
+    wide_loss = token_loss.float() if token_loss.dtype in (torch.bfloat16, torch.float16) else token_loss
+    return LOSS_AGGREGATIONS.get(mode)(masked(wide_loss, mask), mask, global_tokens, global_sequences, loss_scale_factor)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -259,7 +261,7 @@ def gspo(
     seq-mean-token-mean."""
     token_log_ratio = masked(logprobs - behaviour_logprobs, mask)
     seq_log_ratio = token_log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)
-    seq_log_ratio = torch.clamp(seq_log_ratio.detach(), -LOG_RATIO_CLAMP, GSPO_LOG_RATIO_CAP).unsqueeze(-1)
+    seq_log_ratio = seq_log_ratio.detach().clamp(max=GSPO_LOG_RATIO_CAP).unsqueeze(-1)
     token_form = seq_log_ratio + logprobs - logprobs.detach()
     # past the cap the log-ratio is the constant cap (a clamp would still pass gradient at it)
     token_form = torch.where(seq_log_ratio >= GSPO_LOG_RATIO_CAP, seq_log_ratio, token_form)

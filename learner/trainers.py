@@ -10,7 +10,7 @@
                          `_prepare_batch(items)` just before the loss
 
 Every loss is summed over micro-batches with the *whole* batch's token and sequence
-counts (learner/losses.py), so micro-batching never changes the gradient.
+counts (`algos/losses.py`, `aggregate_loss`), so micro-batching never changes the gradient.
 """
 
 from __future__ import annotations

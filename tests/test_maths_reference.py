@@ -93,7 +93,7 @@ def test_k3_plus_has_k3s_value_and_k2s_gradient_and_abs_is_the_absolute_log_rati
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
-@pytest.mark.parametrize("kl_estimator", ["k1", "k3"])
+@pytest.mark.parametrize("kl_estimator", ["k1", "k2", "k3", "k3+", "abs"])
 def test_padding_with_minus_inf_logprobs_changes_nothing(mode, kl_estimator):
     # two sequences; the second is one token shorter, and its padding holds -inf behaviour
     # and reference logprobs (as a sampler that reports -inf for impossible tokens would).
@@ -121,6 +121,49 @@ def test_padding_with_minus_inf_logprobs_changes_nothing(mode, kl_estimator):
         "seq-mean-token-mean": ((l0 + l1) / 2 + l2) / 2,
     }[mode]
     assert padded.item() == pytest.approx(expected, rel=1e-5)  # float32 sums in another order
+
+
+# --- numerics: k3+'s value, k2's gradient at a masked -inf, sums of bfloat16 losses ----------
+
+
+@pytest.mark.parametrize("estimator", ["k2", "k3+"])
+def test_a_masked_minus_inf_reference_gives_no_nan_gradient(estimator):
+    # log-ratios -1 - (-1.5) = 0.5 (trained) and -2 - (-inf) = inf (masked): k2's token
+    # losses 0.125 and inf; token-mean over the one trained token 0.125, gradient x = 0.5
+    logprobs = t([[-1.0, -2.0]], grad=True)
+    loss = aggregate_loss(kl_penalty(logprobs, t([[-1.5, -math.inf]]), estimator), t([[1.0, 0.0]]), "token-mean", 1.0, 1.0)
+    loss.backward()
+    expected = 0.125 if estimator == "k2" else math.exp(-0.5) + 0.5 - 1.0  # k3+'s value is k3's: 0.106531
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert logprobs.grad.tolist() == [[0.5, 0.0]]  # before: [[0.5, nan]]
+
+
+def test_k3_plus_keeps_k3s_value_exactly_at_large_log_ratios():
+    # k3 at log-ratio -22.5 is clamped to 10; (k3 + k2) - k2 rounded it to 11 in bfloat16
+    bf16 = torch.tensor([-22.5], dtype=torch.bfloat16)
+    assert kl_penalty(bf16, torch.zeros(1, dtype=torch.bfloat16), "k3+").item() == 10.0
+    for log_ratio in (50.0, -50.0, 19.0, -19.0):  # +-50 past both clamps; +-19 inside the log-ratio clamp
+        plus = kl_penalty(t([log_ratio]), t([0.0]), "k3+").item()
+        assert plus == pytest.approx(kl_penalty(t([log_ratio]), t([0.0]), "k3").item(), abs=1e-6)
+
+
+def test_bfloat16_token_losses_sum_in_float32():
+    # 4,096 bfloat16 losses: the float32 sum equals the float64 sum of the same values to
+    # float32 precision; a bfloat16 running sum keeps 8 bits (it was off by up to 2.6e-3)
+    generator = torch.Generator().manual_seed(0)
+    token_loss = torch.rand(4, 1024, generator=generator).to(torch.bfloat16)
+    mask = torch.ones(4, 1024)
+    loss = aggregate_loss(token_loss, mask, "token-mean", 4096.0, 4.0)
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx(token_loss.double().sum().item() / 4096, rel=1e-6)
+
+
+def test_gspo_follows_a_low_sequence_ratio_below_e_to_the_minus_20():
+    # s = -30 (two tokens at -30), A = +1: ratio e^-30; unclipped -e^-30 beats clipped -0.8,
+    # so the loss is -e^-30 = -9.36e-14 a token (verl's), not -e^-20 = -2.06e-9 (a clamp at -20)
+    logprobs = t([[-31.0, -32.0]], grad=True)
+    policy = POLICY_LOSSES.get("gspo")(logprobs, t([[-1.0, -2.0]]), t([[1.0, 1.0]]), t([[1.0, 1.0]]), CLIP)
+    assert policy.token_loss.tolist()[0] == pytest.approx([-math.exp(-30.0)] * 2, rel=1e-5)
 
 
 # --- new aggregations and the std epsilon -------------------------------------------------------

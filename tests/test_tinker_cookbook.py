@@ -57,7 +57,7 @@ def cookbook_python() -> Path:
 
 
 def edited_script(python: Path, name: str, data: Path, out: Path) -> Path:
-    """The cookbook's `recipes/NAME.py` with only the EDITS lines replaced."""
+    """The cookbook's `tinker_cookbook.recipes.NAME` module with only the EDITS lines replaced."""
     source_file = subprocess.run(
         [str(python), "-c", f"import tinker_cookbook.recipes.{name} as m; print(m.__file__)"],
         capture_output=True,
