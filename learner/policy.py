@@ -24,7 +24,7 @@ from streamrl.learner.trainers import StepResult, Trainer, plan_step
 from streamrl.learner.version_writes import VersionWrites, cpu_copy
 from streamrl.learner.warmup import cross_entropy_warmup, demonstration_items, greedy_exact_match, supervised_items
 from streamrl.learner.weight_broadcast import WeightBroadcaster
-from streamrl.runtime.chat_template import recipe_renderer
+from streamrl.runtime.chat_template import padding_id, recipe_renderer
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.dataset import read_rows, validation_rows
 from streamrl.runtime.lora import (
@@ -81,7 +81,7 @@ class Policy:
                 else self._load_reference(reference if reference.exists() else source)
             )
         self.trainer = build_trainer(
-            trainer_class, recipe, self.model, self.tokenizer.pad_token_id, ref_model=self.ref_model, placement=self.placement
+            trainer_class, recipe, self.model, padding_id(self.tokenizer), ref_model=self.ref_model, placement=self.placement
         )
         if self.checkpoint is not None:
             if not (self.checkpoint / "shards").is_dir():

@@ -11,7 +11,7 @@ import torch
 from streamrl.learner.batching import TrainItem
 from streamrl.learner.parallel import Placement
 from streamrl.learner.trainers import CrossEntropyTrainer, plan_step
-from streamrl.runtime.chat_template import ChatRenderer, demonstration_tokens, stop_token_ids
+from streamrl.runtime.chat_template import ChatRenderer, demonstration_tokens, padding_id, stop_token_ids
 from streamrl.runtime.config import Trainer as TrainerConfig
 from streamrl.runtime.dataset import lookup
 
@@ -60,7 +60,7 @@ def greedy_exact_match(
     tokenizer = renderer.tokenizer
     prompts = [renderer.prompt_ids(lookup(r, prompt_key)) for r in rows]
     width = max(len(p) for p in prompts)
-    pad = tokenizer.pad_token_id
+    pad = padding_id(tokenizer)
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     out = model.generate(
@@ -90,7 +90,7 @@ def cross_entropy_warmup(
     """At most `steps` steps of cross-entropy on batches drawn with `seed` (the same
     batches on every rank; each rank trains its share of each); with `done`, it is asked
     every `check_every` steps whether to stop (on every rank: it may be collective)."""
-    trainer = CrossEntropyTrainer(model, tokenizer.pad_token_id, trainer_config, placement=placement)
+    trainer = CrossEntropyTrainer(model, padding_id(tokenizer), trainer_config, placement=placement)
     rank, world = trainer.placement.rank, trainer.placement.world_size
     rng = np.random.default_rng(seed)
     started, losses = time.perf_counter(), []

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from streamrl.algos.sampling import decode, row_generators, top_p_filter  # noqa: F401  (top_p_filter: callers import it from here)
+from streamrl.runtime.chat_template import padding_id
 from streamrl.runtime.device import resolve_device
 from streamrl.runtime.registry import Registry
 
@@ -138,7 +139,7 @@ class EmbeddedEngine:
             temperature=params.temperature,
             top_p=params.top_p,
             stop_ids={self.tokenizer.eos_token_id, *params.stop_token_ids},
-            pad_id=self.tokenizer.pad_token_id,
+            pad_id=padding_id(self.tokenizer),
             generator=row_generators(drawn, self.device),
         )
         return [

@@ -30,6 +30,9 @@ PLACEHOLDER = "\x00assistant-turn\x00"  # no template changes it, no model says 
 # Tokens chat models end a turn with: the family's, where the vocabulary has one, beside EOS.
 TURN_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "</s>", "<|end|>")
 ChatMode = Literal["auto", "true", "false"]  # data.apply_chat_template (YAML's true/false too)
+# Tokens families reserve for padding, for a tokenizer shipped without a pad token
+# (Llama 3.1's `<|finetune_right_pad_id|>`, Mistral's `<pad>`), tried before EOS.
+RESERVED_PAD_TOKENS = ("<|finetune_right_pad_id|>", "<pad>", "<|pad|>", "[PAD]", "<|endoftext|>")
 
 
 class ChatTemplateError(ValueError):
@@ -49,6 +52,23 @@ def stop_token_ids(tokenizer) -> list[int]:
         if found is not None and found != tokenizer.unk_token_id and found not in ids:
             ids.append(found)
     return ids
+
+
+def padding_id(tokenizer) -> int:
+    """The id that fills positions outside a sequence: the tokenizer's pad token, else a
+    token its family reserves for padding, else EOS. Padded positions are outside the
+    attention mask and the loss mask, so the id is never attended to, sampled or
+    trained; it only has to be a valid embedding row."""
+    if tokenizer.pad_token_id is not None:
+        return int(tokenizer.pad_token_id)
+    for token in RESERVED_PAD_TOKENS:
+        found = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(found, int) and found != tokenizer.unk_token_id:
+            return found
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no pad token, no reserved pad token and no EOS to pad with")
+    return int(eos)
 
 
 def as_messages(prompt: str | list[dict[str, Any]]) -> list[dict[str, Any]]:

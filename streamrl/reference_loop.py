@@ -51,7 +51,7 @@ from streamrl.producers.evaluator import BaseEvaluationTarget, run_evaluator
 from streamrl.producers.publisher import step_tasks
 from streamrl.producers.rollout import seed_key
 from streamrl.producers.worker_loop import make_evaluator
-from streamrl.runtime.chat_template import ChatRenderer, recipe_renderer
+from streamrl.runtime.chat_template import ChatRenderer, padding_id, recipe_renderer
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.dataset import epoch_batches, read_rows, total_train_steps, validation_rows
 from streamrl.runtime.folders import directory_sha256
@@ -126,7 +126,7 @@ def rollout_step(recipe: Recipe, sampler, tokenizer, renderer, evaluator, step: 
     sampler.eval()
     completions = decode(
         sampler, prompts, max_new_tokens=worker.max_response_length, temperature=worker.temperature,
-        top_p=worker.top_p, stop_ids={tokenizer.eos_token_id}, pad_id=tokenizer.pad_token_id,
+        top_p=worker.top_p, stop_ids={tokenizer.eos_token_id}, pad_id=padding_id(tokenizer),
         generator=row_generators(seeds),
     )  # fmt: skip
     rewards = [
@@ -182,7 +182,7 @@ def run(recipe: Recipe, steps: int | None = None, out: Path | None = None, on_st
     val_rows = validation_rows(val.data_files, val.type, val.max_rows)
     if recipe.trainer.warmup_cross_entropy_steps:
         warm_up(recipe, model, tokenizer, renderer, val_rows)
-    trainer = build_trainer(trainer_class(recipe), recipe, model, tokenizer.pad_token_id)
+    trainer = build_trainer(trainer_class(recipe), recipe, model, padding_id(tokenizer))
     total = total_train_steps(recipe)
     steps = total if steps is None else min(steps, total)
     data, cfg = recipe.data, recipe.trainer

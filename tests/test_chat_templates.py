@@ -150,3 +150,24 @@ def test_every_byte_survives_encode_and_decode(model):
     text = '  tabs\tand\r\nnewlines\n\n, ünïcödé 漢字 🙂 \x00\x7f <tool_call>{"k": [1, 2]}</tool_call>  '
     assert tokenizer.decode(encode(tokenizer, text)) == text
     assert json.loads(json.dumps(text)) == text
+
+
+def word_tokenizer(words: list[str], **special: str):
+    """A word-level tokenizer over `words`, with only the special tokens given."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocabulary = {word: index for index, word in enumerate(words)}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocabulary)), **special)
+
+
+def test_a_tokenizer_without_a_pad_token_pads_with_its_reserved_pad_else_eos():
+    from streamrl.runtime.chat_template import padding_id
+
+    words = ["a", "b", "<|finetune_right_pad_id|>", "<|eot_id|>", "<|end_of_text|>"]
+    assert padding_id(word_tokenizer(words, pad_token="b", eos_token="<|eot_id|>")) == 1
+    # Llama 3.1 Instruct as shipped: no pad token, a reserved one in the vocabulary
+    assert padding_id(word_tokenizer(words, eos_token="<|eot_id|>")) == 2
+    assert padding_id(word_tokenizer(["a", "b", "</s>"], eos_token="</s>")) == 2
+    with pytest.raises(ValueError, match="no pad token, no reserved pad token and no EOS"):
+        padding_id(word_tokenizer(["a", "b"]))

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from streamrl.algos.sampling import decode
+from streamrl.runtime.chat_template import padding_id
 
 
 class Sampler:
@@ -67,7 +68,7 @@ class Sampler:
             top_k=top_k,
             stop_ids=stop_ids,
             stop_text=stopped_by_text if stop_texts else None,
-            pad_id=tokenizer.pad_token_id or 0,
+            pad_id=padding_id(tokenizer),
             generator=generator,
         )
         return [(row.tokens, row.logprobs, row.finish_reason) for row in decoded], prompt_lp
