@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from streamrl.runtime.builtin_families import FAMILY_OF_MODEL_TYPE
 from streamrl.runtime.tiny_lm import build_tokenizer, write_stamp
@@ -117,17 +117,26 @@ ARCHITECTURES: dict[str, dict] = {
 
 
 def init_model(
-    architecture: str, out: str | Path, seed: int = 0, match_tokenizer_vocab: bool = False, dtype: str = "bfloat16"
+    architecture: str,
+    out: str | Path,
+    seed: int = 0,
+    match_tokenizer_vocab: bool = False,
+    dtype: str = "bfloat16",
+    tokenizer_folder: str | Path | None = None,
 ) -> Path:
-    """Write a randomly initialised `architecture` and its tokenizer to `out`."""
+    """Write a randomly initialised `architecture` and its tokenizer to `out`: the
+    family's byte-level tokenizer, or the Hugging Face tokenizer in `tokenizer_folder`
+    as it is (its special tokens, template and pad token or none). The vocabulary grows
+    to the tokenizer's when the tokenizer is larger (a tiny model with Llama 3's 128,256
+    ids)."""
     if architecture not in ARCHITECTURES:
         raise ValueError(f"--config {architecture!r}: known architectures: {', '.join(ARCHITECTURES)}")
     out = Path(out)
     settings = dict(ARCHITECTURES[architecture])
     model_type = settings.pop("model_type")
     family = FAMILY_OF_MODEL_TYPE[model_type]
-    tokenizer = build_tokenizer(family)
-    if match_tokenizer_vocab:
+    tokenizer = build_tokenizer(family) if tokenizer_folder is None else AutoTokenizer.from_pretrained(tokenizer_folder)
+    if match_tokenizer_vocab or len(tokenizer) > settings["vocab_size"]:
         settings["vocab_size"] = len(tokenizer)
     config = AutoConfig.for_model(
         model_type,
@@ -140,7 +149,8 @@ def init_model(
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    write_stamp(out, family)
+    if tokenizer_folder is None:
+        write_stamp(out, family)  # a built-in model, rebuilt by a newer version
     return out
 
 

@@ -116,30 +116,6 @@ def test_a_run_whose_evaluator_always_raises_exits_1_with_the_error_and_is_faile
 
 
 @pytest.mark.services
-def test_a_run_whose_tokenizer_has_no_pad_token_exits_1_with_the_error_and_is_failed_in_the_ledger(
-    stack, ledger, run_id, tmp_path
-):
-    """The warmed model's tokenizer with its pad token taken away, as Meta ships Llama 3's:
-    every rollout fails (until bring-your-own tokenizers pad without one), and the run
-    says so at its first step instead of training on nothing."""
-    import json
-
-    from tests.helpers.warm_model import warm_model_folder
-
-    model = warm_model_folder(tmp_path / "model")
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    config["pad_token"] = None
-    (model / "tokenizer_config.json").write_text(json.dumps(config))
-    code, said = failed_run(run_id, tmp_path, f"rollout_worker.model_path={model}")
-    flat = " ".join(said.split())
-    assert code == 1, flat[-3000:]
-    assert "rollout error (TypeError)" in flat and "must be Number, not NoneType" in flat, flat[-3000:]
-    assert ledger.execute("select status from runs where run_id = %s", (run_id,)).fetchone()[0] == "failed"
-    shown = " ".join(run_cli("show", run_id, "--out", str(tmp_path / "show"), timeout=120).stdout.split())
-    assert "rollout error (TypeError)" in shown and "must be Number, not NoneType" in shown, shown[-3000:]
-
-
-@pytest.mark.services
 def test_a_run_whose_every_prompt_is_too_long_fails_naming_the_over_long_prompts(stack, ledger, run_id, tmp_path):
     code, said = failed_run(run_id, tmp_path, "rollout_worker.max_prompt_length=2", "data.max_prompt_length=2")
     flat = " ".join(said.split())
