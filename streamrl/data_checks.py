@@ -1,6 +1,8 @@
 """What `recipe validate` (and every run) checks in the recipe's rows before anything
-starts: each file reads, each prompt is text or chat messages the run can render, and
-the answer a built-in evaluator reads is there, every problem with its file, row and key.
+starts: each file reads, each prompt is text or chat messages the run can render, the
+answer a built-in evaluator reads is there, and (where the model folder is local) every
+prompt renders with the run's template within max_prompt_length tokens; every problem
+with its file, row and key.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ def data_problems(recipe: Recipe) -> list[str]:
         except DatasetError as exc:
             problems.append(f"{name}.data_files: {exc}")
             continue
-        problems += template_problems(recipe, name, section, rows)
+        template = template_problems(recipe, name, section, rows)
+        problems += template or render_problems(recipe, name, section, rows)
     if recipe.trainer.warmup_messages_key and recipe.rollout_worker.type in ("agent", "nexau"):
         problems += warmup_tool_listing_problems(recipe)
     return problems
@@ -58,6 +61,47 @@ def template_problems(recipe: Recipe, name: str, section: Data, rows: list[dict]
         f"{where}: holds chat messages, and the tokenizer in {model_path} has no chat template "
         "(set data.chat_template to a .jinja file)"
     ]
+
+
+SHOWN_ROWS = 3  # rows named per problem; the rest are counted
+
+
+def render_problems(recipe: Recipe, name: str, section: Data, rows: list[dict]) -> list[str]:
+    """Every prompt rendered as a single-turn worker renders it (the run's tokenizer and
+    template): a row the template refuses is named with the template's message, and rows
+    longer than max_prompt_length are counted and the first named. An agent's prompt
+    also lists its tools, so for agents only the template's refusals are checked."""
+    model_path = recipe.rollout_worker.model_path
+    if not rows or not model_path or not (Path(model_path) / "tokenizer_config.json").is_file():
+        return []  # a hub id or a remote model: nothing local to render with
+    from transformers import AutoTokenizer
+
+    from streamrl.runtime.chat_template import recipe_renderer
+
+    renderer = recipe_renderer(recipe, AutoTokenizer.from_pretrained(model_path))
+    limit = min(recipe.data.max_prompt_length, recipe.rollout_worker.max_prompt_length)
+    single_turn = recipe.rollout_worker.type == "single_turn"
+    refused, over_long = [], []
+    for index, row in enumerate(rows):
+        try:
+            length = len(renderer.prompt_ids(lookup(row, section.prompt_key)))
+        except Exception as exc:  # a template's raise_exception, a malformed message: named with its row
+            refused.append(f"row {index + 1}: {type(exc).__name__}: {exc}")
+            continue
+        if single_turn and length > limit:
+            over_long.append(f"row {index + 1} ({length} tokens)")
+    where = f"{name}.{section.prompt_key} ({', '.join(section.data_files)})"
+    problems = []
+    if refused:
+        problems.append(
+            f"{where}: the chat template refused {len(refused)} of {len(rows)} prompts: {'; '.join(refused[:SHOWN_ROWS])}"
+        )
+    if over_long:
+        problems.append(
+            f"{where}: {len(over_long)} of {len(rows)} prompts are longer than max_prompt_length ({limit} tokens, the "
+            f"smaller of data.max_prompt_length and rollout_worker.max_prompt_length): {', '.join(over_long[:SHOWN_ROWS])}"
+        )
+    return problems
 
 
 def warmup_tool_listing_problems(recipe: Recipe) -> list[str]:

@@ -64,3 +64,45 @@ def test_validation_refuses_chat_messages_as_raw_text(tmp_path):
     assert (
         result.returncode == 2 and "holds chat messages, and data.apply_chat_template is false" in result.stdout + result.stderr
     )
+
+
+STRICT_TEMPLATE = """{%- for message in messages %}
+{%- if loop.index0 > 0 and message.role == messages[loop.index0 - 1].role %}
+{{- raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}
+{%- endif %}
+{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+
+
+def test_validation_renders_every_row_and_names_the_rows_the_template_refuses(tmp_path):
+    """Two user messages in a row, as in row 3: the template's own message, with the row."""
+    overrides = write_dataset(tmp_path)
+    rows = [verl_row(1, 2, i, "train") for i in range(5)]
+    rows[2]["prompt"] = [{"role": "user", "content": "What is 1 + 2?"}, {"role": "user", "content": "Answer now."}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    (tmp_path / "strict.jinja").write_text(STRICT_TEMPLATE)
+    result = run_cli(
+        "recipe",
+        "validate",
+        str(RECIPE / "recipe.yaml"),
+        *overrides,
+        f"data.chat_template={tmp_path / 'strict.jinja'}",
+        timeout=300,
+    )
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2, said[-3000:]
+    assert f"data.prompt ({tmp_path / 'train.parquet'}): the chat template refused 1 of 5 prompts: row 3:" in said, said[-3000:]
+    assert "Conversation roles must alternate user/assistant/user/assistant/..." in said
+
+
+def test_validation_counts_and_names_prompts_longer_than_max_prompt_length(tmp_path):
+    overrides = write_dataset(tmp_path)
+    result = run_cli("recipe", "validate", str(RECIPE / "recipe.yaml"), *overrides, "data.max_prompt_length=40", timeout=300)
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2, said[-3000:]
+    # 720 training rows, each prompt 71 tokens: the system message, the question and the template's markers
+    assert (
+        f"data.prompt ({tmp_path / 'train.parquet'}): 720 of 720 prompts are longer than max_prompt_length (40 tokens" in said
+    ), said[-3000:]
+    assert "row 1 (" in said and "validate.data.prompt" in said

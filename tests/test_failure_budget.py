@@ -116,12 +116,25 @@ def test_a_run_whose_evaluator_always_raises_exits_1_with_the_error_and_is_faile
 
 
 @pytest.mark.services
-def test_a_run_whose_every_prompt_is_too_long_fails_naming_the_over_long_prompts(stack, ledger, run_id, tmp_path):
-    code, said = failed_run(run_id, tmp_path, "rollout_worker.max_prompt_length=2", "data.max_prompt_length=2")
-    flat = " ".join(said.split())
-    assert code == 1, flat[-3000:]
-    assert "over-long prompt" in flat and "more than max_prompt_length (2)" in flat, flat[-3000:]
-    assert ledger.execute("select status from runs where run_id = %s", (run_id,)).fetchone()[0] == "failed"
+def test_a_run_whose_prompts_are_too_long_is_refused_before_it_starts_naming_them(stack, ledger, run_id, tmp_path):
+    """Every prompt is rendered before the run starts (`streamrl.data_checks`): none fits
+    in 2 tokens, so the run is refused, nothing is recorded, and the rows are named."""
+    result = run_cli(
+        "run",
+        RECIPE,
+        "rollout_worker.max_prompt_length=2",
+        "data.max_prompt_length=2",
+        "--run",
+        run_id,
+        "--out",
+        str(tmp_path / "out"),
+        env=SMALL,
+        timeout=300,
+    )
+    flat = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2, flat[-3000:]
+    assert "prompts are longer than max_prompt_length (2 tokens" in flat and "row 1 (" in flat, flat[-3000:]
+    assert ledger.execute("select count(*) from runs where run_id = %s", (run_id,)).fetchone()[0] == 0
 
 
 @pytest.mark.services
