@@ -27,6 +27,8 @@ Limits (AgentLimits) and the termination reason each gives:
 
 from __future__ import annotations
 
+import hashlib
+import string
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -201,12 +203,14 @@ def run_agent_loop(
                         "seconds": round(outcome.seconds, 4),
                     }
                 )
-            results = [{"role": "tool", "content": output} for output in outputs]
+            ids = call_ids(parsed, len(outputs), f"{task.get('task_id', '')}/{assistant_turns}")
+            results = [{"role": "tool", "content": output, "tool_call_id": id_} for output, id_ in zip(outputs, ids)]
             observation, observation_tokens = renderer.continuation(chat, results, response, schemas)
             if used() + len(observation_tokens) > limits.max_total_tokens:
                 termination = "length"  # the observation would not fit: end on the assistant's turn
                 break
-            segments.append(Segment("tool", observation_tokens, observation, meta={"tools": [c.name for c in parsed.tool_calls]}))
+            meta = {"tools": [c.name for c in parsed.tool_calls], "tool_call_ids": ids}
+            segments.append(Segment("tool", observation_tokens, observation, meta=meta))
             chat += results
             continue
 
@@ -251,6 +255,24 @@ def run_agent_loop(
         weight_versions=versions,
         trace=trace,
     )
+
+
+ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def call_ids(parsed: ParsedTurn, count: int, seed: str) -> list[str]:
+    """One id per tool result, in `outputs` order (the parse errors' first, then the
+    calls'): the id the model wrote with its call, else nine alphanumerics (the form
+    Mistral's templates require; the others take any string) derived from the task,
+    the turn and the position, so a re-render of the episode gives the same ids."""
+    written = [call.call_id for call in parsed.tool_calls]
+    own = [None] * len(parsed.errors) + written + [None] * max(0, count - len(parsed.errors) - len(written))
+    return [given or made_id(f"{seed}/{index}") for index, given in enumerate(own[:count])]
+
+
+def made_id(seed: str) -> str:
+    digest = hashlib.sha256(seed.encode()).digest()
+    return "".join(ID_ALPHABET[byte % len(ID_ALPHABET)] for byte in digest[:9])
 
 
 def episode_turns(episode: Episode, loss_mask: list[int]) -> list[dict[str, Any]]:

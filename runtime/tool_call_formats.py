@@ -31,6 +31,7 @@ from streamrl.runtime.registry import Registry
 class ToolCall:
     name: str
     arguments: dict[str, Any]
+    call_id: str | None = None  # the id the model wrote with the call (Mistral's "id"), if any
 
 
 @dataclass
@@ -75,7 +76,8 @@ def call_from_json(payload: Any, body: str, arguments_key: str = "arguments") ->
             pass
     if not isinstance(arguments, dict):
         return f'tool call "{payload["name"]}": "{arguments_key}" must be an object, got {arguments!r:.100}'
-    return ToolCall(payload["name"], arguments)
+    call_id = payload.get("id")
+    return ToolCall(payload["name"], arguments, call_id if isinstance(call_id, str) and call_id else None)
 
 
 def _add(parsed: ParsedTurn, outcome: ToolCall | str) -> None:

@@ -8,6 +8,7 @@ and Qwen's without a pad token), in which no rollout fails."""
 from __future__ import annotations
 
 import functools
+import json
 import random
 import unicodedata
 from pathlib import Path
@@ -171,3 +172,49 @@ def test_a_few_steps_with_each_shipped_tokenizer_as_it_ships_fail_no_rollout(
     assert trained >= 2 * 4 and validated >= 4, (trained, validated)
     steps = ledger.execute("select count(*) from train_steps where run_id = %s", (run_id,)).fetchone()[0]
     assert steps == 2
+
+
+@pytest.mark.parametrize("written_id", ["abc123XYZ", None])
+def test_a_mistral_tool_episode_is_mistral_commons_encoding_with_the_calls_id(written_id, tokenizer_folders):
+    """The model's call carries its id (as NeMo's format writes it) or none (one is made:
+    nine alphanumerics); the tool result is rendered with that id, and the episode up to
+    the tool results is mistral-common's encoding of the same conversation, id for id."""
+    from mistral_common.protocol.instruct.messages import AssistantMessage, ToolMessage, UserMessage
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+    from mistral_common.protocol.instruct.tool_calls import Function, FunctionCall, Tool, ToolCall
+
+    from streamrl.producers.agent_loop import AgentLimits, run_agent_loop
+    from streamrl.producers.tools import ToolRegistry
+    from tests.test_agent_loop import ScriptedClient
+
+    tokenizer = hf(tokenizer_folders["mistral-nemo"])
+    call = {"name": "lookup", "arguments": {"key": "ab"}} | ({"id": written_id} if written_id else {})
+    turns = [tokenizer(f"[TOOL_CALLS][{json.dumps(call)}]</s>", add_special_tokens=False)["input_ids"]]
+    turns.append(tokenizer("42</s>", add_special_tokens=False)["input_ids"])
+    client = ScriptedClient(turns)
+    client.tokenizer = tokenizer
+    parameters = {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}
+    function = {"name": "lookup", "description": "The value stored under a key.", "parameters": parameters}
+    tool = {"callable": "tests.test_agent_loop:lookup", "tool_schema": {"type": "function", "function": function}}
+    tools = ToolRegistry.from_config([tool], base_dir=".")  # mistral-common always lists a description
+    messages = [{"role": "user", "content": "Look up ab."}]
+    episode = run_agent_loop(client, messages, tools, task={"task_id": "t-1", "database": {"ab": "42"}}, limits=AgentLimits())
+    assert [s.role for s in episode.segments] == ["prompt", "assistant", "tool", "assistant"]
+    (used_id,) = episode.segments[2].meta["tool_call_ids"]
+    assert used_id == written_id if written_id else (len(used_id) == 9 and used_id.isalnum())
+
+    schema = tools.schemas[0]["function"]
+    request = ChatCompletionRequest(
+        tools=[
+            Tool(function=Function(name="lookup", description=schema.get("description", ""), parameters=schema["parameters"]))
+        ],
+        messages=[
+            UserMessage(content="Look up ab."),
+            AssistantMessage(tool_calls=[ToolCall(id=used_id, function=FunctionCall(name="lookup", arguments='{"key": "ab"}'))]),
+            ToolMessage(content="42", tool_call_id=used_id),
+        ],
+    )
+    expected = mistral_encoder().encode_chat_completion(request).tokens
+    prompt, _, observation = (episode.segments[i].tokens for i in range(3))
+    assert prompt == expected[: len(prompt)]
+    assert observation == expected[len(expected) - len(observation) :]  # [TOOL_RESULTS] with the call's id
