@@ -9,7 +9,9 @@ the tool results, never an exception.
     hermes       Qwen 2.5 / Qwen 3 / Hermes:  <tool_call>{"name": ..., "arguments": {...}}</tool_call>
                  (one element per call, anywhere outside a <think> block)
     llama3_json  Llama 3.1 - 3.3:  the turn is {"name": ..., "parameters": {...}} (optionally after
-                 <|python_tag|>), several calls separated by ";"
+                 <|python_tag|>), several calls separated by ";", prose after them kept; and
+                 Llama's other official forms, <function=name>{...}</function> and the
+                 pythonic [name(key="value"), ...] (Llama 3.2 / 4)
     mistral      Mistral (v3 tokenizer):  [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]
 
 A recipe's own: `tool_call_format: my_parsers.py:parse` (a function of the same shape).
@@ -94,30 +96,56 @@ def _json(body: str) -> tuple[Any, str | None]:
         return None, f"tool call is not valid JSON ({exc.msg} at character {exc.pos}): {body[:200]}"
 
 
-HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-HERMES_UNCLOSED = re.compile(r"<tool_call>(?!.*</tool_call>)", re.DOTALL)
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 
 
 @register_tool_call_format("hermes")
 def parse_hermes(text: str) -> ParsedTurn:
+    """Each <tool_call> element's JSON is decoded where it starts, so a "</tool_call>"
+    inside a string argument does not end the call; the element must close after it."""
     visible = visible_text(text)
-    parsed = ParsedTurn("")
-    for match in HERMES_CALL.finditer(visible):
-        payload, error = _json(match.group(1).strip())
-        _add(parsed, error or call_from_json(payload, match.group(1).strip()))
-    if HERMES_UNCLOSED.search(visible):
-        parsed.errors.append("a <tool_call> was not closed with </tool_call>")
-    parsed.content = HERMES_UNCLOSED.split(HERMES_CALL.sub("", visible))[0].strip()
+    parsed, kept, position = ParsedTurn(""), [], 0
+    decoder = json.JSONDecoder()
+    while (start := visible.find(HERMES_OPEN, position)) >= 0:
+        kept.append(visible[position:start])
+        body_start = start + len(HERMES_OPEN)
+        body_start += len(visible[body_start:]) - len(visible[body_start:].lstrip())
+        try:
+            payload, body_end = decoder.raw_decode(visible, body_start)
+        except json.JSONDecodeError:
+            payload, body_end = None, visible.find(HERMES_CLOSE, body_start)
+        close = visible.find(HERMES_CLOSE, body_end if body_end >= 0 else body_start)
+        if close < 0:
+            parsed.errors.append("a <tool_call> was not closed with </tool_call>")
+            position = len(visible)
+            break
+        body = visible[body_start:close].strip()
+        if payload is None or visible[body_end:close].strip():
+            _add(parsed, _json(body)[1] or f"tool call is not one JSON object: {body[:200]}")
+        else:
+            _add(parsed, call_from_json(payload, body))
+        position = close + len(HERMES_CLOSE)
+    parsed.content = ("".join(kept) + visible[position:]).strip()
     return parsed
+
+
+# Llama's other official forms (llama-models' ToolPromptFormat): function_tag and python_list
+FUNCTION_TAG = re.compile(r"<function=([A-Za-z0-9_.\-]+)>(.*?)</function>", re.DOTALL)
 
 
 @register_tool_call_format("llama3_json")
 def parse_llama3_json(text: str) -> ParsedTurn:
-    """A turn that is a JSON call (or several, ";"-separated) is a tool call; a turn of
-    prose is the answer. A turn that starts like JSON but does not parse is malformed."""
+    """A turn that is a JSON call (or several, ";"-separated) is a tool call, and prose
+    after the last call is kept as the turn's content; so are Llama's `<function=name>
+    {...}</function>` elements and a pythonic list `[f(a=1), g(b="x")]`. A turn of prose
+    is the answer. A turn that starts like JSON but does not parse is malformed."""
     visible = visible_text(text).strip()
     tagged = visible.startswith("<|python_tag|>")
     visible = visible.removeprefix("<|python_tag|>").strip()
+    if FUNCTION_TAG.search(visible):
+        return parse_function_tags(visible)
+    if visible.startswith("[") and (pythonic := parse_pythonic(visible)) is not None:
+        return pythonic
     if not (tagged or visible.startswith("{")):
         return ParsedTurn(visible)
     parsed = ParsedTurn("")
@@ -132,11 +160,46 @@ def parse_llama3_json(text: str) -> ParsedTurn:
             )
             break
         _add(parsed, call_from_json(payload, visible[position:end], arguments_key="parameters"))
-        position = end
-        rest = visible[position:].lstrip()
+        rest = visible[end:].lstrip()
         if rest.startswith(";"):
             rest = rest[1:].lstrip()
+        elif not rest.startswith("{"):  # prose after the calls: what the model says beside them
+            parsed.content = rest
+            break
         position = len(visible) - len(rest)
+    return parsed
+
+
+def parse_function_tags(visible: str) -> ParsedTurn:
+    parsed = ParsedTurn(FUNCTION_TAG.sub("", visible).strip())
+    for name, body in FUNCTION_TAG.findall(visible):
+        payload, error = _json(body.strip() or "{}")
+        _add(parsed, error or call_from_json({"name": name, "arguments": payload}, body.strip()))
+    return parsed
+
+
+def parse_pythonic(visible: str) -> ParsedTurn | None:
+    """`[name(key=literal, ...), ...]` as calls, or None when the text is not such a list
+    (a final answer like "[1, 2]" stays prose)."""
+    import ast
+
+    try:
+        tree = ast.parse(visible, mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(tree, ast.List) or not tree.elts:
+        return None
+    if not all(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and not c.args for c in tree.elts):
+        return None
+    parsed = ParsedTurn("")
+    for call in tree.elts:
+        name = call.func.id  # type: ignore[attr-defined]  # checked above
+        try:
+            arguments = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}  # type: ignore[attr-defined]
+        except ValueError:
+            parsed.errors.append(f'tool call "{name}": arguments must be literals: {ast.unparse(call)[:200]}')
+            continue
+        parsed.tool_calls.append(ToolCall(name, arguments))
     return parsed
 
 

@@ -171,3 +171,19 @@ def test_a_tokenizer_without_a_pad_token_pads_with_its_reserved_pad_else_eos():
     assert padding_id(word_tokenizer(["a", "b", "</s>"], eos_token="</s>")) == 2
     with pytest.raises(ValueError, match="no pad token, no reserved pad token and no EOS"):
         padding_id(word_tokenizer(["a", "b"]))
+
+
+def test_a_closing_tag_inside_a_string_argument_does_not_end_a_hermes_call():
+    text = '<tool_call>{"name": "echo", "arguments": {"text": "a </tool_call> b"}}</tool_call> done'
+    parsed = parse_hermes(text)
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("echo", {"text": "a </tool_call> b"})]
+    assert parsed.errors == [] and parsed.content == "done"
+    unclosed = parse_hermes('before <tool_call>{"name": "echo", "arguments": {}}')
+    assert unclosed.errors == ["a <tool_call> was not closed with </tool_call>"] and unclosed.content == "before"
+
+
+def test_prose_after_a_llama_json_call_is_the_turns_content_not_an_error():
+    parsed = parse_llama3_json('{"name": "get", "parameters": {"key": "a"}} Let me look that up.')
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("get", {"key": "a"})]
+    assert parsed.errors == [] and parsed.content == "Let me look that up."
+    assert parse_llama3_json("[1, 2]").content == "[1, 2]"  # a list that is not calls is an answer

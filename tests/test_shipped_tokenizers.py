@@ -218,3 +218,21 @@ def test_a_mistral_tool_episode_is_mistral_commons_encoding_with_the_calls_id(wr
     prompt, _, observation = (episode.segments[i].tokens for i in range(3))
     assert prompt == expected[: len(prompt)]
     assert observation == expected[len(expected) - len(observation) :]  # [TOOL_RESULTS] with the call's id
+
+
+@pytest.mark.parametrize("form", ["json", "function_tag", "python_list"])
+def test_llamas_official_call_forms_parse_back_to_the_call(form):
+    """Each form llama-models' ToolUtils writes a call in, parsed by llama3_json."""
+    from llama_models.datatypes import ToolCall, ToolPromptFormat
+    from llama_models.llama3.tool_utils import ToolUtils
+
+    from streamrl.runtime.tool_call_formats import parse_llama3_json
+
+    arguments = {"city": "Paris", "days": 3, "units": {"temp": "C"}, "tags": ["a", "b"]}
+    if form == "python_list":
+        arguments = {"city": "Paris", "days": 3}  # the pythonic form writes scalars only
+    text = ToolUtils.encode_tool_call(ToolCall(call_id="1", tool_name="get_weather", arguments=arguments), ToolPromptFormat(form))
+    prose = "" if form == "python_list" else " I will check the forecast."  # a pythonic turn is the list alone
+    parsed = parse_llama3_json(text + prose)
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("get_weather", arguments)], text
+    assert parsed.errors == [] and parsed.content == prose.strip()
