@@ -203,7 +203,7 @@ def run_agent_loop(
                         "seconds": round(outcome.seconds, 4),
                     }
                 )
-            ids = call_ids(parsed, len(outputs), f"{task.get('task_id', '')}/{assistant_turns}")
+            ids = call_ids(parsed, f"{task.get('task_id', '')}/{assistant_turns}")
             results = [{"role": "tool", "content": output, "tool_call_id": id_} for output, id_ in zip(outputs, ids)]
             observation, observation_tokens = renderer.continuation(chat, results, response, schemas)
             if used() + len(observation_tokens) > limits.max_total_tokens:
@@ -260,14 +260,13 @@ def run_agent_loop(
 ID_ALPHABET = string.ascii_letters + string.digits
 
 
-def call_ids(parsed: ParsedTurn, count: int, seed: str) -> list[str]:
+def call_ids(parsed: ParsedTurn, seed: str) -> list[str]:
     """One id per tool result, in `outputs` order (the parse errors' first, then the
     calls'): the id the model wrote with its call, else nine alphanumerics (the form
     Mistral's templates require; the others take any string) derived from the task,
     the turn and the position, so a re-render of the episode gives the same ids."""
-    written = [call.call_id for call in parsed.tool_calls]
-    own = [None] * len(parsed.errors) + written + [None] * max(0, count - len(parsed.errors) - len(written))
-    return [given or made_id(f"{seed}/{index}") for index, given in enumerate(own[:count])]
+    written = [None] * len(parsed.errors) + [call.call_id for call in parsed.tool_calls]
+    return [given or made_id(f"{seed}/{index}") for index, given in enumerate(written)]
 
 
 def made_id(seed: str) -> str:

@@ -19,6 +19,7 @@ A recipe's own: `tool_call_format: my_parsers.py:parse` (a function of the same 
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Callable
@@ -181,8 +182,6 @@ def parse_function_tags(visible: str) -> ParsedTurn:
 def parse_pythonic(visible: str) -> ParsedTurn | None:
     """`[name(key=literal, ...), ...]` as calls, or None when the text is not such a list
     (a final answer like "[1, 2]" stays prose)."""
-    import ast
-
     try:
         tree = ast.parse(visible, mode="eval").body
     except SyntaxError:
