@@ -54,11 +54,19 @@ class Placement:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
 
+def compute_dtype(name: str, device: torch.device) -> str:
+    """trainer.dtype with auto made concrete: bfloat16 on a CUDA device with bf16
+    support, float32 elsewhere (a CPU's bf16 matmuls are slower than its float32 ones)."""
+    if name != "auto":
+        return name
+    return "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+
+
 def setup(cfg: TrainerConfig) -> Placement:
     """Join the process group when torchrun started this process; pick the device."""
     device = resolve_device(cfg.device)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    bf16 = cfg.dtype == "bfloat16"
+    bf16 = compute_dtype(cfg.dtype, device) == "bfloat16"
     if world == 1:
         return Placement(device, autocast_dtype=torch.bfloat16 if bf16 else None)
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
@@ -84,7 +92,8 @@ def prepare_model(model: PreTrainedModel, cfg: TrainerConfig, placement: Placeme
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32, reduce_dtype=torch.float32
+        param_dtype=torch.bfloat16 if compute_dtype(cfg.dtype, placement.device) == "bfloat16" else torch.float32,
+        reduce_dtype=torch.float32,
     )
     for layer in decoder_layers(model):
         fully_shard(layer, mp_policy=policy)

@@ -5,7 +5,8 @@
     regex            the first match of a pattern (group 1) equals the answer
     tag              the text inside <answer>...</answer> (any tag) equals the answer
     fuzzy            similarity to the answer in [0, 1] (rapidfuzz), or 1/0 past a threshold
-    math             mathematical equivalence (math-verify: LaTeX, fractions, \\boxed{})
+    math             mathematical equivalence of the final answer (math-verify: LaTeX, fractions, \\boxed{})
+    verl             verl's reward rules, chosen by the row's data_source (GSM8K's "#### N", MATH)
     code             the program in the output passes the row's tests in the sandbox
     weighted         a weighted mean of other evaluators' rewards (multi-criteria)
     llm_judge        a score from a judge model on any OpenAI-compatible endpoint
@@ -31,8 +32,10 @@ from streamrl.producers.evaluator import (
     ExactMatchEvaluator,
     run_evaluator,
 )
-from streamrl.producers.math_grading import grade
+from streamrl.producers.final_answer import ANSWER_SOURCES, final_answer, gsm8k_answer
+from streamrl.producers.math_grading import grade, grade_verl_math
 from streamrl.producers.sandbox import SandboxLimits, run_python
+from streamrl.producers.verl_rules import rule_for
 from streamrl.runtime.dataset import lookup
 from streamrl.runtime.registry import Registry
 
@@ -123,25 +126,71 @@ class FuzzyMatch(Evaluator):
 
 @register_evaluator("math")
 class MathEquivalence(Evaluator):
-    """Equivalence by math-verify: "\\boxed{0.5}" matches "1/2", "$\\frac{1}{2}$", ...
+    """Equivalence by math-verify of the response's final answer only
+    (`producers/final_answer.py`): the last \\boxed{}, else the text after `answer_marker`
+    (e.g. "####"), else a response that is nothing but an answer. "\\boxed{0.5}" matches
+    "1/2"; a truncated or unevaluated response ("48 + 24 =") scores 0 with format_ok 0.
+    The metrics say where the answer was found (answer_boxed, answer_marker, answer_whole).
     Graded in child processes (math-verify's own time limit needs the main thread; the
     evaluators run on worker threads): `timeout_s` a grading at most, then an error."""
 
-    def __init__(self, answer_key: str = "answer", timeout_s: float = 10.0, processes: int = 2):
-        self.answer_key = answer_key
+    def __init__(self, answer_key: str = "answer", answer_marker: str | None = None, timeout_s: float = 10.0, processes: int = 2):
+        self.answer_key, self.answer_marker = answer_key, answer_marker or None
         self.pool = ChildPool(grade, size=processes, timeout_s=timeout_s)
 
     def evaluate(self, data, evaluation_target):
         truth = _answer(data, self.answer_key)
+        answer, source = final_answer(evaluation_target.final_answer, self.answer_marker)
+        found = {f"answer_{name}": float(source == name) for name in ANSWER_SOURCES}
+        if answer is None:
+            return EvaluationRunResult(reward=0.0, ground_truth=truth, metrics={"accuracy": 0.0, "format_ok": 0.0, **found})
         try:
-            correct, format_ok, parsed, truth_parsed = self.pool(truth, evaluation_target.final_answer)
+            correct, format_ok, parsed, truth_parsed = self.pool(truth, f"${answer}$")
         except TimeoutError as exc:
-            raise TimeoutError(f"math: grading {evaluation_target.final_answer[:80]!r} {exc}") from None
+            raise TimeoutError(f"math: grading {answer[:80]!r} {exc}") from None
         if not truth_parsed:
             raise ValueError(f"math: the row's {self.answer_key!r} ({truth!r}) does not parse as math")
-        extra = {"parsed": parsed} if parsed is not None else {}
         return EvaluationRunResult(
-            reward=correct, ground_truth=truth, metrics={"accuracy": correct, "format_ok": format_ok}, extra_info=extra
+            reward=correct,
+            ground_truth=truth,
+            metrics={"accuracy": correct, "format_ok": format_ok, **found},
+            extra_info={"answer": answer, "parsed": parsed},
+        )
+
+
+@register_evaluator("verl")
+class VerlRules(Evaluator):
+    """verl's reward rules, chosen by the row's `data_source` as verl's
+    `default_compute_score` chooses them (`producers/verl_rules.py`): GSM8K's "#### N"
+    (strict, or flexible: the last number) and math-verify for MATH-style answers. A
+    data source without a rule is refused by `recipe validate`."""
+
+    def __init__(
+        self,
+        answer_key: str = "reward_model.ground_truth",
+        data_source_key: str = "data_source",
+        gsm8k_method: str = "strict",
+        timeout_s: float = 10.0,
+        processes: int = 2,
+    ):
+        if gsm8k_method not in ("strict", "flexible"):
+            raise ValueError(f"verl: gsm8k_method must be strict or flexible, not {gsm8k_method!r}")
+        self.answer_key, self.data_source_key, self.gsm8k_method = answer_key, data_source_key, gsm8k_method
+        self.pool = ChildPool(grade_verl_math, size=processes, timeout_s=timeout_s)
+
+    def evaluate(self, data, evaluation_target):
+        truth, output = _answer(data, self.answer_key), evaluation_target.final_answer
+        rule = rule_for(lookup(data, self.data_source_key, None))
+        if rule == "gsm8k":
+            answer = gsm8k_answer(output, self.gsm8k_method)
+            score, format_ok = float(answer == truth), float(answer is not None)
+        else:
+            try:
+                score, format_ok = self.pool(truth, output)
+            except TimeoutError as exc:
+                raise TimeoutError(f"verl math: grading {output[:80]!r} {exc}") from None
+        return EvaluationRunResult(
+            reward=score, ground_truth=truth, metrics={"accuracy": score, "format_ok": format_ok}, extra_info={"rule": rule}
         )
 
 

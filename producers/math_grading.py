@@ -21,3 +21,19 @@ def grade(truth: str, answer: str) -> tuple[float, float, str | None, bool]:
     if not predicted:
         return 0.0, 0.0, None, True
     return float(verify(gold, predicted, timeout_seconds=None)), 1.0, str(predicted[-1]), True
+
+
+def grade_verl_math(truth: str, answer: str) -> tuple[float, float]:
+    """verl's math-verify rule (`verl/utils/reward_score/math_verify.py`): the truth read as
+    `\\boxed{truth}`, the response's last expression or LaTeX answer; (score, whether the
+    response held one)."""
+    import logging
+
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    gold = parse("\\boxed{" + truth + "}", extraction_config=(LatexExtractionConfig(),), parsing_timeout=None)
+    predicted = parse(answer, extraction_config=(ExprExtractionConfig(), LatexExtractionConfig()), parsing_timeout=None)
+    if not gold or not predicted:
+        return 0.0, float(bool(predicted))
+    return float(verify(gold, predicted, timeout_seconds=None)), 1.0

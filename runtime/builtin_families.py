@@ -23,6 +23,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+# written beside every model `streamrl model init` makes: a folder without it is someone's
+# pretrained model, which the learning-rate check treats differently
+INIT_MARKER = "streamrl_init.json"
+
 BUILTIN_MODEL_VERSION = 2  # 2: byte-level tokenizers with the family's chat template
 STAMP_FILE = "streamrl_builtin.json"  # {"version", "family"}: what made a generated model folder
 

@@ -50,8 +50,10 @@ class Environment:
 
 @dataclass
 class Data:
-    type: Literal["jsonl", "parquet", "hf"] = knob(
-        "jsonl", "the data files' format (hf: folders written by datasets' save_to_disk)"
+    type: Literal["auto", "jsonl", "parquet", "hf"] = knob(
+        "auto",
+        "the data files' format (hf: folders written by datasets' save_to_disk); auto: by the files' "
+        "extension (.jsonl, .parquet) or a folder, all of one type",
     )
     data_files: list[str] = knob(help="the rows, relative to the recipe's folder", factory=list, path=True)
     shuffle: bool = knob(True, "shuffle the rows (each epoch, with seed)")
@@ -212,7 +214,12 @@ class Trainer:
     custom_trainer_class_name: str | None = knob(None, "the custom trainer's class (the guide's form)")
     total_train_steps: int = knob(100, "GRPO steps in the run", ge=1)
     total_epochs: int | None = knob(None, "stop after this many passes over the data, if sooner", ge=1)
-    lr: float = knob(3e-4, "AdamW's learning rate", gt=0.0)
+    lr: float = knob(
+        1e-6,
+        "AdamW's learning rate: verl's default, for a pretrained model (the tiny built-in recipes set their "
+        "own); a run that fine-tunes a model `streamrl model init` did not make above 1e-4 warns",
+        gt=0.0,
+    )
     lr_schedule: str = knob("constant", "a registered learning-rate schedule")
     min_lr_ratio: float = knob(0.0, "the rate at the last step, as a fraction of lr", ge=0.0, le=1.0)
     lr_warmup_steps: int = knob(0, "a linear ramp from 0 over the first steps of RL", ge=0)
@@ -243,7 +250,10 @@ class Trainer:
         ge=1,
     )
     device: Literal["auto", "cpu", "cuda"] = knob("auto", "where the learner computes (auto: CUDA when present)")
-    dtype: Literal["float32", "bfloat16"] = knob("float32", "bfloat16: bf16 compute, fp32 master weights and reduce")
+    dtype: Literal["auto", "float32", "bfloat16"] = knob(
+        "auto",
+        "bfloat16: bf16 compute, fp32 master weights and reduce; auto: bfloat16 on a CUDA device that supports it, else float32",
+    )
     gradient_checkpointing: bool = knob(False, "recompute activations in the backward pass (less memory)")
     # auto packs when the model's attention is varlen (flash attention), where a packed row
     # costs what its samples cost; with dense-mask attention (sdpa, eager) a packed row

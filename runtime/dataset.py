@@ -83,7 +83,48 @@ def validation_rows(data_files: list[str], kind: str, max_rows: int | None, prom
     return read_rows(data_files, kind, prompt_keys=prompt_keys)[: max_rows or None]
 
 
+EXTENSION_TYPES = {".jsonl": "jsonl", ".parquet": "parquet"}
+
+
+def file_type(path: str, bases: tuple[Path, ...] = ()) -> str | None:
+    """The data.type a file's extension (or a folder: hf) says, None when it says none;
+    a relative path is looked for under `bases` too."""
+    if any((base / path).is_dir() for base in (Path(), *bases)):
+        return "hf"
+    return EXTENSION_TYPES.get(Path(path).suffix.lower())
+
+
+def data_type_problems(values: dict, bases: tuple[Path, ...] = ()) -> list[str]:
+    """`data.type: auto` (the default) made the files' type, in place, so that every
+    process reads the type the run recorded; files of several types, or of a type other
+    than the one named, are refused."""
+    problems = []
+    for name in ("data", "validate.data"):
+        section = values.get("data") or {} if name == "data" else (values.get("validate") or {}).get("data") or {}
+        files = [str(f) for f in section.get("data_files") or []]
+        kinds = {f: file_type(f, bases) for f in files}
+        named = section.get("type", "auto")
+        if named == "auto" and files:
+            unknown = [f for f, kind in kinds.items() if kind is None]
+            if unknown:
+                problems.append(
+                    f"{name}.type: auto cannot tell the type of {unknown[0]} from its extension: name it (jsonl, parquet or hf)"
+                )
+            elif len(set(kinds.values())) > 1:
+                listed = ", ".join(f"{f}: {kind}" for f, kind in kinds.items())
+                problems.append(f"{name}.data_files: files of several types ({listed}): one type per section")
+            else:
+                section["type"] = next(iter(kinds.values()))
+        elif named != "auto":
+            other = [f"{f} ({kind})" for f, kind in kinds.items() if kind not in (None, named)]
+            if other:
+                problems.append(f"{name}.type is {named}, and {', '.join(other[:3])} is not: fix the type or leave it auto")
+    return problems
+
+
 def _file_rows(path: Path, kind: str) -> Iterator[tuple[str, dict]]:
+    if kind == "auto":
+        kind = file_type(str(path)) or "jsonl"
     if kind == "hf":
         if not path.is_dir():
             raise DatasetError(f"{path}: not a folder (data.type hf reads what `datasets.Dataset.save_to_disk` wrote)")

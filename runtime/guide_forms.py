@@ -96,7 +96,7 @@ def _merge(into: dict, path: str, value: Any, source: str, problems: list[str]) 
             _merge(into, f"{path}.{key}", item, f"{source}.{key}", problems)
     elif last in node and node[last] != value:
         problems.append(
-            f"{source}: the guide's spelling of {path}, which is also given with another value "
+            f"{source}: another spelling of {path}, which is also given with another value "
             f"({value!r} vs {node[last]!r}); give one"
         )
     else:

@@ -15,12 +15,13 @@ inference server that samples the whole vocabulary (SGLang) needs.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from streamrl.runtime.builtin_families import FAMILY_OF_MODEL_TYPE
+from streamrl.runtime.builtin_families import FAMILY_OF_MODEL_TYPE, INIT_MARKER
 from streamrl.runtime.tiny_lm import build_tokenizer, write_stamp
 
 ARCHITECTURES: dict[str, dict] = {
@@ -149,6 +150,7 @@ def init_model(
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    (out / INIT_MARKER).write_text(json.dumps({"architecture": architecture, "seed": seed}))
     if tokenizer_folder is None:
         write_stamp(out, family)  # a built-in model, rebuilt by a newer version
     return out

@@ -27,9 +27,10 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from streamrl.runtime.config import Recipe, check_against, coerce_strings, missing_files
-from streamrl.runtime.dataset import DatasetError, data_section_problems, resolve_chat_template
+from streamrl.runtime.dataset import DatasetError, data_section_problems, data_type_problems, resolve_chat_template
 from streamrl.runtime.guide_forms import apply_guide_forms
 from streamrl.runtime.service_config import TinkerService, window_problems
+from streamrl.runtime.verl_keys import apply_verl_keys
 from streamrl.runtime.weight_transport import transport_problems
 
 
@@ -120,11 +121,11 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     problems = section_shape_problems(own, Recipe)
     if problems:
         raise RecipeError(path, problems)
-    guide_problems = apply_guide_forms(own)  # the guide's spellings moved to StreamRL's keys
+    guide_problems = apply_verl_keys(own) + apply_guide_forms(own)  # the guide's spellings moved to StreamRL's keys
     override_values = parse_overrides(overrides)
     if "environment" in override_values:
         guide_problems.append("command line: environment.*: the scripts run before the recipe is read; set them in the recipe")
-    guide_problems += [f"command line: {p}" for p in apply_guide_forms(override_values)]
+    guide_problems += [f"command line: {p}" for p in apply_verl_keys(override_values) + apply_guide_forms(override_values)]
     shape = section_shape_problems(override_values, Recipe)
     if shape:
         raise RecipeError(path, guide_problems + [f"command line: {p}" for p in shape])
@@ -136,6 +137,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         raise RecipeError(path, [f"{key}: {exc.msg if hasattr(exc, 'msg') else exc}"]) from None
     coerce_strings(values, Recipe)
     problems = guide_problems + check_against(values, Recipe)
+    problems += data_type_problems(values, tuple(path_bases(path.resolve().parent)))
     custom = {
         "rollout_worker": (values.get("rollout_worker") or {}).get("custom_rollout_worker_module_path"),
         "algorithm": (values.get("trainer") or {}).get("custom_trainer_module_path"),

@@ -80,7 +80,9 @@ def shipped_tokenizer(name: str):
     try:
         return SHIPPED_TOKENIZERS[name]()
     except ImportError as error:
-        raise ValueError(f"the {name} tokenizer needs the {PACKAGE_OF[name]} package: {error}") from error
+        raise ValueError(
+            f"the {name} tokenizer needs the {PACKAGE_OF[name]} package (pip install 'streamrl[tokenizers]'): {error}"
+        ) from error
 
 
 def write_shipped_tokenizer(name: str, out: str | Path) -> Path:

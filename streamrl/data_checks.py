@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from streamrl.runtime.builtin_families import INIT_MARKER
 from streamrl.runtime.config import Data, Recipe
 from streamrl.runtime.dataset import DatasetError, lookup, read_rows, saved_chat_template
 
@@ -29,9 +30,25 @@ def data_problems(recipe: Recipe) -> list[str]:
             continue
         template = template_problems(recipe, name, section, rows)
         problems += template or render_problems(recipe, name, section, rows)
+        problems += reward_rule_problems(recipe, name, section, rows)
     if recipe.trainer.warmup_messages_key and recipe.rollout_worker.type in ("agent", "nexau"):
         problems += warmup_tool_listing_problems(recipe)
     return problems
+
+
+PRETRAINED_LR_LIMIT = 1e-4  # verl's and TRL's GRPO defaults are near 1e-6
+
+
+def recipe_warnings(recipe: Recipe) -> list[str]:
+    """What a run may do that the user likely did not mean; printed once by `run` and
+    `recipe validate`, never refused."""
+    model_path, lr = recipe.rollout_worker.model_path, recipe.trainer.lr
+    if model_path and Path(model_path).is_dir() and not (Path(model_path) / INIT_MARKER).is_file() and lr > PRETRAINED_LR_LIMIT:
+        return [
+            f"trainer.lr: {lr:g} fine-tunes {model_path}, a model `streamrl model init` did not make, at more than "
+            f"{PRETRAINED_LR_LIMIT:g}: a pretrained model is usually trained near 1e-6 (verl's and TRL's GRPO defaults)"
+        ]
+    return []
 
 
 def evaluator_answer_key(recipe: Recipe) -> str | None:
@@ -44,6 +61,28 @@ def evaluator_answer_key(recipe: Recipe) -> str | None:
     if spec in ("builtin:code", "builtin:weighted", "builtin:llm_judge"):  # an answer is optional there
         return worker.evaluator_kwargs.get("answer_key")
     return worker.evaluator_kwargs.get("answer_key", recipe.data.answer_key)
+
+
+def reward_rule_problems(recipe: Recipe, name: str, section: Data, rows: list[dict]) -> list[str]:
+    """`builtin:verl` picks its rule by each row's data source: a row whose source has no
+    rule here would otherwise fail every one of its rollouts."""
+    worker = recipe.rollout_worker
+    if worker.evaluator_module_path != "builtin:verl":
+        return []
+    from streamrl.producers.verl_rules import UnknownDataSource, rule_for
+
+    key = worker.evaluator_kwargs.get("data_source_key", "data_source")
+    unknown: dict[str, list[int]] = {}
+    for index, row in enumerate(rows):
+        try:
+            rule_for(lookup(row, key, None))
+        except UnknownDataSource as exc:
+            unknown.setdefault(str(exc), []).append(index + 1)
+    return [
+        f"{name}.data_files ({', '.join(section.data_files)}) {key}, rows {', '.join(map(str, lines[:SHOWN_ROWS]))}"
+        f"{'...' if len(lines) > SHOWN_ROWS else ''} ({len(lines)} of {len(rows)}): {message}"
+        for message, lines in unknown.items()
+    ]
 
 
 def template_problems(recipe: Recipe, name: str, section: Data, rows: list[dict]) -> list[str]:

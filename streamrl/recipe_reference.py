@@ -7,12 +7,15 @@ so every registry."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 import typing
+from pathlib import Path
 
 import streamrl.checks  # noqa: F401  (fills every registry)
 from streamrl.runtime.config import Recipe, _scalar_type
 from streamrl.runtime.config_fields import describe_range
 from streamrl.runtime.registry import REGISTRIES
+from streamrl.runtime.verl_keys import SAME_NAME, VERL_KEYS
 
 
 def type_name(tp) -> str:
@@ -86,8 +89,59 @@ def render() -> str:
             f"| `{key}` | {cell(type_name(tp))} | {cell(default_of(spec))} | "
             f"{describe_range(bounds) if bounds else ''} | {cell(description)} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + verl_section()) + "\n"
+
+
+def verl_section() -> list[str]:
+    lines = [
+        "",
+        "## verl's keys",
+        "",
+        "verl's names (its `ppo_trainer.yaml`) work in recipes and `key=value` overrides: each",
+        "moves to the StreamRL key beside it before the recipe is checked, and the run records",
+        "StreamRL's key (`runtime/verl_keys.py`). A value StreamRL cannot honour, or a verl key",
+        "not listed here, is refused with the reason.",
+        "",
+        "| verl key | StreamRL key | values |",
+        "|---|---|---|",
+    ]
+    for verl_key, spec in VERL_KEYS.items():
+        target = ", ".join(f"`{key}`" for key in spec.streamrl) or "(what StreamRL does)"
+        lines.append(f"| `{verl_key}` | {target} | {cell(spec.note())} |")
+    lines += [f"| `{key}` | `{key}` | the same name and meaning |" for key in SAME_NAME]
+    return lines
+
+
+# the README's table: the verl keys a newcomer from verl looks for first, with TRL's names
+README_KEYS = {
+    "data.train_files": "",
+    "data.val_files": "",
+    "data.train_batch_size": "",
+    "actor_rollout_ref.rollout.n": "`num_generations`",
+    "actor_rollout_ref.actor.optim.lr": "`learning_rate`",
+    "algorithm.adv_estimator": "",
+    "actor_rollout_ref.actor.clip_ratio_low": "`epsilon`",
+    "actor_rollout_ref.actor.clip_ratio_high": "`epsilon_high`",
+    "actor_rollout_ref.rollout.response_length": "`max_completion_length`",
+}
+README_BEGIN, README_END = "<!-- verl-keys: python -m streamrl.recipe_reference --readme -->", "<!-- /verl-keys -->"
+
+
+def readme_table() -> str:
+    lines = [README_BEGIN, "| verl (accepted as written) | TRL | StreamRL |", "|---|---|---|"]
+    for verl_key, trl in README_KEYS.items():
+        lines.append(f"| `{verl_key}` | {trl} | {', '.join(f'`{k}`' for k in VERL_KEYS[verl_key].streamrl)} |")
+    return "\n".join([*lines, README_END])
+
+
+def write_readme_table(readme: Path) -> None:
+    text = readme.read_text()
+    start, end = text.index(README_BEGIN), text.index(README_END) + len(README_END)
+    readme.write_text(text[:start] + readme_table() + text[end:])
 
 
 if __name__ == "__main__":
-    print(render(), end="")
+    if sys.argv[1:] == ["--readme"]:
+        write_readme_table(Path(__file__).resolve().parents[1] / "README.md")
+    else:
+        print(render(), end="")

@@ -303,6 +303,7 @@ LONGEST_MODULES = (
     "test_fault_matrix",
     "test_training_service",
     "test_byo",
+    "test_gsm8k_recipe",
     "test_sglang_adapters",
     "test_observability",
     "test_weight_broadcast",

@@ -1,7 +1,7 @@
 """Bring your own model and data, as the README's command does it: a verl-format parquet
 made here (chat-message prompts, the answer in reward_model.ground_truth) given to
 recipes/byo_math by overrides, graded by builtin:math, trained end to end on the
-embedded engine and on a managed SGLang server; and the same file refused by validation
+embedded engine (recipes/gsm8k covers SGLang: tests/test_gsm8k_recipe.py); and the same file refused by validation
 when the answer key names a column it does not have."""
 
 from __future__ import annotations
@@ -45,10 +45,6 @@ def train_and_check(ledger, run_id, tmp_path, recipe: str, timeout: float) -> No
 
 def test_a_verl_parquet_trains_on_the_embedded_engine(stack, ledger, run_id, tmp_path):
     train_and_check(ledger, run_id, tmp_path, "recipe.yaml", timeout=480)
-
-
-def test_a_verl_parquet_trains_on_sglang(stack, ledger, run_id, tmp_path, sglang_python):
-    train_and_check(ledger, run_id, tmp_path, "sglang.yaml", timeout=600)
 
 
 def test_validation_refuses_an_answer_key_the_rows_lack(tmp_path):

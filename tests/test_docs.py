@@ -55,6 +55,14 @@ def test_the_recipe_reference_is_generated_from_the_typed_recipe():
     assert "| `algorithm.grpo_std_epsilon` | float | `1e-06` | in (0.0, 1.0] |" in generated
 
 
+def test_the_readme_table_of_verl_keys_is_generated_from_the_mapping_the_recipe_loader_uses():
+    from streamrl.recipe_reference import readme_table
+
+    assert readme_table() in (REPO / "README.md").read_text(), (
+        "README's verl table is stale: python -m streamrl.recipe_reference --readme"
+    )
+
+
 def test_every_recipe_key_has_a_description():
     from streamrl.recipe_reference import rows
     from streamrl.runtime.config import Recipe

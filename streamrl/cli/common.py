@@ -23,6 +23,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -268,6 +269,13 @@ def prepared_recipe(file: Path, overrides: list[str] | None = None, load_code: b
     if load_code:
         check_recipe_code(file, recipe)
     return recipe
+
+
+def print_warnings(recipe) -> None:
+    from streamrl.data_checks import recipe_warnings
+
+    for line in recipe_warnings(recipe):
+        console.print(f"[yellow]warning: {escape(line)}[/]", highlight=False)
 
 
 def check_recipe_code(file: Path, recipe) -> None:

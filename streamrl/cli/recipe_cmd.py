@@ -112,12 +112,13 @@ def recipe_validate(
     `--inference-url` add, each with its key path (exit 2 if any)."""
     import yaml
 
-    from streamrl.cli.common import prepared_recipe, recipe_file
+    from streamrl.cli.common import prepared_recipe, print_warnings, recipe_file
     from streamrl.cli.train_cmd import check_mode, check_training_service, with_url
 
     file = recipe_file(file)
     recipe = with_url(prepared_recipe(file, overrides), inference_url)
     check_mode(mode, recipe)
+    print_warnings(recipe)
     if check_services:
         check_training_service(recipe)
         from streamrl.runtime.recipe import server_urls

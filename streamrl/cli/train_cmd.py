@@ -22,6 +22,7 @@ from streamrl.cli.common import (
     database_url,
     new_run_id,
     prepared_recipe,
+    print_warnings,
     recipe_file,
     settings,
     sharding,
@@ -158,6 +159,7 @@ def run_recipe(
     if file is not None:
         recipe = with_url(prepared_recipe(file, overrides, load_code=False), inference_url)
         check_mode(mode, recipe)
+        print_warnings(recipe)
         if train_config is not None and not run_now:
             check_recipe_code(file, recipe)
             print_plan(recipe, file, workers)
