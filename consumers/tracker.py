@@ -31,7 +31,8 @@ TRACKER_GROUP = "streamrl-tracker"
 
 
 def train_step_metrics(step: TrainStep) -> dict[str, float]:
-    """A train step as `train/<name>` numbers (the learner's own metrics included)."""
+    """A train step as `train/<name>` numbers (the learner's own metrics included; names
+    that carry a namespace keep it)."""
     metrics = {
         "loss": step.loss,
         "clip_fraction": step.clip_fraction,
@@ -51,7 +52,9 @@ def train_step_metrics(step: TrainStep) -> dict[str, float]:
         metrics["tokens_per_s"] = step.tokens / step.seconds
     metrics.update({f"staleness_{key}": value for key, value in step.staleness.items()})
     metrics.update(step.metrics)
-    return {f"train/{key}": float(value) for key, value in metrics.items()}
+    # a name with its own namespace (verl's response_length/mean, critic/score/mean,
+    # timing_s/step; the guide's rollout/*) is logged as it is, so a verl user's dashboards apply
+    return {(key if "/" in key else f"train/{key}"): float(value) for key, value in metrics.items()}
 
 
 def validation_metrics(evaluations: list[Evaluation]) -> dict[str, float]:

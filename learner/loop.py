@@ -34,6 +34,7 @@ from kafka import TopicPartition
 
 import streamrl.learner.batch_trainers  # noqa: F401  (registers self_hosted_grpo)
 from streamrl.algos.lr_schedule import learning_rate_at
+from streamrl.learner.batch_summary import batch_metrics, timing_metrics
 from streamrl.learner.checkpoint import load_state, prune_weight_versions, version_folder
 from streamrl.learner.policy import Policy
 from streamrl.learner.recorded_steps import exactly_recorded, holds_untrained, recorded_steps
@@ -118,6 +119,7 @@ class Learner:
         self.replay_to = self.step
         self.broadcast_versions: set[int] = set()  # announced, still being broadcast and written
         self.unread_reported = self.step > 0  # said in the run's first life
+        self.last_step_done: float | None = None  # set when reading starts, then after each step
 
     @property
     def events(self) -> EventPublisher:
@@ -255,6 +257,7 @@ class Learner:
 
     def _run(self, stop: threading.Event, on_step=None) -> int:
         self.start()
+        self.last_step_done = time.perf_counter()
         reader = RunReader(
             self.settings,
             self.run_id,
@@ -300,6 +303,7 @@ class Learner:
 
     def train_step(self, step: int, buffer: StepBuffer, reader: RunReader, buffers: dict[int, StepBuffer]) -> TrainStep:
         started = time.perf_counter()
+        waited = started - (self.last_step_done or started)  # since the previous step: the samples' arrival
         learner_version = step - 1
         items = with_behaviour_lag(
             [sample_to_item(s) for s in sorted(buffer.samples.values(), key=lambda s: s.trajectory_id)], learner_version
@@ -324,6 +328,8 @@ class Learner:
         for f in buffer.filtered.values():
             filtered_reasons[f.reason] = filtered_reasons.get(f.reason, 0) + 1
         rewards = [i.reward for i in items]
+        update_s = time.perf_counter() - started
+        response_tokens = sum(int(i.mask.sum()) for i in items)
         metrics.update(
             {
                 "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
@@ -331,7 +337,14 @@ class Learner:
                 "groups": float(len(buffer.groups)),
                 "groups_filtered": float(len(buffer.filtered)),
                 **{f"groups_filtered_{reason}": float(n) for reason, n in filtered_reasons.items()},
-                "learner_seconds": time.perf_counter() - started,
+                "learner_seconds": update_s,
+                **batch_metrics(
+                    items,
+                    self.recipe.rollout_worker.max_response_length,
+                    len(buffer.groups),
+                    filtered_reasons.get("zero_variance", 0),
+                ),
+                **timing_metrics(waited, update_s, response_tokens, tokens),
             }
         )
         # Resume from the earliest buffered event of a later step, else the read position.
@@ -359,7 +372,7 @@ class Learner:
             dropped_ids=[i.trajectory_id for i in dropped],
             seconds=time.perf_counter() - started,
             consumed_offsets={f"{tp.topic}:{tp.partition}": o for tp, o in offsets.items()},
-            metrics={**metrics, "policy_loss_" + self.recipe.algorithm.policy_loss: 1.0},
+            metrics=metrics,
         )
         if recorded is not None:
             return self.replayed(step, recorded, loss)
@@ -373,6 +386,7 @@ class Learner:
         self.step = step
         self.announce_written()
         self.events.publish(record)
+        self.last_step_done = time.perf_counter()
         if broadcast is not None:  # announced before it is written: the servers join its broadcast now
             self.publish_version(step, broadcast=broadcast)
         self.events.flush()

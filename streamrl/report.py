@@ -48,6 +48,21 @@ union all select 'dead letters', count(*) from dead_letters where run_id = %(run
 COUNT_NAMES = [line.split("'")[1] for line in COUNT_QUERY.strip().splitlines()]
 
 
+# the summary's rows over the learner's per-step metrics (learner/batch_summary.py): label,
+# aggregate over the steps, metric
+STEP_METRIC_TOTALS = (
+    ("response length, mean", "avg", "response_length/mean"),
+    ("response length, max", "max", "response_length/max"),
+    ("responses at the length limit (share)", "avg", "response_length/clip_ratio"),
+    ("reward std within a step, mean", "avg", "critic/score/std"),
+    ("zero-std groups (share)", "avg", "groups/zero_std_share"),
+    ("rollout tokens/s, mean", "avg", "perf/rollout_tokens_per_s"),
+    ("learner tokens/s, mean", "avg", "perf/learner_tokens_per_s"),
+    ("time waiting for samples (s)", "sum", "timing_s/wait"),
+    ("time updating the policy (s)", "sum", "timing_s/update_actor"),
+)
+
+
 def load_summary(database_url: str, run_id: str, with_counts: bool = True) -> RunSummary:
     summary = RunSummary(run_id)
     with connect(database_url, autocommit=True) as conn:
@@ -83,8 +98,9 @@ def load_summary(database_url: str, run_id: str, with_counts: bool = True) -> Ru
             row = conn.execute(
                 "select sum(seconds), sum(tokens), sum(samples), avg((staleness->>'mean')::float), "
                 "max((staleness->>'max')::float), sum((staleness->>'dropped')::float), "
-                "extract(epoch from max(created_at) - min(created_at)) "
-                "from train_steps where run_id = %s",
+                "extract(epoch from max(created_at) - min(created_at)), "
+                + ", ".join(f"{how}((metrics->>'{name}')::float)" for _, how, name in STEP_METRIC_TOTALS)
+                + " from train_steps where run_id = %s",
                 (run_id,),
             ).fetchone()
             keys = (
@@ -95,6 +111,7 @@ def load_summary(database_url: str, run_id: str, with_counts: bool = True) -> Ru
                 "max staleness",
                 "dropped stale samples",
                 "first to last step (s)",
+                *(label for label, _, _ in STEP_METRIC_TOTALS),
             )
             summary.totals = {k: float(v) for k, v in zip(keys, row or ()) if v is not None}
     return summary

@@ -112,7 +112,15 @@ def test_the_stand_in_trains_end_to_end_on_sglang(stack, ledger, run_id, tmp_pat
         "select count(*), count(error), array_agg(distinct extra_info->>'rule') from evaluations where run_id = %s", (run_id,)
     ).fetchone()
     assert rollouts >= 2 * 4 * 5 and errors == 0 and rules == ["gsm8k"]
-    text = ledger.execute("select prompt_text from trajectories where run_id = %s limit 1", (run_id,)).fetchone()[0]
-    assert text.startswith("<|im_start|>") and 'output the final answer after "####"' in text  # Qwen's ChatML, verl's prompt
+    ids, prompt_length = ledger.execute(
+        "select streamrl_int32s(tokens), prompt_length from trajectories where run_id = %s and error is null limit 1", (run_id,)
+    ).fetchone()
+    from transformers import AutoTokenizer
+
+    prompt = AutoTokenizer.from_pretrained(stand_in.parent / "generated" / "model").decode(ids[:prompt_length])
+    assert prompt.startswith("<|im_start|>user\n") and prompt.endswith('after "####".<|im_end|>\n<|im_start|>assistant\n')
+    metrics = ledger.execute("select metrics from train_steps where run_id = %s order by step limit 1", (run_id,)).fetchone()[0]
+    assert metrics["response_length/max"] <= 24 and 0 <= metrics["response_length/clip_ratio"] <= 1  # verl's names
+    assert {"critic/score/mean", "groups/zero_std_share", "timing_s/step", "perf/rollout_tokens_per_s"} <= set(metrics)
     config = ledger.execute("select config from runs where run_id = %s", (run_id,)).fetchone()[0]
     assert config["algorithm"]["kl_ctrl"]["kl_coef"] == 0.001 and config["trainer"]["lr"] == 1e-6

@@ -51,7 +51,7 @@ def test_a_train_step_and_a_validation_become_these_numbers():
         dropped_ids=["a", "b"],
         staleness={"mean": 0.5, "max": 1.0},
         seconds=0.4,
-        metrics={"reward_mean": 0.75},
+        metrics={"reward_mean": 0.75, "response_length/mean": 12.5},
     )
     assert train_step_metrics(step) == {
         "train/loss": 0.5,
@@ -68,6 +68,7 @@ def test_a_train_step_and_a_validation_become_these_numbers():
         "train/staleness_mean": 0.5,
         "train/staleness_max": 1.0,
         "train/reward_mean": 0.75,
+        "response_length/mean": 12.5,  # verl's name, as verl logs it
     }  # no entropy: the step had none
     evaluations = [
         Evaluation(run_id="r", trajectory_id=f"t{i}", group_id=f"g{i}", reward=reward, metrics=metrics, is_val=True, step=3)
