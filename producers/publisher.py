@@ -22,7 +22,7 @@ from pathlib import Path
 
 from streamrl.runtime.bus import EventPublisher, RunReader
 from streamrl.runtime.config import Recipe
-from streamrl.runtime.dataset import epoch_batches, lookup, read_rows, saved_chat_template, validation_rows
+from streamrl.runtime.dataset import epoch_batches, lookup, saved_chat_template, training_rows, validation_rows
 from streamrl.runtime.service_config import with_resolved_windows
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.topic_admin import create_run_topics
@@ -163,7 +163,7 @@ def run_publisher(
     stop = stop or threading.Event()
     set_window_steps(run_id, recipe.service.broker.resolved_windows())
     data = recipe.data
-    rows = read_rows(data.data_files, data.type, prompt_keys=(data.prompt_key,))
+    rows = training_rows(data, prompt_keys=(data.prompt_key,))
     val_cfg = recipe.validate.data
     val_rows = validation_rows(val_cfg.data_files, val_cfg.type, val_cfg.max_rows, prompt_keys=(val_cfg.prompt_key,))
     pacing = pacing_for(recipe, len(rows))

@@ -82,6 +82,14 @@ class Data:
         None,
         "a Jinja chat template instead of the tokenizer's (a .jinja file or its text); the run records the template it used here",
     )
+    filter_overlong_prompts: bool = knob(
+        False,
+        "leave out the training rows whose prompt is longer than max_prompt_length (verl's key): counted at "
+        "validate and run, recorded in the run's config; off: such rows are refused at validate",
+    )
+    # the rows filter_overlong_prompts leaves out (0-based), computed by prepare_recipe
+    # and recorded with the run, so that every process leaves out the same rows
+    skip_rows: list[int] = knob(help="training rows left out", factory=list, internal=True)
     batch_size: int = only(1, "a step's size is trajectory_pool.batch_size")
     num_workers: int = only(1, "the publisher reads the data in one process")
     max_rows: int | None = knob(None, "use only the first N rows (validation sets)", ge=1)
@@ -381,6 +389,9 @@ class Recipe:
             values[section].update(values[section].pop("extra"))
         if values["replay"] is None:
             del values["replay"]
+        for data in (values["data"], values["validate"]["data"]):  # recorded only where rows were left out
+            if not data["skip_rows"]:
+                del data["skip_rows"]
         return values
 
     def total_train_steps(self, dataset_rows: int) -> int:

@@ -203,7 +203,7 @@ def total_train_steps(recipe) -> int:
     """How many steps a run trains: the one function the publisher, the learner and
     `streamrl run` share (`Recipe.total_train_steps`, with the rows counted only when
     `trainer.total_epochs` makes the data's size matter)."""
-    rows = len(read_rows(recipe.data.data_files, recipe.data.type)) if recipe.trainer.total_epochs else 0
+    rows = len(training_rows(recipe.data)) if recipe.trainer.total_epochs else 0
     return recipe.total_train_steps(rows)
 
 
@@ -220,7 +220,25 @@ def data_section_problems(recipe) -> list[str]:
                 f"validate.data.{key}: validation rows are rendered and scored as training rows are "
                 f"(data.{key}); set it there only"
             )
+    if recipe.validate.data.filter_overlong_prompts or recipe.validate.data.skip_rows:
+        problems.append(
+            "validate.data.filter_overlong_prompts: every held-out row is scored (a filtered held-out set would "
+            "change what its accuracy means); filter the training rows with data.filter_overlong_prompts"
+        )
     return problems
+
+
+def training_rows(data, required_keys: tuple[str, ...] = (), prompt_keys: tuple[str, ...] = ()) -> list[dict]:
+    """The rows a run trains on: the data files' rows without `data.skip_rows` (the
+    over-long prompts data.filter_overlong_prompts leaves out)."""
+    rows = read_rows(data.data_files, data.type, required_keys, prompt_keys)
+    if not data.skip_rows:
+        return rows
+    skip = set(data.skip_rows)
+    kept = [row for index, row in enumerate(rows) if index not in skip]
+    if not kept:
+        raise DatasetError(f"{', '.join(data.data_files)}: every row's prompt is longer than max_prompt_length")
+    return kept
 
 
 def is_inline_template(value: str) -> bool:

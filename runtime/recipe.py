@@ -29,6 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from streamrl.runtime.config import Recipe, check_against, coerce_strings, missing_files
 from streamrl.runtime.dataset import DatasetError, data_section_problems, data_type_problems, resolve_chat_template
 from streamrl.runtime.guide_forms import apply_guide_forms
+from streamrl.runtime.prompt_lengths import overlong_rows
 from streamrl.runtime.service_config import TinkerService, window_problems
 from streamrl.runtime.verl_keys import apply_verl_keys
 from streamrl.runtime.weight_transport import transport_problems
@@ -409,7 +410,13 @@ def prepare_recipe(path: str | Path, run_setup: bool = True, overrides: list[str
     problems = consistency_problems(recipe)
     if problems:
         raise RecipeError(path, problems)
-    return resolve_paths(recipe, path.resolve().parent)
+    recipe = resolve_paths(recipe, path.resolve().parent)
+    if recipe.data.filter_overlong_prompts:
+        try:
+            recipe.data.skip_rows = overlong_rows(recipe)
+        except DatasetError:
+            pass  # unreadable rows: `recipe validate` and the run's row checks name them
+    return recipe
 
 
 REMOTE_TRAINER_TYPES = ("remote_api_grpo", "remote_api_cross_entropy")

@@ -170,13 +170,6 @@ VERL_KEYS: dict[str, VerlKey] = {
     "data.truncation": VerlKey(
         (), _only(("error",), "StreamRL never truncates a prompt: recipe validate names every over-long one")
     ),
-    "data.filter_overlong_prompts": VerlKey(
-        (),
-        _only(
-            (False,),
-            "StreamRL refuses over-long prompts at recipe validate, naming the rows: remove them or raise data.max_prompt_length",
-        ),
-    ),
     "reward_model.enable": VerlKey((), _only((False,), "StreamRL has no reward-model worker: use an evaluator")),
     "trainer.logger": VerlKey(("logger.backends",), _trackers),
     "algorithm.gamma": VerlKey((), _only((1, 1.0), "GAE's discount: GRPO-family estimators score whole responses")),
@@ -187,6 +180,7 @@ VERL_KEYS: dict[str, VerlKey] = {
 # verl keys that share StreamRL's name and meaning (nothing to move): listed in the docs
 SAME_NAME = (
     "data.max_prompt_length",
+    "data.filter_overlong_prompts",
     "data.prompt_key",
     "data.shuffle",
     "data.seed",

@@ -12,6 +12,7 @@ from pathlib import Path
 from streamrl.runtime.builtin_families import INIT_MARKER
 from streamrl.runtime.config import Data, Recipe
 from streamrl.runtime.dataset import DatasetError, lookup, read_rows, saved_chat_template
+from streamrl.runtime.prompt_lengths import prompt_lengths, prompt_limit, renders_locally
 
 
 def data_problems(recipe: Recipe) -> list[str]:
@@ -42,13 +43,19 @@ PRETRAINED_LR_LIMIT = 1e-4  # verl's and TRL's GRPO defaults are near 1e-6
 def recipe_warnings(recipe: Recipe) -> list[str]:
     """What a run may do that the user likely did not mean; printed once by `run` and
     `recipe validate`, never refused."""
+    warnings = []
+    if recipe.data.skip_rows:
+        warnings.append(
+            f"data.filter_overlong_prompts: {len(recipe.data.skip_rows)} training rows have prompts longer than "
+            f"{prompt_limit(recipe)} tokens and are left out (first: row {recipe.data.skip_rows[0] + 1})"
+        )
     model_path, lr = recipe.rollout_worker.model_path, recipe.trainer.lr
     if model_path and Path(model_path).is_dir() and not (Path(model_path) / INIT_MARKER).is_file() and lr > PRETRAINED_LR_LIMIT:
-        return [
+        warnings.append(
             f"trainer.lr: {lr:g} fine-tunes {model_path}, a model `streamrl model init` did not make, at more than "
             f"{PRETRAINED_LR_LIMIT:g}: a pretrained model is usually trained near 1e-6 (verl's and TRL's GRPO defaults)"
-        ]
-    return []
+        )
+    return warnings
 
 
 def evaluator_answer_key(recipe: Recipe) -> str | None:
@@ -108,27 +115,22 @@ SHOWN_ROWS = 3  # rows named per problem; the rest are counted
 def render_problems(recipe: Recipe, name: str, section: Data, rows: list[dict]) -> list[str]:
     """Every prompt rendered as a single-turn worker renders it (the run's tokenizer and
     template): a row the template refuses is named with the template's message, and rows
-    longer than max_prompt_length are counted and the first named. An agent's prompt
-    also lists its tools, so for agents only the template's refusals are checked."""
-    model_path = recipe.rollout_worker.model_path
-    if not rows or not model_path or not (Path(model_path) / "tokenizer_config.json").is_file():
+    longer than max_prompt_length are counted and the first named, unless the training
+    rows are filtered (data.filter_overlong_prompts: `recipe_warnings` counts them). An
+    agent's prompt also lists its tools, so for agents only the template's refusals are
+    checked."""
+    if not rows or not renders_locally(recipe):
         return []  # a hub id or a remote model: nothing local to render with
-    from transformers import AutoTokenizer
-
-    from streamrl.runtime.chat_template import recipe_renderer
-
-    renderer = recipe_renderer(recipe, AutoTokenizer.from_pretrained(model_path))
-    limit = min(recipe.data.max_prompt_length, recipe.rollout_worker.max_prompt_length)
-    single_turn = recipe.rollout_worker.type == "single_turn"
-    refused, over_long = [], []
-    for index, row in enumerate(rows):
-        try:
-            length = len(renderer.prompt_ids(lookup(row, section.prompt_key)))
-        except Exception as exc:  # a template's raise_exception, a malformed message: named with its row
-            refused.append(f"row {index + 1}: {type(exc).__name__}: {exc}")
-            continue
-        if single_turn and length > limit:
-            over_long.append(f"row {index + 1} ({length} tokens)")
+    lengths = prompt_lengths(recipe, rows, section.prompt_key)
+    limit = prompt_limit(recipe)
+    filtered = name == "data" and recipe.data.filter_overlong_prompts
+    check_length = recipe.rollout_worker.type == "single_turn" and not filtered
+    refused = [f"row {i + 1}: {length}" for i, length in enumerate(lengths) if isinstance(length, str)]
+    over_long = [
+        f"row {i + 1} ({length} tokens)"
+        for i, length in enumerate(lengths)
+        if check_length and isinstance(length, int) and length > limit
+    ]
     where = f"{name}.{section.prompt_key} ({', '.join(section.data_files)})"
     problems = []
     if refused:
@@ -136,9 +138,11 @@ def render_problems(recipe: Recipe, name: str, section: Data, rows: list[dict]) 
             f"{where}: the chat template refused {len(refused)} of {len(rows)} prompts: {'; '.join(refused[:SHOWN_ROWS])}"
         )
     if over_long:
+        remedy = "" if name != "data" else "; or leave them out with data.filter_overlong_prompts: true"
         problems.append(
             f"{where}: {len(over_long)} of {len(rows)} prompts are longer than max_prompt_length ({limit} tokens, the "
-            f"smaller of data.max_prompt_length and rollout_worker.max_prompt_length): {', '.join(over_long[:SHOWN_ROWS])}"
+            f"smaller of data.max_prompt_length and rollout_worker.max_prompt_length): "
+            f"{', '.join(over_long[:SHOWN_ROWS])}{remedy}"
         )
     return problems
 

@@ -102,3 +102,36 @@ def test_validation_counts_and_names_prompts_longer_than_max_prompt_length(tmp_p
         f"data.prompt ({tmp_path / 'train.parquet'}): 720 of 720 prompts are longer than max_prompt_length (40 tokens" in said
     ), said[-3000:]
     assert "row 1 (" in said and "validate.data.prompt" in said
+
+
+def test_filter_overlong_prompts_leaves_out_the_training_rows_over_the_limit_and_says_how_many(tmp_path):
+    """verl's data.filter_overlong_prompts: the rows over the limit are counted at validate
+    and recorded with the run (data.skip_rows), and every process's rows leave them out."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from streamrl.runtime.dataset import total_train_steps, training_rows
+    from streamrl.runtime.recipe import prepare_recipe
+
+    overrides = write_dataset(tmp_path)
+    long = verl_row(1, 2, 0, "train")
+    long["prompt"][1]["content"] = "What is 1 + 2? " + "Think it over. " * 40
+    rows = [verl_row(a, b, i, "train") for i, (a, b) in enumerate([(1, 1), (2, 2), (3, 3)])]
+    pq.write_table(pa.Table.from_pylist([rows[0], long, rows[1], long, rows[2]]), tmp_path / "mixed.parquet")
+    settings = [f"data.data_files=[{tmp_path / 'mixed.parquet'}]", overrides[1], "data.max_prompt_length=100"]
+    refused = run_cli("recipe", "validate", str(RECIPE / "recipe.yaml"), *settings, timeout=300)
+    said = " ".join((refused.stdout + refused.stderr).split())
+    assert refused.returncode == 2 and "2 of 5 prompts are longer than max_prompt_length (100 tokens" in said, said[-3000:]
+    assert "or leave them out with data.filter_overlong_prompts: true" in said
+
+    filtered = [*settings, "data.filter_overlong_prompts=true", "trainer.total_epochs=2", "trajectory_pool.batch_size=1"]
+    result = run_cli("recipe", "validate", str(RECIPE / "recipe.yaml"), *filtered, timeout=300)
+    said = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 0, said[-3000:]
+    assert (
+        "data.filter_overlong_prompts: 2 training rows have prompts longer than 100 tokens and are left out (first: row 2)" in said
+    )
+    recipe = prepare_recipe(RECIPE / "recipe.yaml", run_setup=False, overrides=filtered)
+    assert recipe.data.skip_rows == [1, 3] and recipe.to_dict()["data"]["skip_rows"] == [1, 3]  # recorded with the run
+    assert [r["reward_model"]["ground_truth"] for r in training_rows(recipe.data)] == ["2", "4", "6"]
+    assert total_train_steps(recipe) == 6  # 2 epochs of the 3 rows kept, one a step

@@ -25,6 +25,7 @@ VERL_COMMAND_LINE = [
     "data.max_prompt_length=512",
     "data.max_response_length=1024",
     "data.truncation=error",
+    "data.filter_overlong_prompts=True",
     "actor_rollout_ref.actor.optim.lr=1e-6",
     "actor_rollout_ref.model.use_remove_padding=True",
     "actor_rollout_ref.actor.use_kl_loss=True",
@@ -44,7 +45,6 @@ VERL_COMMAND_LINE = [
 ]
 # the script's settings StreamRL refuses, with the reason it gives
 VERL_REFUSED = {
-    "data.filter_overlong_prompts=True": "refuses over-long prompts at recipe validate",
     "actor_rollout_ref.actor.ppo_mini_batch_size=256": "one optimizer step over the whole step's batch",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40": "trainer.micro_batch_tokens",
     "actor_rollout_ref.rollout.name=vllm": "vLLM is not an inference backend here",
