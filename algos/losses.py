@@ -197,6 +197,46 @@ def token_logprobs_and_entropy(
     return logprobs, entropy
 
 
+def _head_chunk(
+    hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of positions: the target's log-probability (with gradient) and the
+    entropy (without), from logits that live only inside this call."""
+    log_probs = torch.log_softmax(torch.nn.functional.linear(hidden, weight, bias).float() / temperature, dim=-1)
+    picked = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return picked, entropy
+
+
+def chunked_token_logprobs_and_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    tokens: torch.Tensor,
+    temperature: float = 1.0,
+    chunk: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs_and_entropy` of the logits `hidden @ weight.T + bias` without
+    ever holding them: positions go through the output layer `chunk` at a time, and each
+    chunk's logits are recomputed in the backward pass rather than kept (activation
+    checkpointing). At Qwen2's 151,936-token vocabulary a [T, V] float32 copy is 0.6 MB a
+    token; here at most `chunk` tokens' worth lives at once. hidden [B, T, H]."""
+    batch, width, size = hidden.shape
+    targets = torch.cat([tokens[:, 1:], torch.zeros_like(tokens[:, :1])], dim=1)  # the last position predicts nothing here
+    picked, entropy = [], []
+    parts = zip(torch.split(hidden.reshape(-1, size), chunk), torch.split(targets.reshape(-1), chunk))
+    for hidden_part, target_part in parts:
+        part_logprobs, part_entropy = torch.utils.checkpoint.checkpoint(
+            _head_chunk, hidden_part, target_part, weight, bias, temperature, use_reentrant=False
+        )
+        picked.append(part_logprobs)
+        entropy.append(part_entropy)
+    shifted = torch.cat(picked).view(batch, width)[:, :-1]
+    logprobs = torch.cat([torch.zeros_like(shifted[:, :1]), shifted], dim=1)
+    return logprobs, torch.cat(entropy).view(batch, width)
+
+
 # --- policy losses: what `algorithm.policy_loss` selects -----------------------
 
 

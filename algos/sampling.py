@@ -135,6 +135,7 @@ def decode(
             past_key_values=cache,
             cache_position=torch.arange(filled - step_ids.shape[1], filled, device=device),
             use_cache=True,
+            logits_to_keep=1,  # the prompt's own logits are never read: [B, prompt, V] is GBs at a real vocabulary
         )
         sampled, sampled_logprobs = draw_tokens(out.logits[:, -1].float(), temperature, top_p, top_k, generator)
         chosen, chosen_logprobs, done = sampled.tolist(), sampled_logprobs.tolist(), finished.tolist()  # one copy a step

@@ -15,6 +15,7 @@ counts (`algos/losses.py`, `aggregate_loss`), so micro-batching never changes th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -30,11 +31,13 @@ from streamrl.algos.kl import kl_penalty, kl_reward_to_go, make_kl_controller
 from streamrl.algos.losses import (
     POLICY_LOSSES,
     aggregate_loss,
+    chunked_token_logprobs_and_entropy,
     clamped_ratio,
     masked_sum,
     token_logprobs_and_entropy,
 )
 from streamrl.learner.batching import ForwardInputs, MicroBatch, TrainItem, collate, micro_batches_by_tokens
+from streamrl.learner.output_head import chunkable_head, hidden_states_out
 from streamrl.learner.packing import collate_packed, pack_by_tokens, padding_fraction, unpack, uses_packing
 from streamrl.learner.parallel import Placement, all_reduce_maxima, all_reduce_sums, shares_by_tokens
 from streamrl.learner.shared_prefix import PrefixPlan, plan_prefixes, shared_prefix_logits, to_row_layout, uses_shared_prefix
@@ -103,6 +106,9 @@ class Trainer:
         self.packed = uses_packing(trainer_config.packing, model)
         self.shared_prefix = uses_shared_prefix(trainer_config, model, self.packed, self.placement.world_size)
         self.shared_prefix_checked = False
+        # the output layer a chunk of positions at a time where it is exact (learner/output_head.py);
+        # off only to measure against (bench/learner_memory.py)
+        self.chunk_output = True
 
     def _prepare_trajectories(self, trajectories: list[TrainItem], metrics: dict[str, float]) -> list[TrainItem]:
         """Override to change the step's samples (advantages, weights, which ones train);
@@ -139,16 +145,16 @@ class Trainer:
         device = next(model.parameters()).device
         packed = batch.packed.to(device) if batch.packed is not None else None
         tokens = packed.input_ids if packed is not None else batch.input_ids.to(device)
-        with self.placement.autocast():
+        head = chunkable_head(model, self.placement.sharded) if self.chunk_output else None
+        with self.placement.autocast(), hidden_states_out(model, head) if head else contextlib.nullcontext():
             # use_cache=False: no KV cache in training, and transformers detects packed
             # samples from restarting position ids only when there is none
             if packed is not None:
-                logits = model(input_ids=tokens, position_ids=packed.position_ids, use_cache=False).logits
+                out = model(input_ids=tokens, position_ids=packed.position_ids, use_cache=False).logits
             else:
-                logits = model(input_ids=tokens, attention_mask=batch.attention_mask.to(device), use_cache=False).logits
-        # log-softmax and entropy in float32, whatever the compute dtype
-        logprobs, entropy = token_logprobs_and_entropy(logits, tokens, self.temperature)
-        logits = None  # the bf16 logits are not needed for the backward pass
+                out = model(input_ids=tokens, attention_mask=batch.attention_mask.to(device), use_cache=False).logits
+        logprobs, entropy = self.token_logprobs(out, tokens, head)
+        out = None  # the bf16 logits are not needed for the backward pass
         if packed is not None:
             index = packed.unpack_index
             first = torch.zeros_like(index, dtype=torch.bool)
@@ -158,11 +164,20 @@ class Trainer:
         device = self.placement.device
         return logprobs.to(device), entropy.to(device)
 
+    def token_logprobs(self, out: torch.Tensor, tokens: torch.Tensor, head: torch.nn.Linear | None):
+        """Log-softmax and entropy in float32, whatever the compute dtype: from the logits,
+        or (`head`) from the final hidden states, a chunk of positions at a time."""
+        if head is None:
+            return token_logprobs_and_entropy(out, tokens, self.temperature)
+        with self.placement.autocast():  # the head's matmul in the compute dtype, as in the model's forward
+            return chunked_token_logprobs_and_entropy(out, head.weight, head.bias, tokens, self.temperature)
+
     def shared_prefix_logprobs(self, model, batch: ForwardInputs, plan: PrefixPlan):
         """`logprobs` with each distinct prompt run once (learner/shared_prefix.py)."""
-        with self.placement.autocast():
-            logits, tokens = shared_prefix_logits(model, plan, next(model.parameters()).device)
-        logprobs, entropy = token_logprobs_and_entropy(logits, tokens, self.temperature)
+        head = chunkable_head(model, self.placement.sharded) if self.chunk_output else None
+        with self.placement.autocast(), hidden_states_out(model, head) if head else contextlib.nullcontext():
+            out, tokens = shared_prefix_logits(model, plan, next(model.parameters()).device)
+        logprobs, entropy = self.token_logprobs(out, tokens, head)
         width, device = batch.input_ids.shape[1], self.placement.device
         return to_row_layout(logprobs, plan, width).to(device), to_row_layout(entropy, plan, width).to(device)
 

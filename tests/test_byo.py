@@ -129,7 +129,8 @@ def test_filter_overlong_prompts_leaves_out_the_training_rows_over_the_limit_and
     said = " ".join((result.stdout + result.stderr).split())
     assert result.returncode == 0, said[-3000:]
     assert (
-        "data.filter_overlong_prompts: 2 training rows have prompts longer than 100 tokens and are left out (first: row 2)" in said
+        "data.filter_overlong_prompts: 2 training rows have prompts longer than 100 tokens and are left out (first: row 2)"
+        in said
     )
     recipe = prepare_recipe(RECIPE / "recipe.yaml", run_setup=False, overrides=filtered)
     assert recipe.data.skip_rows == [1, 3] and recipe.to_dict()["data"]["skip_rows"] == [1, 3]  # recorded with the run
