@@ -49,6 +49,7 @@ from streamrl.learner.step_inputs import (
 )
 from streamrl.runtime import folders
 from streamrl.runtime.bus import EventPublisher, RunReader
+from streamrl.runtime.chat_template import padding_id
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.dataset import total_train_steps
 from streamrl.runtime.folders import directory_sha256
@@ -70,6 +71,17 @@ log = logging.getLogger("streamrl.learner")
 def run_dir(settings: Settings, run_id: str, configured: str) -> Path:
     """Where a run's checkpoints or weights live (runtime/folders.py)."""
     return folders.run_dir(settings.home, run_id, configured)
+
+
+def padding_details(tokenizer) -> dict:
+    """The pad id every process pads with (runtime/chat_template.py: the tokenizer's pad
+    token, else one its family reserves, else EOS), recorded with the run's start: padding
+    is never attended to, sampled or trained, and a tokenizer without one says which it got."""
+    if tokenizer is None:
+        return {}
+    pad = padding_id(tokenizer)
+    token = tokenizer.convert_ids_to_tokens(pad)
+    return {"pad_id": pad, "pad_token": token, "tokenizer_has_pad": tokenizer.pad_token is not None}
 
 
 class Learner:
@@ -223,7 +235,12 @@ class Learner:
                         kind="started",
                         sequence=1,
                         name="learner",
-                        details={**details, "world_size": policy.placement.world_size, "device": str(policy.placement.device)},
+                        details={
+                            **details,
+                            **padding_details(getattr(policy, "tokenizer", None)),
+                            "world_size": policy.placement.world_size,
+                            "device": str(policy.placement.device),
+                        },
                     )
                 )
         elif not self.recorded:

@@ -256,6 +256,8 @@ def replay_config(
     """The new run's typed config: the recipe (or the source's), trained off-policy for
     the planned steps, with a `replay` section saying where its data came from."""
     config = copy.deepcopy(recipe or source_config)
+    # the recorded prompts were rendered on the source's date: a new recipe renders them the same way
+    config.data.template_date = source_config.data.template_date or config.data.template_date
     algorithm = config.algorithm
     # Every replayed sample is off-policy: a policy loss with a correction, never "none".
     chosen = correction or (algorithm.policy_loss if algorithm.policy_loss != "none" else "truncated_is")

@@ -38,7 +38,7 @@ from streamrl.producers.evaluator_builtins import make_evaluator as build_evalua
 from streamrl.producers.inference import INFERENCE_BACKENDS, SamplingParams
 from streamrl.producers.rollout import ROLLOUT_WORKERS, BaseRolloutWorker, InferenceClient, make_worker
 from streamrl.runtime.bus import EventPublisher, RunReader
-from streamrl.runtime.chat_template import ChatRenderer
+from streamrl.runtime.chat_template import recipe_renderer
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.config_reads import unread_keys
 from streamrl.runtime.dead_letters import refused_event
@@ -163,7 +163,7 @@ class WorkerLoop:
             SamplingParams(max_new_tokens=cfg.max_response_length, temperature=cfg.temperature, top_p=cfg.top_p),
             SamplingParams(max_new_tokens=cfg.max_response_length, temperature=recipe.validate.temperature),
             max_prompt_tokens=min(cfg.max_prompt_length, recipe.data.max_prompt_length),
-            chat=ChatRenderer(self.engine.tokenizer, recipe.data.apply_chat_template, recipe.data.chat_template),
+            chat=recipe_renderer(recipe, self.engine.tokenizer),
             run_seed=recipe.trainer.seed,
         )
         # a group's trajectories (and its evaluations) leave as one record each

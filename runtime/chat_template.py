@@ -24,6 +24,7 @@ exactly what was sampled.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, Literal
 
 PLACEHOLDER = "\x00assistant-turn\x00"  # no template changes it, no model says it
@@ -75,14 +76,33 @@ def as_messages(prompt: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
 
 
+def template_values(date: str | None) -> dict[str, Any]:
+    """What a template reads from outside the conversation, pinned to `date` (ISO,
+    `data.template_date`): Llama 3.x's system header calls `strftime_now` (today, by
+    default) or reads `date_string`. The same date renders the same prompt in every
+    process of a run, in a replay and in a re-score."""
+    if not date:
+        return {}
+    day = datetime.date.fromisoformat(date)
+    return {"strftime_now": day.strftime, "date_string": day.strftime("%d %b %Y")}
+
+
 class ChatRenderer:
     """How one tokenizer turns prompts and turns into ids, under one `apply_chat_template` mode.
 
     `template` replaces the tokenizer's own (`data.chat_template`)."""
 
-    def __init__(self, tokenizer, mode: ChatMode | bool = "auto", template: str | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        mode: ChatMode | bool = "auto",
+        template: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        date: str | None = None,
+    ):
         mode = ("true" if mode else "false") if isinstance(mode, bool) else mode
         self.tokenizer = tokenizer
+        self.template_kwargs = {**template_values(date), **(template_kwargs or {})}
         self.template = template or getattr(tokenizer, "chat_template", None) or None
         if isinstance(self.template, dict):  # a tokenizer with named templates: the default one
             self.template = self.template.get("default")
@@ -157,6 +177,7 @@ class ChatRenderer:
                 chat_template=self.template,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
+                **self.template_kwargs,
             )
         except Exception as exc:  # jinja's errors (raise_exception in a template) are plain Exceptions
             raise ChatTemplateError(f"the chat template refused the conversation: {type(exc).__name__}: {exc}") from exc
@@ -204,4 +225,5 @@ def demonstration_tokens(
 
 def recipe_renderer(recipe, tokenizer) -> ChatRenderer:
     """The renderer a recipe's `data.apply_chat_template` and `data.chat_template` ask for."""
-    return ChatRenderer(tokenizer, recipe.data.apply_chat_template, recipe.data.chat_template)
+    data = recipe.data
+    return ChatRenderer(tokenizer, data.apply_chat_template, data.chat_template, data.chat_template_kwargs, data.template_date)

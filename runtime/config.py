@@ -90,6 +90,16 @@ class Data:
     # the rows filter_overlong_prompts leaves out (0-based), computed by prepare_recipe
     # and recorded with the run, so that every process leaves out the same rows
     skip_rows: list[int] = knob(help="training rows left out", factory=list, internal=True)
+    chat_template_kwargs: dict[str, Any] = knob(
+        help="extra values the chat template reads (verl's apply_chat_template_kwargs), e.g. {enable_thinking: false}",
+        factory=dict,
+    )
+    template_date: str | None = knob(
+        None,
+        "the date (YYYY-MM-DD) a template that reads one renders (Llama 3.x's system header: strftime_now, "
+        "date_string); unset: the day the run is prepared, recorded with the run so every process and a "
+        "replay render the same prompt",
+    )
     batch_size: int = only(1, "a step's size is trajectory_pool.batch_size")
     num_workers: int = only(1, "the publisher reads the data in one process")
     max_rows: int | None = knob(None, "use only the first N rows (validation sets)", ge=1)

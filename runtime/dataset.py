@@ -10,6 +10,7 @@ NexRL's parquet files hold it; any key a recipe names (`data.prompt_key`,
 
 from __future__ import annotations
 
+import datetime
 import json
 import random
 from collections.abc import Iterator
@@ -212,7 +213,13 @@ def data_section_problems(recipe) -> list[str]:
     and one evaluator per worker): validate.data may not set a chat template or an answer
     key of its own."""
     problems = []
-    defaults = {"apply_chat_template": "auto", "chat_template": None, "answer_key": "answer"}
+    defaults: dict[str, Any] = {
+        "apply_chat_template": "auto",
+        "chat_template": None,
+        "answer_key": "answer",
+        "chat_template_kwargs": {},
+        "template_date": None,
+    }
     for key, default in defaults.items():
         value = getattr(recipe.validate.data, key)
         if value != getattr(recipe.data, key) and value != default:
@@ -220,6 +227,11 @@ def data_section_problems(recipe) -> list[str]:
                 f"validate.data.{key}: validation rows are rendered and scored as training rows are "
                 f"(data.{key}); set it there only"
             )
+    if recipe.data.template_date is not None:
+        try:
+            datetime.date.fromisoformat(recipe.data.template_date)
+        except ValueError:
+            problems.append(f"data.template_date: expected a date as YYYY-MM-DD, got {recipe.data.template_date!r}")
     if recipe.validate.data.filter_overlong_prompts or recipe.validate.data.skip_rows:
         problems.append(
             "validate.data.filter_overlong_prompts: every held-out row is scored (a filtered held-out set would "

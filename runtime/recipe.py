@@ -15,6 +15,7 @@ next to the recipe, then in its parent folders) and then the recipe itself; wher
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import re
 import subprocess
@@ -411,6 +412,8 @@ def prepare_recipe(path: str | Path, run_setup: bool = True, overrides: list[str
     if problems:
         raise RecipeError(path, problems)
     recipe = resolve_paths(recipe, path.resolve().parent)
+    if recipe.data.template_date is None:  # pinned, and recorded with the run
+        recipe.data.template_date = datetime.date.today().isoformat()
     if recipe.data.filter_overlong_prompts:
         try:
             recipe.data.skip_rows = overlong_rows(recipe)

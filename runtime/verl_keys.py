@@ -109,6 +109,7 @@ VERL_KEYS: dict[str, VerlKey] = {
     "data.train_files": VerlKey(("data.data_files",), _files),
     "data.val_files": VerlKey(("validate.data.data_files",), _files),
     "data.train_batch_size": VerlKey(("trajectory_pool.batch_size",)),
+    "data.apply_chat_template_kwargs": VerlKey(("data.chat_template_kwargs",)),
     "data.reward_fn_key": VerlKey(("rollout_worker.evaluator_kwargs.data_source_key",)),
     "algorithm.adv_estimator": VerlKey(("algorithm.type",), _named(ADVANTAGE_ESTIMATORS, "adv_estimator")),
     "actor_rollout_ref.model.path": VerlKey(("rollout_worker.model_path",)),

@@ -21,6 +21,7 @@ from tests.test_byo import write_dataset
 
 FAMILIES = ["llama3", "mistral-nemo", "qwen"]
 ARCHITECTURE = {"llama3": "tiny-llama3", "mistral-nemo": "tiny-mistral", "qwen": "tiny-qwen2"}
+PAD_TOKEN = {"llama3": "<|finetune_right_pad_id|>", "mistral-nemo": "<pad>", "qwen": "<|endoftext|>"}
 SYSTEM = "Answer with the number only."
 FIXED_TEXTS = [
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
@@ -172,6 +173,10 @@ def test_a_few_steps_with_each_shipped_tokenizer_as_it_ships_fail_no_rollout(
     assert trained >= 2 * 4 and validated >= 4, (trained, validated)
     steps = ledger.execute("select count(*) from train_steps where run_id = %s", (run_id,)).fetchone()[0]
     assert steps == 2
+    started = ledger.execute(
+        "select details from run_events where run_id = %s and kind = 'started' and name = 'learner'", (run_id,)
+    ).fetchone()[0]
+    assert started["pad_token"] == PAD_TOKEN[family]  # the pad the run chose, recorded with it
 
 
 @pytest.mark.parametrize("written_id", ["abc123XYZ", None])
