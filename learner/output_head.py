@@ -12,6 +12,8 @@ import contextlib
 
 import torch
 
+from streamrl.algos.losses import chunked_token_logprobs_and_entropy, token_logprobs_and_entropy
+
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
@@ -35,3 +37,13 @@ def hidden_states_out(model: torch.nn.Module, head: torch.nn.Linear):
         yield
     finally:
         model.set_output_embeddings(head)  # type: ignore[operator]
+
+
+def head_logprobs(out: torch.Tensor, tokens: torch.Tensor, head: torch.nn.Linear | None, temperature: float, autocast):
+    """Log-softmax and entropy in float32, whatever the compute dtype: from the logits
+    `out`, or (with `head`) from the final hidden states `out`, a chunk of positions at a
+    time, the head's matmul under `autocast()` as in the model's own forward."""
+    if head is None:
+        return token_logprobs_and_entropy(out, tokens, temperature)
+    with autocast():
+        return chunked_token_logprobs_and_entropy(out, head.weight, head.bias, tokens, temperature)

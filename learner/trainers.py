@@ -31,13 +31,11 @@ from streamrl.algos.kl import kl_penalty, kl_reward_to_go, make_kl_controller
 from streamrl.algos.losses import (
     POLICY_LOSSES,
     aggregate_loss,
-    chunked_token_logprobs_and_entropy,
     clamped_ratio,
     masked_sum,
-    token_logprobs_and_entropy,
 )
 from streamrl.learner.batching import ForwardInputs, MicroBatch, TrainItem, collate, micro_batches_by_tokens
-from streamrl.learner.output_head import chunkable_head, hidden_states_out
+from streamrl.learner.output_head import chunkable_head, head_logprobs, hidden_states_out
 from streamrl.learner.packing import collate_packed, pack_by_tokens, padding_fraction, unpack, uses_packing
 from streamrl.learner.parallel import Placement, all_reduce_maxima, all_reduce_sums, shares_by_tokens
 from streamrl.learner.shared_prefix import PrefixPlan, plan_prefixes, shared_prefix_logits, to_row_layout, uses_shared_prefix
@@ -153,7 +151,7 @@ class Trainer:
                 out = model(input_ids=tokens, position_ids=packed.position_ids, use_cache=False).logits
             else:
                 out = model(input_ids=tokens, attention_mask=batch.attention_mask.to(device), use_cache=False).logits
-        logprobs, entropy = self.token_logprobs(out, tokens, head)
+        logprobs, entropy = head_logprobs(out, tokens, head, self.temperature, self.placement.autocast)
         out = None  # the bf16 logits are not needed for the backward pass
         if packed is not None:
             index = packed.unpack_index
@@ -164,20 +162,12 @@ class Trainer:
         device = self.placement.device
         return logprobs.to(device), entropy.to(device)
 
-    def token_logprobs(self, out: torch.Tensor, tokens: torch.Tensor, head: torch.nn.Linear | None):
-        """Log-softmax and entropy in float32, whatever the compute dtype: from the logits,
-        or (`head`) from the final hidden states, a chunk of positions at a time."""
-        if head is None:
-            return token_logprobs_and_entropy(out, tokens, self.temperature)
-        with self.placement.autocast():  # the head's matmul in the compute dtype, as in the model's forward
-            return chunked_token_logprobs_and_entropy(out, head.weight, head.bias, tokens, self.temperature)
-
     def shared_prefix_logprobs(self, model, batch: ForwardInputs, plan: PrefixPlan):
         """`logprobs` with each distinct prompt run once (learner/shared_prefix.py)."""
         head = chunkable_head(model, self.placement.sharded) if self.chunk_output else None
         with self.placement.autocast(), hidden_states_out(model, head) if head else contextlib.nullcontext():
             out, tokens = shared_prefix_logits(model, plan, next(model.parameters()).device)
-        logprobs, entropy = self.token_logprobs(out, tokens, head)
+        logprobs, entropy = head_logprobs(out, tokens, head, self.temperature, self.placement.autocast)
         width, device = batch.input_ids.shape[1], self.placement.device
         return to_row_layout(logprobs, plan, width).to(device), to_row_layout(entropy, plan, width).to(device)
 

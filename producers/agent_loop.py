@@ -27,6 +27,7 @@ Limits (AgentLimits) and the termination reason each gives:
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import string
 import time
@@ -100,6 +101,220 @@ class Episode:
         return [s.reward for s in self.segments if s.reward is not None]
 
 
+class AgentState(enum.Enum):
+    """The phases of an episode (verl's `ToolAgentLoop` names them the same): each has one
+    handler on `AgentLoop`, which does the phase's work and returns the next state."""
+
+    PENDING = "pending"
+    GENERATING = "generating"
+    PROCESSING_TOOLS = "processing_tools"
+    INTERACTING = "interacting"
+    TERMINATED = "terminated"
+
+
+@dataclass
+class AgentData:
+    """An episode in progress: what the handlers read and append to."""
+
+    messages: list[dict[str, Any]]  # the opening messages
+    task: dict[str, Any]
+    schemas: list[dict] | None = None
+    segments: list[Segment] = field(default_factory=list)
+    chat: list[dict[str, Any]] = field(default_factory=list)
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    assistant_turns: int = 0
+    user_turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+    termination: str = "max_assistant_turns"
+    final_answer: str = ""
+    response: list[int] = field(default_factory=list)  # the last assistant turn's sampled ids
+    parsed: ParsedTurn | None = None  # and the calls found in it
+
+    def used(self) -> int:
+        return sum(len(s.tokens) for s in self.segments)
+
+    def episode(self) -> Episode:
+        return Episode(
+            segments=self.segments,
+            messages=self.chat,
+            termination=self.termination,
+            final_answer=self.final_answer,
+            assistant_turns=self.assistant_turns,
+            user_turns=self.user_turns,
+            tool_calls=self.tool_calls,
+            tool_errors=self.tool_errors,
+            weight_versions=self.versions,
+            trace=self.trace,
+        )
+
+
+class AgentLoop:
+    """One episode as a state machine: PENDING (render the prompt) -> GENERATING (sample a
+    turn) -> PROCESSING_TOOLS (run its calls) or INTERACTING (the scripted user's reply)
+    -> GENERATING ... -> TERMINATED. A new phase (a reflection step, a judge turn) is one
+    more handler: a subclass overrides `next_after_turn` or a handler, and may add states
+    to `handlers`."""
+
+    def __init__(
+        self,
+        client: CompletionClient,
+        tools: ToolRegistry | None = None,
+        interaction: Interaction | None = None,
+        limits: AgentLimits | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        parse: Callable[[str], ParsedTurn] | None = None,
+        list_tools: bool = True,
+    ):
+        self.client, self.tokenizer = client, client.tokenizer
+        self.renderer: ChatRenderer = getattr(client, "chat", None) or ChatRenderer(self.tokenizer)
+        self.parse = parse or tool_call_parser("auto", self.renderer.template)
+        self.stops = stop_token_ids(self.tokenizer)
+        self.tools, self.interaction = tools or ToolRegistry([]), interaction
+        self.limits, self.temperature, self.top_p, self.list_tools = limits or AgentLimits(), temperature, top_p, list_tools
+        self.handlers: dict[AgentState, Callable[[AgentData], AgentState]] = {
+            AgentState.PENDING: self.handle_pending,
+            AgentState.GENERATING: self.handle_generating,
+            AgentState.PROCESSING_TOOLS: self.handle_processing_tools,
+            AgentState.INTERACTING: self.handle_interacting,
+        }
+
+    def run(self, messages: list[dict[str, Any]], task: dict[str, Any] | None = None) -> Episode:
+        data, state = AgentData(messages=messages, task=task or {}), AgentState.PENDING
+        while state is not AgentState.TERMINATED:
+            state = self.handlers[state](data)
+        return data.episode()
+
+    def handle_pending(self, data: AgentData) -> AgentState:
+        """The opening messages, rendered with the tool schemas."""
+        data.schemas = self.tools.schemas if self.list_tools and self.tools.tools else None
+        prompt_text = self.renderer.prompt_text(data.messages, data.schemas)
+        data.segments.append(Segment("prompt", self.renderer.prompt_ids(data.messages, data.schemas), prompt_text))
+        data.chat = [dict(m) for m in data.messages]
+        if self.interaction is not None:
+            self.interaction.start(data.task)
+        return AgentState.GENERATING
+
+    def handle_generating(self, data: AgentData) -> AgentState:
+        """One assistant turn, sampled within its budget; the ids stay as sampled."""
+        limits = self.limits
+        if data.assistant_turns >= limits.max_assistant_turns:
+            return self.terminate(data, "max_assistant_turns")
+        budget = min(limits.max_tokens_per_turn, limits.max_total_tokens - data.used())
+        if budget <= 0:
+            return self.terminate(data, "length")
+        started = time.perf_counter()
+        sequence = [t for s in data.segments for t in s.tokens]
+        result = self.client.completion(
+            sequence, temperature=self.temperature, max_tokens=budget, top_p=self.top_p, stop_token_ids=self.stops
+        )
+        data.assistant_turns += 1
+        data.response = list(result["response_tokens"])
+        text = self.tokenizer.decode(data.response, skip_special_tokens=False)
+        data.versions.append(int(result.get("weight_version", 0)))
+        data.parsed = self.parse(text)
+        version = data.versions[-1]
+        meta = {"finish_reason": result["finish_reason"], "weight_version": version}
+        meta["tool_calls"] = [c.name for c in data.parsed.tool_calls]
+        versions = list(result.get("token_versions") or [version] * len(data.response))
+        data.segments.append(Segment("assistant", data.response, text, list(result["logprobs"]), meta=meta, versions=versions))
+        data.chat.append({"role": "assistant", "content": without_turn_end(text)})
+        data.trace.append(
+            {
+                "type": "llm",
+                "turn": data.assistant_turns,
+                "prompt_tokens": data.used() - len(data.response),
+                "response_tokens": len(data.response),
+                "finish_reason": result["finish_reason"],
+                "seconds": round(time.perf_counter() - started, 4),
+            }
+        )
+        data.final_answer = data.parsed.content
+        if result["finish_reason"] == "length":  # cut off mid-turn: nothing after it would be well formed
+            return self.terminate(data, "truncated")
+        return self.next_after_turn(data)
+
+    def next_after_turn(self, data: AgentData) -> AgentState:
+        """Tool calls are run; without any, the interaction replies, or the episode ends."""
+        assert data.parsed is not None
+        if data.parsed.tool_calls or data.parsed.errors:
+            return AgentState.PROCESSING_TOOLS
+        if self.interaction is None:
+            return self.terminate(data, "final_answer")
+        return AgentState.INTERACTING
+
+    def handle_processing_tools(self, data: AgentData) -> AgentState:
+        """The turn's calls (at most max_tool_calls_per_turn), their results rendered as
+        the template renders tool messages, each with its call's id."""
+        parsed, limits = data.parsed, self.limits
+        assert parsed is not None
+        outputs = [f"error: {e}" for e in parsed.errors]
+        data.tool_errors += len(parsed.errors)
+        for i, call in enumerate(parsed.tool_calls):
+            if i >= limits.max_tool_calls_per_turn:
+                outputs.append(f"error: more than {limits.max_tool_calls_per_turn} tool calls in one turn")
+                data.tool_errors += 1
+                continue
+            outcome = self.tools.call(call.name, call.arguments, data.task)
+            data.tool_calls += 1
+            data.tool_errors += not outcome.ok
+            outputs.append(outcome.output)
+            data.trace.append(
+                {
+                    "type": "tool",
+                    "turn": data.assistant_turns,
+                    "name": call.name,
+                    "arguments": call.arguments,
+                    "ok": outcome.ok,
+                    "output": outcome.output[:500],
+                    "seconds": round(outcome.seconds, 4),
+                }
+            )
+        ids = call_ids(parsed, f"{data.task.get('task_id', '')}/{data.assistant_turns}")
+        results = [{"role": "tool", "content": output, "tool_call_id": id_} for output, id_ in zip(outputs, ids)]
+        observation, observation_tokens = self.renderer.continuation(data.chat, results, data.response, data.schemas)
+        if data.used() + len(observation_tokens) > limits.max_total_tokens:
+            return self.terminate(data, "length")  # the observation would not fit: end on the assistant's turn
+        meta = {"tools": [c.name for c in parsed.tool_calls], "tool_call_ids": ids}
+        data.segments.append(Segment("tool", observation_tokens, observation, meta=meta))
+        data.chat += results
+        return AgentState.GENERATING
+
+    def handle_interacting(self, data: AgentData) -> AgentState:
+        """The interaction scores the turn and replies as the user, or ends the episode."""
+        assert self.interaction is not None
+        reply = self.interaction.respond(data.chat, data.task)
+        data.segments[-1].reward = float(reply.reward)
+        data.trace.append(
+            {
+                "type": "interaction",
+                "turn": data.assistant_turns,
+                "done": reply.done,
+                "reward": float(reply.reward),
+                "reply": (reply.reply or "")[:500],
+            }
+        )
+        if reply.done:
+            return self.terminate(data, "interaction_done")
+        if data.user_turns >= self.limits.max_user_turns:
+            return self.terminate(data, "max_user_turns")
+        user_message = {"role": "user", "content": reply.reply or ""}
+        turn_text, turn_tokens = self.renderer.continuation(data.chat, [user_message], data.response, data.schemas)
+        if data.used() + len(turn_tokens) > self.limits.max_total_tokens:
+            return self.terminate(data, "length")
+        data.user_turns += 1
+        data.segments.append(Segment("user", turn_tokens, turn_text, meta=dict(reply.meta or {})))
+        data.chat.append(user_message)
+        return AgentState.GENERATING
+
+    @staticmethod
+    def terminate(data: AgentData, why: str) -> AgentState:
+        data.termination = why
+        return AgentState.TERMINATED
+
+
 def run_agent_loop(
     client: CompletionClient,
     messages: list[dict[str, str]],
@@ -115,146 +330,7 @@ def run_agent_loop(
     """Run one episode from the opening `messages` (system/few-shot/user). The client's
     `chat` renderer lays out every turn but the model's; `parse` finds tool calls (the
     template's family's format by default); `list_tools` gives the template the schemas."""
-    limits = limits or AgentLimits()
-    task = task or {}
-    tokenizer = client.tokenizer
-    renderer: ChatRenderer = getattr(client, "chat", None) or ChatRenderer(tokenizer)
-    parse = parse or tool_call_parser("auto", renderer.template)
-    stops = stop_token_ids(tokenizer)
-    tools = tools or ToolRegistry([])
-    schemas = tools.schemas if list_tools and tools.tools else None
-    prompt_text = renderer.prompt_text(messages, schemas)
-    segments = [Segment("prompt", renderer.prompt_ids(messages, schemas), prompt_text)]
-    chat = [dict(m) for m in messages]
-    trace: list[dict[str, Any]] = []
-    versions: list[int] = []
-    assistant_turns = user_turns = calls_made = tool_errors = 0
-    termination, final_answer = "max_assistant_turns", ""
-    if interaction is not None:
-        interaction.start(task)
-
-    def used() -> int:
-        return sum(len(s.tokens) for s in segments)
-
-    while assistant_turns < limits.max_assistant_turns:
-        budget = min(limits.max_tokens_per_turn, limits.max_total_tokens - used())
-        if budget <= 0:
-            termination = "length"
-            break
-        started = time.perf_counter()
-        result = client.completion(
-            [t for s in segments for t in s.tokens], temperature=temperature, max_tokens=budget, top_p=top_p, stop_token_ids=stops
-        )
-        assistant_turns += 1
-        response = list(result["response_tokens"])
-        text = tokenizer.decode(response, skip_special_tokens=False)
-        versions.append(int(result.get("weight_version", 0)))
-        parsed = parse(text)
-        segments.append(
-            Segment(
-                "assistant",
-                response,
-                text,
-                logprobs=list(result["logprobs"]),
-                versions=list(result.get("token_versions") or [versions[-1]] * len(response)),
-                meta={
-                    "finish_reason": result["finish_reason"],
-                    "weight_version": versions[-1],
-                    "tool_calls": [c.name for c in parsed.tool_calls],
-                },
-            )
-        )
-        chat.append({"role": "assistant", "content": without_turn_end(text)})
-        trace.append(
-            {
-                "type": "llm",
-                "turn": assistant_turns,
-                "prompt_tokens": used() - len(response),
-                "response_tokens": len(response),
-                "finish_reason": result["finish_reason"],
-                "seconds": round(time.perf_counter() - started, 4),
-            }
-        )
-        final_answer = parsed.content
-        if result["finish_reason"] == "length":  # cut off mid-turn: nothing after it would be well formed
-            termination = "truncated"
-            break
-
-        if parsed.tool_calls or parsed.errors:
-            outputs = [f"error: {e}" for e in parsed.errors]
-            tool_errors += len(parsed.errors)
-            for i, call in enumerate(parsed.tool_calls):
-                if i >= limits.max_tool_calls_per_turn:
-                    outputs.append(f"error: more than {limits.max_tool_calls_per_turn} tool calls in one turn")
-                    tool_errors += 1
-                    continue
-                outcome = tools.call(call.name, call.arguments, task)
-                calls_made += 1
-                tool_errors += not outcome.ok
-                outputs.append(outcome.output)
-                trace.append(
-                    {
-                        "type": "tool",
-                        "turn": assistant_turns,
-                        "name": call.name,
-                        "arguments": call.arguments,
-                        "ok": outcome.ok,
-                        "output": outcome.output[:500],
-                        "seconds": round(outcome.seconds, 4),
-                    }
-                )
-            ids = call_ids(parsed, f"{task.get('task_id', '')}/{assistant_turns}")
-            results = [{"role": "tool", "content": output, "tool_call_id": id_} for output, id_ in zip(outputs, ids)]
-            observation, observation_tokens = renderer.continuation(chat, results, response, schemas)
-            if used() + len(observation_tokens) > limits.max_total_tokens:
-                termination = "length"  # the observation would not fit: end on the assistant's turn
-                break
-            meta = {"tools": [c.name for c in parsed.tool_calls], "tool_call_ids": ids}
-            segments.append(Segment("tool", observation_tokens, observation, meta=meta))
-            chat += results
-            continue
-
-        if interaction is None:
-            termination = "final_answer"
-            break
-        reply = interaction.respond(chat, task)
-        segments[-1].reward = float(reply.reward)
-        trace.append(
-            {
-                "type": "interaction",
-                "turn": assistant_turns,
-                "done": reply.done,
-                "reward": float(reply.reward),
-                "reply": (reply.reply or "")[:500],
-            }
-        )
-        if reply.done:
-            termination = "interaction_done"
-            break
-        if user_turns >= limits.max_user_turns:
-            termination = "max_user_turns"
-            break
-        user_message = {"role": "user", "content": reply.reply or ""}
-        turn_text, turn_tokens = renderer.continuation(chat, [user_message], response, schemas)
-        if used() + len(turn_tokens) > limits.max_total_tokens:
-            termination = "length"
-            break
-        user_turns += 1
-        segments.append(Segment("user", turn_tokens, turn_text, meta=dict(reply.meta or {})))
-        chat.append(user_message)
-
-    return Episode(
-        segments=segments,
-        messages=chat,
-        termination=termination,
-        final_answer=final_answer,
-        assistant_turns=assistant_turns,
-        user_turns=user_turns,
-        tool_calls=calls_made,
-        tool_errors=tool_errors,
-        weight_versions=versions,
-        trace=trace,
-    )
+    return AgentLoop(client, tools, interaction, limits, temperature, top_p, parse, list_tools).run(messages, task)
 
 
 ID_ALPHABET = string.ascii_letters + string.digits
