@@ -258,6 +258,34 @@ def test_limits_end_the_episode_with_their_reason():
     assert episode.termination == "length" and [s.role for s in episode.segments] == ["prompt", "assistant"]
 
 
+def test_a_new_phase_is_one_handler_on_the_state_machine():
+    """A judge phase after every tool turn (a state of its own, one handler): the judge
+    ends the episode once two tools have run, whatever the model would do next."""
+    from streamrl.producers.agent_loop import AgentData, AgentLoop, AgentState
+
+    class JudgedLoop(AgentLoop):
+        JUDGING = "judging"
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.handlers[self.JUDGING] = self.handle_judging  # type: ignore[index]
+            self.tool_handler = self.handlers[AgentState.PROCESSING_TOOLS]
+            self.handlers[AgentState.PROCESSING_TOOLS] = self.tools_then_judge
+
+        def tools_then_judge(self, data: AgentData):
+            return self.JUDGING if self.tool_handler(data) is AgentState.GENERATING else AgentState.TERMINATED
+
+        def handle_judging(self, data: AgentData) -> AgentState:
+            data.trace.append({"type": "judge", "turn": data.assistant_turns})
+            return self.terminate(data, "judged") if data.tool_calls >= 2 else AgentState.GENERATING
+
+    call = [*char_ids('<tool_call>{"name": "lookup", "arguments": {"key": "ab"}}</tool_call>'), IM_END]
+    loop = JudgedLoop(ScriptedClient([call] * 5), registry(), limits=AgentLimits(max_tokens_per_turn=100, max_total_tokens=4000))
+    episode = loop.run([{"role": "user", "content": "q"}], make_task().data)
+    assert (episode.termination, episode.assistant_turns, episode.tool_calls) == ("judged", 2, 2)
+    assert [step["type"] for step in episode.trace] == ["llm", "tool", "judge", "llm", "tool", "judge"]
+
+
 def test_interaction_adds_user_turns_and_per_turn_rewards():
     class Tutor(ScriptedUser):
         def respond(self, messages, task):
