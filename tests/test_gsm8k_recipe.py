@@ -119,6 +119,16 @@ def test_the_stand_in_trains_end_to_end_on_sglang(stack, ledger, run_id, tmp_pat
 
     prompt = AutoTokenizer.from_pretrained(stand_in.parent / "generated" / "model").decode(ids[:prompt_length])
     assert prompt.startswith("<|im_start|>user\n") and prompt.endswith('after "####".<|im_end|>\n<|im_start|>assistant\n')
+    # token alignment on the SGLang path: every response starts where sampling started,
+    # its logprobs on exactly its own positions
+    layouts = ledger.execute(
+        "select prompt_length, streamrl_uint8s(loss_mask), streamrl_float32s(logprobs) from trajectories "
+        "where run_id = %s and error is null",
+        (run_id,),
+    ).fetchall()
+    for length, mask, logprobs in layouts:
+        assert mask == [0] * length + [1] * (len(mask) - length) and len(mask) > length
+        assert all(lp == 0 for lp in logprobs[:length]) and all(lp <= 0 for lp in logprobs[length:])
     metrics = ledger.execute("select metrics from train_steps where run_id = %s order by step limit 1", (run_id,)).fetchone()[0]
     assert metrics["response_length/max"] <= 24 and 0 <= metrics["response_length/clip_ratio"] <= 1  # verl's names
     assert {"critic/score/mean", "groups/zero_std_share", "timing_s/step", "perf/rollout_tokens_per_s"} <= set(metrics)

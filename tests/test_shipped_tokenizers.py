@@ -226,6 +226,56 @@ def test_a_mistral_tool_episode_is_mistral_commons_encoding_with_the_calls_id(wr
 
 
 @pytest.mark.parametrize("form", ["json", "function_tag", "python_list"])
+def test_a_llama_tool_episode_is_metas_chat_format_id_for_id(form, tokenizer_folders):
+    """A two-turn tool episode (the call in each of Meta's forms, then the answer): the
+    model's turns are the ids Meta's ChatFormat writes for them (as sampled), and the
+    whole episode, the prompt, the tool result (Meta's ipython turn) and the next
+    assistant header included, is ChatFormat's encoding of the same dialog, id for id."""
+    from llama_models.datatypes import RawMessage, StopReason, ToolCall, ToolPromptFormat
+
+    from streamrl.producers.agent_loop import AgentLimits, run_agent_loop
+    from streamrl.producers.tools import ToolRegistry
+    from tests.test_agent_loop import ScriptedClient
+
+    chat_format = llama_chat_format()
+    call = ToolCall(call_id="c1", tool_name="lookup", arguments={"key": "ab"})
+    dialog = [
+        RawMessage(role="user", content="Look up ab."),
+        RawMessage(role="assistant", content="", tool_calls=[call], stop_reason=StopReason.end_of_turn),
+        RawMessage(role="tool", content="42"),
+        RawMessage(role="assistant", content="42", stop_reason=StopReason.end_of_turn),
+    ]
+    encoded = [chat_format.encode_message(m, ToolPromptFormat(form))[0] for m in dialog]
+    turns = [encoded[1][4:], encoded[3][4:]]  # what the model samples: after the assistant header (4 ids)
+    tokenizer = hf(tokenizer_folders["llama3"])
+    client = ScriptedClient(turns)
+    client.tokenizer = tokenizer
+    parameters = {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}
+    function = {"name": "lookup", "description": "The value stored under a key.", "parameters": parameters}
+    tools = ToolRegistry.from_config(
+        [{"callable": "tests.test_agent_loop:lookup", "tool_schema": {"type": "function", "function": function}}], base_dir="."
+    )
+    episode = run_agent_loop(
+        client,
+        [{"role": "user", "content": "Look up ab."}],
+        tools,
+        task={"task_id": "t-1", "database": {"ab": "42"}},
+        limits=AgentLimits(),
+        list_tools=False,  # Meta's ChatFormat leaves the tool listing to the system prompt
+    )
+    assert [s.role for s in episode.segments] == ["prompt", "assistant", "tool", "assistant"]
+    assert episode.tool_calls == 1 and episode.tool_errors == 0 and episode.final_answer == "42"
+    expected = chat_format.encode_dialog_prompt(dialog[:3], ToolPromptFormat(form)).tokens + encoded[3][4:]
+    assert episode.tokens == expected
+
+
+def llama_chat_format():
+    from llama_models.llama3.chat_format import ChatFormat
+
+    return ChatFormat(llama_encoder())
+
+
+@pytest.mark.parametrize("form", ["json", "function_tag", "python_list"])
 def test_llamas_official_call_forms_parse_back_to_the_call(form):
     """Each form llama-models' ToolUtils writes a call in, parsed by llama3_json."""
     from llama_models.datatypes import ToolCall, ToolPromptFormat
