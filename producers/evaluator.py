@@ -50,16 +50,46 @@ class EvaluationOutcome:
     error: str | None = None
 
 
+def as_result(returned: Any, evaluator: str) -> EvaluationRunResult:
+    """What an evaluator returned, as a result: an EvaluationRunResult, or verl's forms (a
+    number, or a mapping with `score` and further metrics)."""
+    if isinstance(returned, EvaluationRunResult):
+        return returned
+    if isinstance(returned, (int, float)):  # verl's compute_score: a float (or a bool)
+        return EvaluationRunResult(reward=float(returned))
+    if isinstance(returned, dict) and "score" in returned:  # verl's {"score": ..., "acc": ..., ...}
+        metrics = {key: value for key, value in returned.items() if key != "score"}
+        return EvaluationRunResult(reward=returned["score"], metrics=metrics)
+    raise TypeError(
+        f"{evaluator}.evaluate returned {type(returned).__name__}, expected an EvaluationRunResult, "
+        "a number or a mapping with 'score' (verl's forms)"
+    )
+
+
+def checked_metrics(result: EvaluationRunResult) -> None:
+    """Metrics as floats; one that is not a number is refused by name (kept in
+    extra_info's refused_metrics, with its value's repr), never the whole evaluation."""
+    metrics, refused = {}, {}
+    for key, value in (result.metrics or {}).items():
+        try:
+            if not isinstance(value, (int, float, str)):
+                raise TypeError
+            metrics[str(key)] = float(value)
+        except (TypeError, ValueError):
+            refused[str(key)] = f"not a number: {value!r}"[:200]
+    result.metrics = metrics
+    if refused:
+        result.extra_info = {**(result.extra_info or {}), "refused_metrics": refused}
+
+
 def run_evaluator(evaluator: Evaluator, data: dict[str, Any], target: BaseEvaluationTarget) -> EvaluationOutcome:
     try:
-        result = evaluator.evaluate(data, target)
-        if not isinstance(result, EvaluationRunResult):
-            raise TypeError(f"{type(evaluator).__name__}.evaluate returned {type(result).__name__}, expected EvaluationRunResult")
+        result = as_result(evaluator.evaluate(data, target), type(evaluator).__name__)
         reward = float(result.reward)
         if not math.isfinite(reward):
             raise ValueError(f"reward {result.reward!r} is not a finite number")
         result.reward = reward
-        result.metrics = {str(k): float(v) for k, v in (result.metrics or {}).items()}
+        checked_metrics(result)
         return EvaluationOutcome(result)
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"

@@ -33,7 +33,7 @@ class NotANumber(Evaluator):
 
 class WrongReturn(Evaluator):
     def evaluate(self, data, evaluation_target):
-        return 1.0
+        return "1.0"  # a float, or verl's {"score": ...}, is a reward (tests/test_evaluator_builtins.py)
 
 
 @pytest.mark.parametrize(
@@ -41,7 +41,7 @@ class WrongReturn(Evaluator):
     [
         (Exploding(), "RuntimeError: judge unreachable"),
         (NotANumber(), "reward nan is not a finite number"),
-        (WrongReturn(), "returned float, expected EvaluationRunResult"),
+        (WrongReturn(), "returned str, expected an EvaluationRunResult, a number or a mapping with 'score'"),
     ],
 )
 def test_a_failing_evaluator_gives_reward_zero_and_an_error(evaluator, message):

@@ -240,3 +240,29 @@ def test_a_call_past_its_time_limit_is_an_error_and_the_next_call_works():
         pool(30)
     assert time.monotonic() - started < 10
     assert pool(0) is None  # a new child
+
+
+def test_an_evaluator_may_return_verls_forms_and_a_bad_metric_costs_only_itself():
+    """verl's compute_score returns a float (or a bool), or a dict with `score` and further
+    metrics: both are rewards. A metric that is not a number is refused by name (kept in
+    extra_info) and the reward stays."""
+    from streamrl.producers.evaluator import EvaluationRunResult, Evaluator
+
+    class Returns(Evaluator):
+        def __init__(self, value):
+            self.value = value
+
+        def evaluate(self, data, evaluation_target):
+            return self.value
+
+    target = BaseEvaluationTarget("x")
+    assert run_evaluator(Returns(0.75), {}, target).result.reward == 0.75
+    assert run_evaluator(Returns(True), {}, target).result.reward == 1.0
+    verl = run_evaluator(Returns({"score": 1.0, "acc": True, "pred": "72"}), {}, target)
+    assert verl.error is None and verl.result.reward == 1.0
+    assert verl.result.metrics == {"acc": 1.0, "pred": 72.0}
+    mixed = run_evaluator(Returns(EvaluationRunResult(reward=0.5, metrics={"ok": 1, "why": "too long", "n": None})), {}, target)
+    assert mixed.error is None and mixed.result.reward == 0.5 and mixed.result.metrics == {"ok": 1.0}
+    assert mixed.result.extra_info["refused_metrics"] == {"why": "not a number: 'too long'", "n": "not a number: None"}
+    wrong = run_evaluator(Returns(["a list"]), {}, target)
+    assert wrong.result.reward == 0.0 and "returned list, expected an EvaluationRunResult, a number or a mapping" in wrong.error
