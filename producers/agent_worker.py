@@ -29,8 +29,9 @@ Override points, as in the guide: `format_task_query(data_item)` (the user messa
 `get_train_loss_mask(trajectory_infos)` (one info per LLM call; a value per call, per
 response token or per token), `evaluate_episode(task, episode)` (conditional evaluation).
 The guide's agent-config keys are read too: `max_context_tokens` (= limits.max_total_tokens),
-`type`, `name`, `system_prompt_type`, `tool_call_mode`, `tracers`, `llm_config.api_type`
-(checked: a value naming another way of working is refused), tools given by `binding:`.
+`name` (recorded with every rollout: extra_fields.agent_name), `type`, `system_prompt_type`,
+`tool_call_mode`, `tracers`, `llm_config.api_type` (checked: a value naming another way of
+working is refused), tools given by `binding:`.
 The reward is the evaluator's reward plus the sum of the interaction's per-turn rewards.
 """
 
@@ -79,8 +80,9 @@ GUIDE_AGENT_VALUES = {
     "type": (("agent",), "an agent config describes one agent"),
     "system_prompt_type": (("string",), "the system prompt is one text"),
     "tool_call_mode": (
-        ("openai", "xml"),
-        "tool calls are parsed from the model's <tool_call> JSON (Qwen style) and described to it in the OpenAI function format",
+        ("openai",),
+        "tools are described to the model in the OpenAI function format and its calls parsed by tool_call_format "
+        "(Hermes/Qwen JSON, Llama 3, Mistral, a recipe's own); NexAU's XML call syntax is not parsed",
     ),
     "llm_config.api_type": (
         ("openai_chat_completion",),
@@ -461,5 +463,6 @@ class AgentRolloutWorker(BaseRolloutWorker):
                 "termination": episode.termination,
                 "trace": episode.trace,
                 "finish_reason": episode.termination,
+                **({"agent_name": self.agent_config["name"]} if self.agent_config.get("name") else {}),
             },
         )

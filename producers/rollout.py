@@ -224,6 +224,8 @@ class BaseRolloutWorker:
 
     def _publish_put(self) -> tuple[TrajectoryEvent, Evaluation]:
         trajectory_event, evaluation = self._local.put
+        if self._config.get("task_name"):  # the guide's label: on every rollout, to query by (extra_fields->>'task_name')
+            trajectory_event.extra_fields.setdefault("task_name", self._config["task_name"])
         self._keep_trace(trajectory_event, evaluation)
         self._publish(trajectory_event)
         self._publish(evaluation)

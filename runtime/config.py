@@ -122,7 +122,9 @@ class RolloutWorker:
     agent_workspace: str | None = path_field(help="a folder put on sys.path: its modules import each other")
     tokenizer: str | None = only(None, "the tokenizer is the one saved with model_path")
     model_path: str | None = knob(None, "the policy: a Hugging Face model folder with its tokenizer")
-    task_name: str = knob("", "a label for the recipe's own code (self._config.task_name)")
+    task_name: str = knob(
+        "", "a label: the recipe's own code reads it (self._config.task_name), and every rollout records it (extra_fields)"
+    )
     max_prompt_length: int = knob(512, "a longer prompt (in tokens) fails its rollout, recorded with the numbers", ge=1)
     max_response_length: int = knob(64, "tokens sampled per response at most", ge=1)
     temperature: float = knob(1.0, "sampling temperature of training rollouts", ge=0.0)

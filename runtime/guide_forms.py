@@ -158,8 +158,22 @@ def torch_data_type(values: dict) -> list[str]:
     return problems
 
 
+def no_checkpoints(values: dict) -> list[str]:
+    """The guide's `save_freq: 0` ("no checkpoints") is refused with its meaning named: a
+    run's snapshots are what a restart resumes from and what lets its topics rotate."""
+    found, value = _get(values, "trainer.save_freq")
+    if not found or value != 0:
+        return []
+    _pop(values, "trainer.save_freq")
+    return [
+        'trainer.save_freq: 0 (the guide\'s "no checkpoints") is not supported: snapshots are what a restarted '
+        "learner resumes from and what lets a long run's topics rotate; a large save_freq snapshots rarely "
+        "(and remove_previous_ckpt keeps only the newest)"
+    ]
+
+
 def apply_guide_forms(values: dict) -> list[str]:
-    problems = torch_data_type(values)
+    problems = torch_data_type(values) + no_checkpoints(values)
     for guide, (streamrl, _) in MOVED.items():
         found, value = _get(values, guide)
         if found:

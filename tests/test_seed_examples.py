@@ -186,6 +186,7 @@ def test_agent_worker_listings(client):
     assert "Problem:2+3Provideyoursolutionstepbystep." in "".join(prompt.split())
     assert "calculator" in prompt and trajectory.extra_fields["termination"] != "length"
     assert trajectory.extra_fields["trace"]  # save_trace (default on)
+    assert trajectory.extra_fields["agent_name"] == "my_task_agent"  # the agent config's name, with every rollout
     # per-message masks: one value per LLM call; 001_03 trains every response (its example 1)
     _, everything, _ = roll(s001_03.MyTaskWorker, client, AGENT)
     trained_turns = [t for t in everything.turns if t.trained]

@@ -121,3 +121,10 @@ def test_conditional_evaluation_routes_by_task_type(client):
             assert evaluation.reward == expected
         else:
             assert 0.0 <= evaluation.reward <= 1.0
+
+
+def test_the_guides_task_name_is_recorded_with_every_rollout(client):
+    trajectory, _, _ = run(workers.SimpleQAWorker, client, {"task_name": "my_task"}, question="2+3")
+    assert trajectory.extra_fields["task_name"] == "my_task"
+    failed, _, _ = run(workers.SimpleQAWorker, client, {"task_name": "my_task"})  # a failed rollout too
+    assert failed.extra_fields["task_name"] == "my_task"
