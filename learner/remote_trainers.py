@@ -176,5 +176,16 @@ def trainer_class(recipe: Recipe) -> type[Trainer] | type[RemoteApiTrainer]:
                 f"{spec!r}: {cls.__name__} is not a subclass of Trainer (a self-hosted trainer) or "
                 "RemoteApiTrainer (trained through service.train_service)"
             )
+        remote_type = cfg.type.startswith("remote_api_")
+        if remote_type and not issubclass(cls, RemoteApiTrainer):
+            raise LoadError(
+                f"{spec!r}: {cls.__name__} trains here (a self-hosted Trainer), and trainer.type {cfg.type} trains "
+                "through service.train_service: use trainer.type custom with it, or a RemoteApiTrainer subclass"
+            )
+        if issubclass(cls, RemoteApiTrainer) and not remote_type:
+            raise LoadError(
+                f"{spec!r}: {cls.__name__} is a RemoteApiTrainer, which trains through service.train_service: "
+                f"set trainer.type remote_api_grpo or remote_api_cross_entropy (it is {cfg.type})"
+            )
         return cls
     return TRAINERS.get(cfg.type)

@@ -41,8 +41,15 @@ def recipe_code_problems(recipe: Recipe) -> list[str]:
     custom_trainer = bool(recipe.trainer.custom_trainer_module_path)
 
     def agent_setup():
-        if (custom_worker or worker.type in ROLLOUT_WORKERS) and issubclass(worker_class(recipe), AgentRolloutWorker):
+        known = custom_worker or worker.type in ROLLOUT_WORKERS
+        if known and issubclass(worker_class(recipe), AgentRolloutWorker):
             load_agent_setup(worker.worker_config())
+        elif known and (worker.agent_config_path or worker.agent_workspace):  # read by agent workers only
+            key = "agent_config_path" if worker.agent_config_path else "agent_workspace"
+            raise ValueError(
+                f"read by agent workers only (rollout_worker.type agent, or a subclass of AgentRolloutWorker), and "
+                f"{worker_class(recipe).__name__} is not one; remove rollout_worker.{key} (the guide's nexau_{key})"
+            )
 
     problems = []
     checks = [

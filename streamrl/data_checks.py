@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streamrl.runtime.builtin_families import INIT_MARKER
+from streamrl.runtime.builtin_families import INIT_MARKER, STAMP_FILE
 from streamrl.runtime.config import Data, Recipe
 from streamrl.runtime.dataset import DatasetError, lookup, read_rows, saved_chat_template
 from streamrl.runtime.prompt_lengths import prompt_lengths, prompt_limit, renders_locally
@@ -50,7 +50,8 @@ def recipe_warnings(recipe: Recipe) -> list[str]:
             f"{prompt_limit(recipe)} tokens and are left out (first: row {recipe.data.skip_rows[0] + 1})"
         )
     model_path, lr = recipe.rollout_worker.model_path, recipe.trainer.lr
-    if model_path and Path(model_path).is_dir() and not (Path(model_path) / INIT_MARKER).is_file() and lr > PRETRAINED_LR_LIMIT:
+    made_here = any((Path(model_path or ".") / name).is_file() for name in (INIT_MARKER, STAMP_FILE))
+    if model_path and Path(model_path).is_dir() and not made_here and lr > PRETRAINED_LR_LIMIT:
         warnings.append(
             f"trainer.lr: {lr:g} fine-tunes {model_path}, a model `streamrl model init` did not make, at more than "
             f"{PRETRAINED_LR_LIMIT:g}: a pretrained model is usually trained near 1e-6 (verl's and TRL's GRPO defaults)"

@@ -143,6 +143,8 @@ def run_recipe(
 
     current = settings()
     if train_config is not None:
+        if file is not None and "=" in str(file):  # `-c FILE key=value`: the first override took FILE's place
+            overrides, file = [str(file), *(overrides or [])], None
         if file is not None:
             raise UsageError("give the recipe as FILE or as -c/--train-config, not both")
         file = train_config
