@@ -197,10 +197,11 @@ class AgentLoop:
             self.interaction.start(data.task)
         return AgentState.GENERATING
 
-    def handle_generating(self, data: AgentData) -> AgentState:
-        """One assistant turn, sampled within its budget; the ids stay as sampled."""
+    def handle_generating(self, data: AgentData, check_turns: bool = True) -> AgentState:
+        """One assistant turn, sampled within its budget; the ids stay as sampled.
+        `check_turns=False` leaves max_assistant_turns to a subclass's own stop rule."""
         limits = self.limits
-        if data.assistant_turns >= limits.max_assistant_turns:
+        if check_turns and data.assistant_turns >= limits.max_assistant_turns:
             return self.terminate(data, "max_assistant_turns")
         budget = min(limits.max_tokens_per_turn, limits.max_total_tokens - data.used())
         if budget <= 0:

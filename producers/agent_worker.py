@@ -37,6 +37,7 @@ The reward is the evaluator's reward plus the sum of the interaction's per-turn 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -45,11 +46,12 @@ from typing import Any
 import yaml
 
 from streamrl.producers.agent_facade import LoopAgent
-from streamrl.producers.agent_loop import AgentLimits, Episode, episode_turns, run_agent_loop
+from streamrl.producers.agent_loop import AgentLimits, Episode, episode_turns
 from streamrl.producers.evaluator import BaseEvaluationTarget, EvaluationOutcome, run_evaluator
 from streamrl.producers.interaction import Interaction
 from streamrl.producers.rollout import BaseRolloutWorker, Trajectory, register_rollout_worker, token_loss_mask
 from streamrl.producers.tools import ToolConfigError, ToolRegistry
+from streamrl.producers.verl_agent_loop import AgentLoopConfigError, chosen_loop, load_agent_loops, make_loop
 from streamrl.runtime.plugins import load_class
 from streamrl.runtime.tool_call_formats import TOOL_CALL_FORMATS, tool_call_parser
 
@@ -225,6 +227,17 @@ class AgentRolloutWorker(BaseRolloutWorker):
         )
         self.agent_config, self.tools = setup.config, setup.tools
         self.interaction_class, self.limits = setup.interaction_class, setup.limits
+        turns = {key: (config or {}).get(key) for key in ("max_assistant_turns", "max_user_turns")}
+        if any(value is not None for value in turns.values()):  # the recipe's (verl's) form of the limits
+            self.limits = dataclasses.replace(self.limits, **{k: v for k, v in turns.items() if v is not None})
+        registry_path = (config or {}).get("agent_loop_config_path")
+        self.agent_loops = load_agent_loops(registry_path) if registry_path else {}
+        self.default_agent_loop = (config or {}).get("default_agent_loop")
+        if self.default_agent_loop and self.default_agent_loop not in self.agent_loops:
+            raise AgentLoopConfigError(
+                f"rollout_worker.default_agent_loop: {self.default_agent_loop!r} is not registered in "
+                f"rollout_worker.agent_loop_config_path (registered: {', '.join(self.agent_loops) or 'none'})"
+            )
 
     # --- override points ------------------------------------------------------------------
     def format_query(self, task: dict[str, Any]) -> list[dict[str, str]]:
@@ -263,19 +276,21 @@ class AgentRolloutWorker(BaseRolloutWorker):
         parse = tool_call_parser(
             str(self.agent_config.get("tool_call_format", "auto")), client_template(client), self.agent_config["_dir"]
         )
-        return run_agent_loop(
-            client,
-            messages,
-            self.tools,
-            interaction,
-            task,
-            self.limits,
+        loop_class, loop_args = chosen_loop(self.agent_loops, task, self.default_agent_loop)
+        loop = make_loop(
+            loop_class,
+            loop_args,
+            client=client,
+            tools=self.tools,
+            interaction=interaction,
+            limits=self.limits,
             parse=parse,
             list_tools=bool(self.agent_config.get("tools_in_system_prompt", True)),
             # validation samples with the validation settings (greedy)
             temperature=None if task.get("is_val") else llm.get("temperature"),
             top_p=None if task.get("is_val") else llm.get("top_p"),
         )
+        return loop.run(messages, task)
 
     # --- the guide's NexAU-style objects (producers/agent_facade.py) ---------------------------
     def load_agent_from_config(self, custom_llm_client_provider=None):

@@ -120,6 +120,19 @@ class RolloutWorker:
         help="type agent: the agent's YAML (tools, limits, interaction; producers/agent_worker.py)"
     )
     agent_workspace: str | None = path_field(help="a folder put on sys.path: its modules import each other")
+    agent_loop_config_path: str | None = path_field(
+        help="type agent: verl's agent-loop registry, a YAML list of {name, _target_: module.Class, ...args} "
+        "(AgentLoop or ToolAgentLoop subclasses); a row's agent_name picks one"
+    )
+    default_agent_loop: str | None = knob(
+        None, "type agent: the registered loop a row without agent_name runs (unset: StreamRL's own loop)"
+    )
+    max_assistant_turns: int | None = knob(
+        None, "type agent: the agent config's limits.max_assistant_turns, set here (verl's multi_turn key)", ge=1
+    )
+    max_user_turns: int | None = knob(
+        None, "type agent: the agent config's limits.max_user_turns, set here (verl's multi_turn key)", ge=0
+    )
     tokenizer: str | None = only(None, "the tokenizer is the one saved with model_path")
     model_path: str | None = knob(None, "the policy: a Hugging Face model folder with its tokenizer")
     task_name: str = knob(

@@ -204,6 +204,7 @@ def resolve_paths(recipe: Recipe, base: Path) -> Recipe:
         "custom_rollout_worker_module_path",
         "agent_config_path",
         "agent_workspace",
+        "agent_loop_config_path",
     ):
         setattr(worker, key, _absolute(getattr(worker, key), base))
     recipe.trainer.custom_trainer_module_path = _absolute(recipe.trainer.custom_trainer_module_path, base)

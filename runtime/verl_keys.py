@@ -64,6 +64,12 @@ def _only(allowed: tuple, why: str) -> Callable[[Any], Any]:
     return _noted(f"only {' or '.join(map(repr, allowed))}: {why}", convert)
 
 
+def _agent(enable: Any) -> str:
+    if enable is not True:
+        raise Unsupported("multi_turn.enable: false is a single-turn worker: leave the key out")
+    return "agent"
+
+
 def _packing(remove_padding: Any) -> str:
     return "auto" if remove_padding else "padded"
 
@@ -159,6 +165,27 @@ VERL_KEYS: dict[str, VerlKey] = {
     ROLLOUT + "response_length": VerlKey(("rollout_worker.max_response_length",)),
     ROLLOUT + "gpu_memory_utilization": VerlKey(("service.inference_service.server_args.mem-fraction-static",)),
     ROLLOUT + "tensor_model_parallel_size": VerlKey(("service.inference_service.server_args.tp-size",)),
+    ROLLOUT + "multi_turn.enable": VerlKey(("rollout_worker.type",), _noted("true → agent", lambda on: _agent(on))),
+    ROLLOUT + "multi_turn.max_assistant_turns": VerlKey(("rollout_worker.max_assistant_turns",)),
+    ROLLOUT + "multi_turn.max_user_turns": VerlKey(("rollout_worker.max_user_turns",)),
+    ROLLOUT + "multi_turn.use_inference_chat_template": VerlKey(
+        (), _only((False,), "the model's turns are always the ids it sampled, thinking included (false is what StreamRL does)")
+    ),
+    ROLLOUT + "multi_turn.tokenization_sanity_check_mode": VerlKey(
+        (),
+        _only(
+            ("disable", "strict", "ignore_strippable"),
+            "the model's turns are never re-tokenised, so there is nothing to check (any of verl's modes)",
+        ),
+    ),
+    ROLLOUT + "multi_turn.tool_config_path": VerlKey(
+        (), _only((None,), "verl's tool-config file is not read: list the tools in the agent config (docs/training.md)")
+    ),
+    ROLLOUT + "multi_turn.interaction_config_path": VerlKey(
+        (), _only((None,), "verl's interaction-config file is not read: name the interaction in the agent config")
+    ),
+    ROLLOUT + "agent.agent_loop_config_path": VerlKey(("rollout_worker.agent_loop_config_path",)),
+    ROLLOUT + "agent.default_agent_loop": VerlKey(("rollout_worker.default_agent_loop",)),
     ROLLOUT + "val_kwargs.temperature": VerlKey(("validate.temperature",)),
     "trainer.total_training_steps": VerlKey(("trainer.total_train_steps",)),
     "trainer.test_freq": VerlKey(("validate.eval.compute_interval",), _positive_freq("validate.eval.compute_interval")),

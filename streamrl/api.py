@@ -52,6 +52,11 @@ _NAMES = {
     "NexAUEvaluationTarget": ("streamrl.producers.evaluator", "NexAUEvaluationTarget"),
     "run_evaluator": ("streamrl.producers.evaluator", "run_evaluator"),
     "make_evaluator": ("streamrl.producers.evaluator_builtins", "make_evaluator"),
+    "AgentData": ("streamrl.producers.agent_loop", "AgentData"),
+    "AgentLoop": ("streamrl.producers.agent_loop", "AgentLoop"),
+    "AgentState": ("streamrl.producers.agent_loop", "AgentState"),
+    "ToolAgentLoop": ("streamrl.producers.verl_agent_loop", "ToolAgentLoop"),
+    "agent_state": ("streamrl.producers.verl_agent_loop", "agent_state"),  # verl's module name in its skeletons
     "BaseRolloutWorker": ("streamrl.producers.rollout", "BaseRolloutWorker"),
     "Trajectory": ("streamrl.producers.rollout", "Trajectory"),
     "token_loss_mask": ("streamrl.producers.rollout", "token_loss_mask"),
@@ -75,6 +80,7 @@ if TYPE_CHECKING:  # what type checkers and go-to-definition follow
     from streamrl.learner.trainers import Trainer, compute_grpo_advantage_for_trajectories
     from streamrl.learner.trainers import Trainer as BaseTrainer
     from streamrl.producers.agent_facade import InMemoryTracer
+    from streamrl.producers.agent_loop import AgentData, AgentLoop, AgentState
     from streamrl.producers.agent_worker import AgentRolloutWorker
     from streamrl.producers.agent_worker import AgentRolloutWorker as BaseNexAURolloutWorker
     from streamrl.producers.evaluator import (
@@ -86,6 +92,7 @@ if TYPE_CHECKING:  # what type checkers and go-to-definition follow
     )
     from streamrl.producers.evaluator_builtins import make_evaluator
     from streamrl.producers.rollout import BaseRolloutWorker, Trajectory, token_loss_mask
+    from streamrl.producers.verl_agent_loop import ToolAgentLoop, agent_state
     from streamrl.runtime.builtin_families import generated_is_current, is_current
     from streamrl.runtime.dataset import lookup
     from streamrl.runtime.tiny_lm import build_tiny_model

@@ -34,6 +34,7 @@ def recipe_code_problems(recipe: Recipe) -> list[str]:
     from streamrl.consumers.processor import load_custom_advantages
     from streamrl.learner.remote_trainers import trainer_class
     from streamrl.producers.agent_worker import AgentRolloutWorker, load_agent_setup
+    from streamrl.producers.verl_agent_loop import chosen_loop, load_agent_loops
     from streamrl.producers.worker_loop import make_evaluator, worker_class
 
     worker = recipe.rollout_worker
@@ -42,13 +43,21 @@ def recipe_code_problems(recipe: Recipe) -> list[str]:
 
     def agent_setup():
         known = custom_worker or worker.type in ROLLOUT_WORKERS
+        agent_keys = [
+            k
+            for k in ("agent_config_path", "agent_workspace", "agent_loop_config_path", "default_agent_loop")
+            if getattr(worker, k)
+        ]
         if known and issubclass(worker_class(recipe), AgentRolloutWorker):
             load_agent_setup(worker.worker_config())
-        elif known and (worker.agent_config_path or worker.agent_workspace):  # read by agent workers only
-            key = "agent_config_path" if worker.agent_config_path else "agent_workspace"
+            loops = load_agent_loops(worker.agent_loop_config_path) if worker.agent_loop_config_path else {}
+            if worker.default_agent_loop:
+                chosen_loop(loops, {}, worker.default_agent_loop)
+        elif known and agent_keys:  # read by agent workers only
+            key = agent_keys[0]
             raise ValueError(
                 f"read by agent workers only (rollout_worker.type agent, or a subclass of AgentRolloutWorker), and "
-                f"{worker_class(recipe).__name__} is not one; remove rollout_worker.{key} (the guide's nexau_{key})"
+                f"{worker_class(recipe).__name__} is not one; remove rollout_worker.{key}"
             )
 
     problems = []

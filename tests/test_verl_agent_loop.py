@@ -1,0 +1,122 @@
+"""The multi-turn note's listings on StreamRL (its import lines changed, nothing else):
+the `ToolAgentLoop` subclass that caps a workflow at 15 assistant turns, registered by
+the note's YAML and chosen per row (`agent_name`) or by `default_agent_loop`, with the
+note's `actor_rollout_ref.rollout` block converted to the recipe's keys. The agent worker
+runs it with the model's turns kept as sampled (thinking included)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from streamrl.producers.agent_loop import AgentLimits
+from streamrl.producers.agent_worker import AgentRolloutWorker
+from streamrl.producers.evaluator import ExactMatchEvaluator
+from streamrl.producers.verl_agent_loop import AgentLoopConfigError, ToolAgentLoop, load_agent_loops, make_loop
+from streamrl.runtime.recipe import RecipeError, load_recipe
+from streamrl.schema.events import unpack_int32, unpack_mask
+from tests.test_agent_loop import IM_END, ScriptedClient, char_ids, make_task, registry, write_agent_config
+
+# the note's skeleton, as printed; only its import line is StreamRL's
+SKELETON = """
+from streamrl.api import ToolAgentLoop, agent_state
+
+class LongWorkflowAgent(ToolAgentLoop):
+    async def _handle_generating_state(self, agent_data, sampling_params, ignore_termination=False):
+        # call super() then change stop rules / add logging
+        state = await super()._handle_generating_state(
+            agent_data, sampling_params, ignore_termination=True
+        )
+        # e.g., cap at 15 assistant turns
+        if agent_data.assistant_turns >= 15:
+            return agent_state.AgentState.TERMINATED
+        return state
+"""
+# the note's registry file, as printed
+REGISTRY = """
+- name: long_workflow
+  _target_: extensions.custom_rollouts.LongWorkflowAgent
+  # optional custom args here
+"""
+# the note's config block (its two config-file paths left out: verl's tool- and
+# interaction-config formats are not read; the agent config describes both)
+CONFIG = """
+actor_rollout_ref:
+  rollout:
+    multi_turn:
+      enable: true
+      max_assistant_turns: 15   # or higher
+      max_user_turns: 15        # if you alternate user feedback
+      use_inference_chat_template: false  # keep reasoning tokens
+    prompt_length: 2048        # make room for many turns
+    response_length: 2048      # must fit tool responses + thinking
+    agent:
+      default_agent_loop: long_workflow
+      agent_loop_config_path: "extensions/custom_rollouts.yaml"
+"""
+THINK_AND_CALL = [*char_ids('<think>again</think><tool_call>{"name": "lookup", "arguments": {"key": "ab"}}</tool_call>'), IM_END]
+
+
+@pytest.fixture
+def extensions(tmp_path):
+    folder = tmp_path / "extensions"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "custom_rollouts.py").write_text(textwrap.dedent(SKELETON))
+    (folder / "custom_rollouts.yaml").write_text(REGISTRY)
+    return folder
+
+
+def test_the_notes_skeleton_caps_a_workflow_at_fifteen_turns(extensions):
+    loops = load_agent_loops(extensions / "custom_rollouts.yaml")
+    cls, args = loops["long_workflow"]
+    assert issubclass(cls, ToolAgentLoop) and args == {}
+    # the agent config's own limit is 8 turns: the skeleton's ignore_termination lifts it
+    loop = make_loop(
+        cls,
+        args,
+        client=ScriptedClient([THINK_AND_CALL] * 20),
+        tools=registry(),
+        limits=AgentLimits(max_total_tokens=100_000, max_tokens_per_turn=200),
+    )
+    episode = loop.run([{"role": "user", "content": "q"}], make_task().data)
+    # the 15th turn ends the episode as soon as it is sampled: its call is not run
+    assert episode.assistant_turns == 15 and episode.tool_calls == 14 and episode.termination == "max_assistant_turns"
+
+
+def test_the_notes_config_block_is_the_recipes_keys(tmp_path):
+    (tmp_path / "recipe.yaml").write_text(CONFIG)
+    (tmp_path / "extensions").mkdir()
+    (tmp_path / "extensions" / "custom_rollouts.yaml").write_text(REGISTRY)
+    worker = load_recipe(tmp_path / "recipe.yaml").rollout_worker
+    assert (worker.type, worker.max_assistant_turns, worker.max_user_turns) == ("agent", 15, 15)
+    assert (worker.max_prompt_length, worker.max_response_length) == (2048, 2048)
+    assert (worker.default_agent_loop, worker.agent_loop_config_path) == ("long_workflow", "extensions/custom_rollouts.yaml")
+    (tmp_path / "tools.yaml").write_text(
+        CONFIG.replace("      enable: true", "      enable: true\n      tool_config_path: t.yaml")
+    )
+    with pytest.raises(RecipeError, match="verl's tool-config file is not read"):
+        load_recipe(tmp_path / "tools.yaml")
+
+
+def test_the_agent_worker_runs_the_rows_loop_and_keeps_the_sampled_thinking(extensions, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(extensions.parent))
+    config = {
+        "agent_config_path": write_agent_config(tmp_path),  # its limits: 4 turns
+        "agent_loop_config_path": str(extensions / "custom_rollouts.yaml"),
+        "max_assistant_turns": 15,
+        "max_response_length": 200,
+    }
+    client = ScriptedClient([THINK_AND_CALL] * 20)
+    worker = AgentRolloutWorker(config, client, ExactMatchEvaluator(), lambda event: None)
+    plain, _ = worker.run_task(make_task())  # no agent_name, no default: StreamRL's own loop, its 15-turn limit
+    assert plain.extra_fields["termination"] == "max_assistant_turns" and len(client.prompts) == 15
+    client.turns = [THINK_AND_CALL] * 20
+    chosen, _ = worker.run_task(make_task(agent_name="long_workflow"))
+    tokens, mask = unpack_int32(chosen.tokens).tolist(), unpack_mask(chosen.loss_mask).tolist()
+    assert [t for t, m in zip(tokens, mask) if m] == THINK_AND_CALL * 15  # thinking kept, as sampled
+    unknown, _ = worker.run_task(make_task(agent_name="nope"))
+    assert "agent loop 'nope' is not registered (registered: long_workflow)" in unknown.error
+    with pytest.raises(AgentLoopConfigError, match="default_agent_loop: 'other' is not registered"):
+        AgentRolloutWorker({**config, "default_agent_loop": "other"}, client, ExactMatchEvaluator(), lambda event: None)
