@@ -191,7 +191,13 @@ class AgentLoop:
         """The opening messages, rendered with the tool schemas."""
         data.schemas = self.tools.schemas if self.list_tools and self.tools.tools else None
         prompt_text = self.renderer.prompt_text(data.messages, data.schemas)
-        data.segments.append(Segment("prompt", self.renderer.prompt_ids(data.messages, data.schemas), prompt_text))
+        prompt_ids = self.renderer.prompt_ids(data.messages, data.schemas)
+        if len(prompt_ids) >= self.limits.max_total_tokens:  # nothing could be sampled: a failed rollout, said
+            raise ValueError(
+                f"the agent's prompt is {len(prompt_ids)} tokens, and max_total_tokens (max_context_tokens) is "
+                f"{self.limits.max_total_tokens}: no turn fits"
+            )
+        data.segments.append(Segment("prompt", prompt_ids, prompt_text))
         data.chat = [dict(m) for m in data.messages]
         if self.interaction is not None:
             self.interaction.start(data.task)

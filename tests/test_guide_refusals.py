@@ -94,3 +94,13 @@ def test_fine_tuning_someone_elses_model_fast_warns_once_naming_the_key(tmp_path
     assert warning.startswith("trainer.lr: 0.001 fine-tunes") and "near 1e-6" in warning
     recipe.trainer.lr = 1e-6
     assert recipe_warnings(recipe) == []
+
+
+def test_an_agent_prompt_over_the_context_is_a_failed_rollout_not_an_empty_success():
+    from streamrl.producers.agent_loop import AgentLimits, run_agent_loop
+    from tests.test_agent_loop import ScriptedClient, registry
+
+    with pytest.raises(ValueError, match=r"the agent's prompt is \d+ tokens, and max_total_tokens \(max_context_tokens\) is 20"):
+        run_agent_loop(
+            ScriptedClient([]), [{"role": "user", "content": "q" * 50}], registry(), limits=AgentLimits(max_total_tokens=20)
+        )
