@@ -72,6 +72,7 @@ from tests.seed_examples.listings import (
     s003_09,
     s003_10,
     s003_12,
+    s004_01,
 )
 from tests.seed_examples.recipe.logging_worker import LoggingWorker
 
@@ -576,3 +577,17 @@ def test_a_prompt_longer_than_max_prompt_length_fails_its_rollout(client):
     short = InferenceClient(client._engine, SamplingParams(max_new_tokens=2), max_prompt_tokens=2)
     _, trajectory, evaluation = roll(SingleTurnWorker, short)
     assert "more than max_prompt_length (2)" in trajectory.error and evaluation.reward == 0.0
+
+
+def test_multi_turn_note_listing():
+    """The note's ToolAgentLoop skeleton, run by the agent loop: it ignores the agent's own
+    turn limit (8) and ends the episode at its 15th assistant turn."""
+    from streamrl.producers.agent_loop import AgentLimits
+    from tests.test_agent_loop import IM_END, ScriptedClient, char_ids, make_task, registry
+
+    call = [*char_ids('<tool_call>{"name": "lookup", "arguments": {"key": "ab"}}</tool_call>'), IM_END]
+    loop = s004_01.LongWorkflowAgent(
+        ScriptedClient([call] * 20), registry(), limits=AgentLimits(max_tokens_per_turn=100, max_total_tokens=50_000)
+    )
+    episode = loop.run([{"role": "user", "content": "q"}], make_task().data)
+    assert (episode.assistant_turns, episode.tool_calls, episode.termination) == (15, 14, "max_assistant_turns")

@@ -52,6 +52,8 @@ RUN = {
     "003_09": "test_trainer_listings",  # metrics from _prepare_batch
     "003_10": "test_trainer_listings",  # the edge-case advantage helper
     "003_12": "test_trainer_listings",  # the trainer unit test
+    # the multi-turn note (verl's extension points)
+    "004_01": "test_multi_turn_note_listing",  # LongWorkflowAgent(ToolAgentLoop), capped at 15 turns
 }
 
 NOT_RUN = {
@@ -74,6 +76,4 @@ NOT_RUN = {
     "003_11": "import lines and two statements over a trainer's locals (batch, trajectories, metrics)",
     "003_13": "an outline with `...` arguments, over a trainer's locals",
     "003_14": "statements over a trainer's locals (trajectories, metrics, logger)",
-    "004_01": "subclasses verl's ToolAgentLoop (verl's internal state machine, agent_state.AgentState); StreamRL's "
-              "agent loop is extended through the agent config's limits and interaction, and run_agent",
 }
