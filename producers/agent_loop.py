@@ -183,8 +183,12 @@ class AgentLoop:
 
     def run(self, messages: list[dict[str, Any]], task: dict[str, Any] | None = None) -> Episode:
         data, state = AgentData(messages=messages, task=task or {}), AgentState.PENDING
-        while state is not AgentState.TERMINATED:
-            state = self.handlers[state](data)
+        try:
+            while state is not AgentState.TERMINATED:
+                state = self.handlers[state](data)
+        finally:
+            if self.interaction is not None and data.segments:  # it was started
+                self.interaction.finish(data.task)
         return data.episode()
 
     def handle_pending(self, data: AgentData) -> AgentState:
@@ -277,6 +281,7 @@ class AgentLoop:
                     "ok": outcome.ok,
                     "output": outcome.output[:500],
                     "seconds": round(outcome.seconds, 4),
+                    **outcome.extra,
                 }
             )
         ids = call_ids(parsed, f"{data.task.get('task_id', '')}/{data.assistant_turns}")

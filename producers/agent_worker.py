@@ -52,6 +52,7 @@ from streamrl.producers.interaction import Interaction
 from streamrl.producers.rollout import BaseRolloutWorker, Trajectory, register_rollout_worker, token_loss_mask
 from streamrl.producers.tools import ToolConfigError, ToolRegistry
 from streamrl.producers.verl_agent_loop import AgentLoopConfigError, chosen_loop, load_agent_loops, make_loop
+from streamrl.producers.verl_tools import VerlInteraction, load_interactions
 from streamrl.runtime.plugins import load_class
 from streamrl.runtime.tool_call_formats import TOOL_CALL_FORMATS, tool_call_parser
 
@@ -115,6 +116,27 @@ def guide_key_problems(config: dict) -> list[str]:
 
 class AgentConfigError(ValueError):
     pass
+
+
+def with_verl_configs(config: dict, tools: ToolRegistry, interaction_class) -> tuple[ToolRegistry, dict]:
+    """The recipe's verl tool and interaction configs (rollout_worker.tool_config_path,
+    interaction_config_path), beside the agent config's own tools; one interaction only."""
+    tool_path, interaction_path = config.get("tool_config_path"), config.get("interaction_config_path")
+    if tool_path:
+        added = ToolRegistry.from_file(tool_path)
+        clash = sorted(set(added.tools) & set(tools.tools))
+        if clash:
+            raise AgentConfigError(f"rollout_worker.tool_config_path: {', '.join(clash)} also in the agent config's tools")
+        tools = ToolRegistry([*tools.tools.values(), *added.tools.values()], tools.max_output_chars)
+    if not interaction_path:
+        return tools, {}
+    if interaction_class is not None:
+        raise AgentConfigError("rollout_worker.interaction_config_path: the agent config names an interaction too; give one")
+    try:
+        document = yaml.safe_load(Path(interaction_path).read_text()) or {}
+        return tools, load_interactions(document.get("interaction") or [], f"{interaction_path}: interaction")
+    except (OSError, yaml.YAMLError, ValueError, AttributeError) as exc:
+        raise AgentConfigError(f"rollout_worker.interaction_config_path: {exc}") from None
 
 
 def load_agent_config(path: str | Path) -> dict[str, Any]:
@@ -230,6 +252,7 @@ class AgentRolloutWorker(BaseRolloutWorker):
         turns = {key: (config or {}).get(key) for key in ("max_assistant_turns", "max_user_turns")}
         if any(value is not None for value in turns.values()):  # the recipe's (verl's) form of the limits
             self.limits = dataclasses.replace(self.limits, **{k: v for k, v in turns.items() if v is not None})
+        self.tools, self.verl_interactions = with_verl_configs(config or {}, self.tools, self.interaction_class)
         registry_path = (config or {}).get("agent_loop_config_path")
         self.agent_loops = load_agent_loops(registry_path) if registry_path else {}
         self.default_agent_loop = (config or {}).get("default_agent_loop")
@@ -272,6 +295,8 @@ class AgentRolloutWorker(BaseRolloutWorker):
         interaction = (
             self.interaction_class(**(self.agent_config["interaction"].get("kwargs") or {})) if self.interaction_class else None
         )
+        if self.verl_interactions:
+            interaction = VerlInteraction(self.verl_interactions)
         client = client or self._inference_client
         parse = tool_call_parser(
             str(self.agent_config.get("tool_call_format", "auto")), client_template(client), self.agent_config["_dir"]

@@ -36,6 +36,9 @@ class Interaction:
     def respond(self, messages: list[dict[str, Any]], task: dict[str, Any]) -> InteractionReply:
         raise NotImplementedError
 
+    def finish(self, task: dict[str, Any]) -> None:
+        """Called once per episode, after the last turn, whatever ended it."""
+
 
 class ScriptedUser(Interaction):
     """Plays the task's `user_turns` list in order, then ends the episode."""

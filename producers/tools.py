@@ -29,12 +29,13 @@ import inspect
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from streamrl.producers.verl_tools import ToolOutput, load_object, verl_tool_function
 from streamrl.runtime.plugins import LoadError, load_module
 
 
@@ -75,6 +76,7 @@ class ToolResult:
     output: str
     ok: bool
     seconds: float
+    extra: dict = field(default_factory=dict)  # a verl tool's step reward and metrics
 
 
 def load_callable(spec: str, base_dir: Path) -> Callable[..., Any]:
@@ -138,6 +140,23 @@ def schema_from_function(name: str, description: str | None, function: Callable[
     }
 
 
+def verl_tool(entry: dict, where: str) -> Tool:
+    """A tool in verl's shape: its class built with (config, tool_schema), called by
+    create, execute and release (producers/verl_tools.py)."""
+    unknown = set(entry) - {"class_name", "config", "tool_schema"}
+    if unknown:
+        raise ToolConfigError(f"{where}: unknown key(s) {sorted(unknown)} (a verl tool has class_name, config, tool_schema)")
+    schema = entry.get("tool_schema")
+    if not isinstance(schema, dict) or not (schema.get("function") or {}).get("name"):
+        raise ToolConfigError(f"{where}.tool_schema.function.name: required")
+    try:
+        cls = load_object(entry["class_name"], where)
+        instance = cls(dict(entry.get("config") or {}), schema)
+    except Exception as exc:  # an import error, a constructor that refuses its config
+        raise ToolConfigError(f"{where}: {exc}") from None
+    return Tool(schema["function"]["name"], schema, verl_tool_function(instance))
+
+
 class ToolRegistry:
     def __init__(self, tools: list[Tool], max_output_chars: int = 2000):
         self.tools = {tool.name: tool for tool in tools}
@@ -152,6 +171,9 @@ class ToolRegistry:
             where = f"{source}[{i}]"
             if not isinstance(entry, dict):
                 raise ToolConfigError(f"{where}: expected a mapping with callable and tool_schema")
+            if "class_name" in entry:  # verl's form: class_name, config, tool_schema (a BaseTool)
+                tools.append(verl_tool(entry, where))
+                continue
             if "binding" in entry:  # the guide's form: name, binding, description
                 unknown = set(entry) - {"name", "binding", "description"}
                 if unknown:
@@ -226,11 +248,15 @@ class ToolRegistry:
                 False,
                 time.perf_counter() - started,
             )
+        extra: dict = {}
         try:
             value = tool.function(**arguments, task=task) if tool.wants_task else tool.function(**arguments)
+            if isinstance(value, ToolOutput):  # a verl tool: its text, with its reward and metrics kept apart
+                extra = {"reward": value.reward, "metrics": value.metrics}
+                value = value.text
             output, ok = value if isinstance(value, str) else json.dumps(value, default=str), True
         except Exception as exc:  # the model reads what went wrong; the rollout goes on
             output, ok = f"error: {name} raised {type(exc).__name__}: {exc}", False
         if len(output) > self.max_output_chars:
             output = output[: self.max_output_chars] + "...(truncated)"
-        return ToolResult(name, arguments, output, ok, time.perf_counter() - started)
+        return ToolResult(name, arguments, output, ok, time.perf_counter() - started, extra)

@@ -49,8 +49,12 @@ class ToolAgentLoop(AgentLoop):
             AgentState.PROCESSING_TOOLS: lambda: self._handle_processing_tools_state(data),
             AgentState.INTERACTING: lambda: self._handle_interacting_state(data),
         }
-        while state is not AgentState.TERMINATED:
-            state = await handlers[state]()
+        try:
+            while state is not AgentState.TERMINATED:
+                state = await handlers[state]()
+        finally:
+            if self.interaction is not None and data.segments:  # it was started
+                self.interaction.finish(data.task)
         return data.episode()
 
     async def _handle_pending_state(self, agent_data: AgentData, sampling_params: dict) -> AgentState:

@@ -127,6 +127,14 @@ class RolloutWorker:
     default_agent_loop: str | None = knob(
         None, "type agent: the registered loop a row without agent_name runs (unset: StreamRL's own loop)"
     )
+    tool_config_path: str | None = path_field(
+        help="type agent: verl's tool config, `tools: [{class_name, config, tool_schema}]` (BaseTool classes), added "
+        "to the agent config's tools; a row's tools_kwargs reach them"
+    )
+    interaction_config_path: str | None = path_field(
+        help="type agent: verl's interaction config, `interaction: [{name, class_name, config}]` (BaseInteraction "
+        "classes); a row's interaction_kwargs start one and pick it by name"
+    )
     max_assistant_turns: int | None = knob(
         None, "type agent: the agent config's limits.max_assistant_turns, set here (verl's multi_turn key)", ge=1
     )

@@ -205,6 +205,8 @@ def resolve_paths(recipe: Recipe, base: Path) -> Recipe:
         "agent_config_path",
         "agent_workspace",
         "agent_loop_config_path",
+        "tool_config_path",
+        "interaction_config_path",
     ):
         setattr(worker, key, _absolute(getattr(worker, key), base))
     recipe.trainer.custom_trainer_module_path = _absolute(recipe.trainer.custom_trainer_module_path, base)

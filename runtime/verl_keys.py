@@ -178,12 +178,8 @@ VERL_KEYS: dict[str, VerlKey] = {
             "the model's turns are never re-tokenised, so there is nothing to check (any of verl's modes)",
         ),
     ),
-    ROLLOUT + "multi_turn.tool_config_path": VerlKey(
-        (), _only((None,), "verl's tool-config file is not read: list the tools in the agent config (docs/training.md)")
-    ),
-    ROLLOUT + "multi_turn.interaction_config_path": VerlKey(
-        (), _only((None,), "verl's interaction-config file is not read: name the interaction in the agent config")
-    ),
+    ROLLOUT + "multi_turn.tool_config_path": VerlKey(("rollout_worker.tool_config_path",)),
+    ROLLOUT + "multi_turn.interaction_config_path": VerlKey(("rollout_worker.interaction_config_path",)),
     ROLLOUT + "agent.agent_loop_config_path": VerlKey(("rollout_worker.agent_loop_config_path",)),
     ROLLOUT + "agent.default_agent_loop": VerlKey(("rollout_worker.default_agent_loop",)),
     ROLLOUT + "val_kwargs.temperature": VerlKey(("validate.temperature",)),

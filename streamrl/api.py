@@ -57,6 +57,9 @@ _NAMES = {
     "AgentState": ("streamrl.producers.agent_loop", "AgentState"),
     "ToolAgentLoop": ("streamrl.producers.verl_agent_loop", "ToolAgentLoop"),
     "agent_state": ("streamrl.producers.verl_agent_loop", "agent_state"),  # verl's module name in its skeletons
+    "BaseTool": ("streamrl.producers.verl_tools", "BaseTool"),
+    "BaseInteraction": ("streamrl.producers.verl_tools", "BaseInteraction"),
+    "ToolResponse": ("streamrl.producers.verl_tools", "ToolResponse"),
     "BaseRolloutWorker": ("streamrl.producers.rollout", "BaseRolloutWorker"),
     "Trajectory": ("streamrl.producers.rollout", "Trajectory"),
     "token_loss_mask": ("streamrl.producers.rollout", "token_loss_mask"),
@@ -93,6 +96,7 @@ if TYPE_CHECKING:  # what type checkers and go-to-definition follow
     from streamrl.producers.evaluator_builtins import make_evaluator
     from streamrl.producers.rollout import BaseRolloutWorker, Trajectory, token_loss_mask
     from streamrl.producers.verl_agent_loop import ToolAgentLoop, agent_state
+    from streamrl.producers.verl_tools import BaseInteraction, BaseTool, ToolResponse
     from streamrl.runtime.builtin_families import generated_is_current, is_current
     from streamrl.runtime.dataset import lookup
     from streamrl.runtime.tiny_lm import build_tiny_model

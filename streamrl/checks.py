@@ -27,13 +27,25 @@ from streamrl.runtime.registry import registry_problems
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.topic_retention import topic_configs
 
+# rollout_worker keys only an agent worker reads
+AGENT_ONLY_KEYS = (
+    "agent_config_path",
+    "agent_workspace",
+    "agent_loop_config_path",
+    "default_agent_loop",
+    "tool_config_path",
+    "interaction_config_path",
+    "max_assistant_turns",
+    "max_user_turns",
+)
+
 
 def recipe_code_problems(recipe: Recipe) -> list[str]:
     """Load the recipe's own code now, then check its registry keys, so a typo fails the
     run before it starts, not in a worker's log minutes later."""
     from streamrl.consumers.processor import load_custom_advantages
     from streamrl.learner.remote_trainers import trainer_class
-    from streamrl.producers.agent_worker import AgentRolloutWorker, load_agent_setup
+    from streamrl.producers.agent_worker import AgentRolloutWorker, load_agent_setup, with_verl_configs
     from streamrl.producers.verl_agent_loop import chosen_loop, load_agent_loops
     from streamrl.producers.worker_loop import make_evaluator, worker_class
 
@@ -49,7 +61,8 @@ def recipe_code_problems(recipe: Recipe) -> list[str]:
             if getattr(worker, k)
         ]
         if known and issubclass(worker_class(recipe), AgentRolloutWorker):
-            load_agent_setup(worker.worker_config())
+            setup = load_agent_setup(worker.worker_config())
+            with_verl_configs(worker.worker_config(), setup.tools, setup.interaction_class)
             loops = load_agent_loops(worker.agent_loop_config_path) if worker.agent_loop_config_path else {}
             if worker.default_agent_loop:
                 chosen_loop(loops, {}, worker.default_agent_loop)

@@ -39,8 +39,7 @@ REGISTRY = """
   _target_: extensions.custom_rollouts.LongWorkflowAgent
   # optional custom args here
 """
-# the note's config block (its two config-file paths left out: verl's tool- and
-# interaction-config formats are not read; the agent config describes both)
+# the note's config block, its placeholders filled in
 CONFIG = """
 actor_rollout_ref:
   rollout:
@@ -48,6 +47,8 @@ actor_rollout_ref:
       enable: true
       max_assistant_turns: 15   # or higher
       max_user_turns: 15        # if you alternate user feedback
+      tool_config_path: "verl_tools.yaml"
+      interaction_config_path: "interaction.yaml"
       use_inference_chat_template: false  # keep reasoning tokens
     prompt_length: 2048        # make room for many turns
     response_length: 2048      # must fit tool responses + thinking
@@ -89,15 +90,18 @@ def test_the_notes_config_block_is_the_recipes_keys(tmp_path):
     (tmp_path / "recipe.yaml").write_text(CONFIG)
     (tmp_path / "extensions").mkdir()
     (tmp_path / "extensions" / "custom_rollouts.yaml").write_text(REGISTRY)
+    (tmp_path / "verl_tools.yaml").write_text(TOOL_CONFIG)
+    (tmp_path / "interaction.yaml").write_text(INTERACTION_CONFIG)
     worker = load_recipe(tmp_path / "recipe.yaml").rollout_worker
     assert (worker.type, worker.max_assistant_turns, worker.max_user_turns) == ("agent", 15, 15)
     assert (worker.max_prompt_length, worker.max_response_length) == (2048, 2048)
     assert (worker.default_agent_loop, worker.agent_loop_config_path) == ("long_workflow", "extensions/custom_rollouts.yaml")
-    (tmp_path / "tools.yaml").write_text(
-        CONFIG.replace("      enable: true", "      enable: true\n      tool_config_path: t.yaml")
+    assert (worker.tool_config_path, worker.interaction_config_path) == ("verl_tools.yaml", "interaction.yaml")
+    (tmp_path / "think.yaml").write_text(
+        CONFIG.replace("use_inference_chat_template: false", "use_inference_chat_template: true")
     )
-    with pytest.raises(RecipeError, match="verl's tool-config file is not read"):
-        load_recipe(tmp_path / "tools.yaml")
+    with pytest.raises(RecipeError, match="the model's turns are always the ids it sampled"):
+        load_recipe(tmp_path / "think.yaml")
 
 
 def test_the_agent_worker_runs_the_rows_loop_and_keeps_the_sampled_thinking(extensions, tmp_path, monkeypatch):
@@ -120,3 +124,88 @@ def test_the_agent_worker_runs_the_rows_loop_and_keeps_the_sampled_thinking(exte
     assert "agent loop 'nope' is not registered (registered: long_workflow)" in unknown.error
     with pytest.raises(AgentLoopConfigError, match="default_agent_loop: 'other' is not registered"):
         AgentRolloutWorker({**config, "default_agent_loop": "other"}, client, ExactMatchEvaluator(), lambda event: None)
+
+
+# a tool and an interaction in verl's shapes, as a verl user writes them (GSM8K-like)
+VERL_CLASSES = """
+from streamrl.api import BaseInteraction, BaseTool, ToolResponse
+
+EVENTS = []
+
+class AnswerTool(BaseTool):
+    async def create(self, instance_id=None, ground_truth=None, **kwargs):
+        self.truth = kwargs.get("create_kwargs", {}).get("ground_truth")
+        EVENTS.append(("create", self.truth))
+        return "i1", ToolResponse()
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        correct = str(parameters["answer"]) == self.truth
+        return ToolResponse(text="correct" if correct else "wrong"), 1.0 if correct else -0.1, {"checked": 1}
+
+    async def release(self, instance_id, **kwargs):
+        EVENTS.append(("release", instance_id))
+
+class Teacher(BaseInteraction):
+    async def start_interaction(self, instance_id=None, ground_truth=None, **kwargs):
+        self.truth = ground_truth
+        EVENTS.append(("start", self.name, ground_truth))
+        return "x1"
+
+    async def generate_response(self, instance_id, messages, **kwargs):
+        done = messages[-1]["content"].strip() == self.truth
+        return done, "Try again.", 1.0 if done else 0.0, {}
+
+    async def finalize_interaction(self, instance_id, **kwargs):
+        EVENTS.append(("finalize", instance_id))
+"""
+TOOL_CONFIG = """
+tools:
+  - class_name: verl_classes.AnswerTool
+    config: {type: native}
+    tool_schema:
+      type: function
+      function:
+        name: check_answer
+        description: Checks an answer.
+        parameters: {type: object, properties: {answer: {type: string}}, required: [answer]}
+"""
+INTERACTION_CONFIG = """
+interaction:
+  - name: teacher
+    class_name: verl_classes.Teacher
+    config: {}
+"""
+
+
+def test_verls_tools_and_interactions_run_with_the_rows_kwargs(tmp_path, monkeypatch):
+    (tmp_path / "verl_classes.py").write_text(VERL_CLASSES)
+    (tmp_path / "verl_tools.yaml").write_text(TOOL_CONFIG)
+    (tmp_path / "interaction.yaml").write_text(INTERACTION_CONFIG)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import verl_classes
+
+    config = {
+        "agent_config_path": write_agent_config(
+            tmp_path, limits={"max_assistant_turns": 6, "max_user_turns": 3, "max_total_tokens": 4000}
+        ),
+        "tool_config_path": str(tmp_path / "verl_tools.yaml"),
+        "interaction_config_path": str(tmp_path / "interaction.yaml"),
+        "max_response_length": 200,
+    }
+    call = [*char_ids('<tool_call>{"name": "check_answer", "arguments": {"answer": "41"}}</tool_call>'), IM_END]
+    wrong, right = [*char_ids("41"), IM_END], [*char_ids("42"), IM_END]
+    client = ScriptedClient([call, wrong, right])
+    worker = AgentRolloutWorker(config, client, ExactMatchEvaluator(), lambda event: None)
+    row = {
+        "tools_kwargs": {"check_answer": {"create_kwargs": {"ground_truth": "42"}}},
+        "extra_info": {"interaction_kwargs": {"name": "teacher", "ground_truth": "42"}},
+    }
+    trajectory, evaluation = worker.run_task(make_task(**row))
+    assert trajectory.error is None, trajectory.error
+    tool_step = next(step for step in trajectory.extra_fields["trace"] if step["type"] == "tool")
+    assert (tool_step["output"], tool_step["reward"], tool_step["metrics"]) == ("wrong", -0.1, {"checked": 1})
+    # per-turn scores: 0 for "41", 1 for "42", which ends the episode; the reward adds them
+    assert [t.reward for t in trajectory.turns if t.reward is not None] == [0.0, 1.0]
+    # the reward: the evaluator's (exact match of "42": 1) plus the per-turn scores (0 + 1)
+    assert trajectory.extra_fields["termination"] == "interaction_done" and evaluation.reward == 2.0
+    assert verl_classes.EVENTS == [("start", "teacher", "42"), ("create", "42"), ("release", "i1"), ("finalize", "x1")]
