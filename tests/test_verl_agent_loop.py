@@ -209,3 +209,50 @@ def test_verls_tools_and_interactions_run_with_the_rows_kwargs(tmp_path, monkeyp
     # the reward: the evaluator's (exact match of "42": 1) plus the per-turn scores (0 + 1)
     assert trajectory.extra_fields["termination"] == "interaction_done" and evaluation.reward == 2.0
     assert verl_classes.EVENTS == [("start", "teacher", "42"), ("create", "42"), ("release", "i1"), ("finalize", "x1")]
+
+
+def test_the_notes_loop_with_verls_interaction_records_turn_rewards_and_thinking_in_the_ledger(
+    stack, ledger, run_id, tmp_path, extensions, monkeypatch
+):
+    """The note's three listings together, the worker's records read back from the ledger:
+    the registered loop runs by default, the verl interaction's per-turn scores are the
+    turns' rewards, and the trained ids are the sampled ones, thinking included."""
+    import msgspec
+
+    from streamrl.runtime.bus import EventPublisher
+    from streamrl.runtime.topic_admin import create_run_topics
+    from tests.conftest import SinkThread, wait_for
+
+    (tmp_path / "verl_classes.py").write_text(VERL_CLASSES)
+    (tmp_path / "interaction.yaml").write_text(INTERACTION_CONFIG)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(extensions.parent))
+    config = {
+        "agent_config_path": write_agent_config(tmp_path, limits={"max_user_turns": 15, "max_total_tokens": 4000}),
+        "interaction_config_path": str(tmp_path / "interaction.yaml"),
+        "agent_loop_config_path": str(extensions / "custom_rollouts.yaml"),
+        "default_agent_loop": "long_workflow",
+        "max_response_length": 200,
+    }
+    thinking = [[*char_ids(f"<think>try {n}</think>4{n}"), IM_END] for n in (0, 1, 2)]
+    create_run_topics(stack, run_id)
+    with EventPublisher(stack) as publisher:
+        worker = AgentRolloutWorker(config, ScriptedClient(thinking), ExactMatchEvaluator(), publisher.publish)
+        row = {"extra_info": {"interaction_kwargs": {"name": "teacher", "ground_truth": "<think>try 2</think>42"}}}
+        trajectory, _ = worker.run_task(msgspec.structs.replace(make_task(run_id=run_id, **row), task_id="t-verl"))
+    assert trajectory.error is None, trajectory.error
+    with SinkThread(stack, run_id):
+        wait_for(
+            lambda: ledger.execute("select count(*) from trajectories where run_id = %s", (run_id,)).fetchone()[0] == 1,
+            60,
+            what="the trajectory in the ledger",
+        )
+    rewards = ledger.execute(
+        "select array_agg(reward order by turn_index) from trajectory_turns where run_id = %s and role = 'assistant'",
+        (run_id,),
+    ).fetchone()[0]
+    assert rewards == [0.0, 0.0, 1.0]  # the teacher's score of each turn
+    tokens, mask = ledger.execute(
+        "select streamrl_int32s(tokens), streamrl_uint8s(loss_mask) from trajectories where run_id = %s", (run_id,)
+    ).fetchone()
+    assert [t for t, m in zip(tokens, mask) if m] == [t for turn in thinking for t in turn]  # thinking kept
