@@ -154,6 +154,17 @@ def run_readonly(
     return QueryResult(columns, kept, stopped)
 
 
+# C0 controls but tab and newline, DEL and C1: a model's response in the ledger may hold
+# escape sequences (a window title, a clear screen, OSC 52's clipboard write)
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """`text` with its control characters written out (`\\x1b`), so that printing ledger
+    text to a terminal never drives the terminal."""
+    return CONTROL_CHARACTERS.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
+
+
 def plain_value(value):
     """A SQL result value as plain Python for printing or JSON: bytes as \\x hex,
     timestamps as ISO text, numerics as int when whole, else float."""

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from streamrl.runtime.db import connect
-from streamrl.runtime.sql import plain_value
+from streamrl.runtime.sql import plain_value, visible
 
 
 @dataclass
@@ -322,12 +322,12 @@ def print_failures(console: Console, database_url: str, run_id: str) -> None:
         failures = load_failures(conn, run_id)
     table = Table("kind", "count", title="failures")
     for kind, count in sorted(failures.counts.items(), key=lambda kv: -kv[1]):
-        table.add_row(Text(kind), f"{count:,}")
+        table.add_row(Text(visible(kind)), f"{count:,}")
     if not failures.counts:
         table.caption = "none"
     console.print(table)
     for line in first_errors_text(failures):
-        console.print(Text(line))
+        console.print(Text(visible(line)))
 
 
 def write_story(
@@ -340,16 +340,16 @@ def write_story(
     recorder = Console(record=True, width=max(width, 100))
     table = Table("setting", "value", title=f"run {run_id}: config")
     for key, value in config_highlights(config, parent):
-        table.add_row(Text(str(key)), Text(str(value)))  # ledger text is text, not markup
+        table.add_row(Text(visible(str(key))), Text(visible(str(value))))  # ledger text is text, not markup or controls
     recorder.print(table)
     recorder.print(summary_table(summary, summary.totals.get("first to last step (s)", 0.0)))
     for name, (columns, rows) in story_sections(database_url, run_id).items():
         section = Table(title=name)
         for column in columns:
-            section.add_column(Text(column))
+            section.add_column(Text(visible(column)))
         for row in rows:
             cells = [plain_value(v) for v in row]
-            section.add_row(*(Text("" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)) for v in cells))
+            section.add_row(*(Text("" if v is None else f"{v:.4g}" if isinstance(v, float) else visible(str(v))) for v in cells))
         if not rows:
             section.caption = "none"
         recorder.print(section)

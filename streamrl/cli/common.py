@@ -28,6 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from streamrl.runtime.sql import plain_value as plain
+from streamrl.runtime.sql import visible
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -288,15 +289,17 @@ def check_recipe_code(file: Path, recipe) -> None:
         raise RecipeError(file, problems)
 
 
+def cell_text(value) -> str:
+    return "" if value is None else visible(json.dumps(value) if isinstance(value, (dict, list)) else str(plain(value)))
+
+
 def print_table(columns: list[str], rows: list[tuple]) -> None:
     """Rows as a table; every cell is text, never markup (a model's response may hold
-    "[/bold]" or ":train:")."""
+    "[/bold]" or ":train:"), and its control characters are shown, not sent."""
     table = Table()
     for column in columns:
-        table.add_column(Text(str(column)))
+        table.add_column(Text(visible(str(column))))
     for row in rows:
-        table.add_row(
-            *(Text("" if v is None else (json.dumps(v) if isinstance(v, (dict, list)) else str(plain(v)))) for v in row)
-        )
+        table.add_row(*(Text(cell_text(v)) for v in row))
     console.print(table)
     console.print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", style="dim")

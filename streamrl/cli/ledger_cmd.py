@@ -25,6 +25,7 @@ from streamrl.cli.common import (
     print_table,
     readonly_url,
     settings,
+    visible,
 )
 
 
@@ -151,9 +152,11 @@ def sql(
     if as_csv:
         with readonly_rows(readonly_url(), text, params, timeout) as (columns, rows):
             writer = csv.writer(sys.stdout)
-            writer.writerow(columns)
+            shown = visible if sys.stdout.isatty() else (lambda text: text)  # a file gets the data as it is
+            writer.writerow([shown(str(c)) for c in columns])
             for row in rows:
-                writer.writerow([plain(v) for v in row])
+                values = [plain(v) for v in row]
+                writer.writerow([shown(v) if isinstance(v, str) else v for v in values])
         return
     result = run_readonly(readonly_url(), text, params, timeout, max_rows=max_rows, max_bytes=max_bytes)
     if result.stopped:
