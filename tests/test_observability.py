@@ -431,3 +431,10 @@ def test_in_a_real_browser_a_rebound_name_gets_nothing_and_the_filter_cannot_esc
     assert page.locator("#rollouts a[href*='/rollouts/']").count() == 0  # no trajectory rows
     assert "no trajectories match" in page.locator("#rollouts").inner_text()
     page.close()
+
+
+def test_a_step_that_is_not_a_number_is_said_beside_the_form_not_a_500(observed, ui_server):
+    url = f"{ui_server}/runs/{observed['run']}/rollouts?step=abc"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        body = response.read().decode()
+    assert response.status == 200 and "step: expected a step number, got &#39;abc&#39;" in body

@@ -178,12 +178,15 @@ def rollouts(
     found = ledger.run(run_id)
     if found is None:
         return not_found(request, f"run {run_id} is not in the ledger")
-    step_number = int(step) if step not in (None, "") else None
     error, rows = None, []
-    try:
-        rows = ledger.rollouts(run_id, step_number, group or None, where or None, after)
-    except (SqlFailed, SqlRefused) as exc:  # a bad filter is shown beside the form
-        error = str(exc)
+    step_number = int(step) if step and step.strip().isdigit() else None
+    if step not in (None, "") and step_number is None:  # said beside the form, as a bad filter is
+        error = f"step: expected a step number, got {step[:40]!r}"
+    else:
+        try:
+            rows = ledger.rollouts(run_id, step_number, group or None, where or None, after)
+        except (SqlFailed, SqlRefused) as exc:  # a bad filter is shown beside the form
+            error = str(exc)
     return page(
         request,
         "rollouts.html",
