@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -140,9 +141,14 @@ def schema_from_function(name: str, description: str | None, function: Callable[
     }
 
 
-def verl_tool(entry: dict, where: str) -> Tool:
+def verl_tool(entry: dict, where: str, base_dir: Path) -> Tool:
     """A tool in verl's shape: its class built with (config, tool_schema), called by
-    create, execute and release (producers/verl_tools.py)."""
+    create, execute and release (producers/verl_tools.py). `class_name` is a dotted path,
+    imported with the config's folder and its parent on sys.path (verl's `module.Class`
+    beside the file, or `package.module.Class` from the folder above)."""
+    for folder in (base_dir.resolve(), base_dir.resolve().parent):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
     unknown = set(entry) - {"class_name", "config", "tool_schema"}
     if unknown:
         raise ToolConfigError(f"{where}: unknown key(s) {sorted(unknown)} (a verl tool has class_name, config, tool_schema)")
@@ -172,7 +178,7 @@ class ToolRegistry:
             if not isinstance(entry, dict):
                 raise ToolConfigError(f"{where}: expected a mapping with callable and tool_schema")
             if "class_name" in entry:  # verl's form: class_name, config, tool_schema (a BaseTool)
-                tools.append(verl_tool(entry, where))
+                tools.append(verl_tool(entry, where, Path(base_dir)))
                 continue
             if "binding" in entry:  # the guide's form: name, binding, description
                 unknown = set(entry) - {"name", "binding", "description"}

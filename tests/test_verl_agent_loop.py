@@ -6,6 +6,7 @@ runs it with the model's turns kept as sampled (thinking included)."""
 
 from __future__ import annotations
 
+import sys
 import textwrap
 
 import pytest
@@ -181,8 +182,7 @@ def test_verls_tools_and_interactions_run_with_the_rows_kwargs(tmp_path, monkeyp
     (tmp_path / "verl_classes.py").write_text(VERL_CLASSES)
     (tmp_path / "verl_tools.yaml").write_text(TOOL_CONFIG)
     (tmp_path / "interaction.yaml").write_text(INTERACTION_CONFIG)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import verl_classes
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the configs put their folder on it: undone after
 
     config = {
         "agent_config_path": write_agent_config(
@@ -202,6 +202,8 @@ def test_verls_tools_and_interactions_run_with_the_rows_kwargs(tmp_path, monkeyp
     }
     trajectory, evaluation = worker.run_task(make_task(**row))
     assert trajectory.error is None, trajectory.error
+    import verl_classes  # imported by the configs, from their own folder
+
     tool_step = next(step for step in trajectory.extra_fields["trace"] if step["type"] == "tool")
     assert (tool_step["output"], tool_step["reward"], tool_step["metrics"]) == ("wrong", -0.1, {"checked": 1})
     # per-turn scores: 0 for "41", 1 for "42", which ends the episode; the reward adds them
