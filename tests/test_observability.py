@@ -438,3 +438,21 @@ def test_a_step_that_is_not_a_number_is_said_beside_the_form_not_a_500(observed,
     with urllib.request.urlopen(url, timeout=30) as response:
         body = response.read().decode()
     assert response.status == 200 and "step: expected a step number, got &#39;abc&#39;" in body
+
+
+def test_a_page_of_another_site_or_port_cannot_make_the_browser_query_the_ledger():
+    """A page elsewhere loads /sql?q=...pg_sleep... as an image and times it: the browser
+    marks such a request cross-site (another port: same-site), and it is refused before
+    any query runs. The user's own navigation and the browser's pages pass."""
+    from fastapi.testclient import TestClient
+
+    from streamrl.ui.app import make_app
+
+    client = TestClient(make_app("postgresql://nobody@127.0.0.1:1/none"), base_url="http://127.0.0.1:8765")
+    asset = "/static/plotly.min.js"
+    for site in ("cross-site", "same-site"):
+        refused = client.get("/sql?q=select+pg_sleep(1)", headers={"sec-fetch-site": site})
+        assert refused.status_code == 403 and "another site or port" in refused.text
+    for site in ("same-origin", "none"):
+        assert client.get(asset, headers={"sec-fetch-site": site}).status_code == 200
+    assert client.get(asset).status_code == 200  # curl and scripts send no such header

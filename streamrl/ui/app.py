@@ -52,8 +52,25 @@ def make_app(readonly_url: str, allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS,
     app.include_router(router)
     if token:
         app.add_middleware(TokenAuth, token=token)
+    app.add_middleware(SameOriginOnly)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
     return app
+
+
+class SameOriginOnly(BaseHTTPMiddleware):
+    """A browser says where a request comes from (`Sec-Fetch-Site`, a header no page can
+    set): a page of another origin (another site, or another port of this host) that
+    loads `/sql?q=...pg_sleep...` as an image to time it is refused before any query
+    runs. Navigation typed or bookmarked (`none`) and the browser's own pages
+    (`same-origin`) pass; clients that send no such header (curl, scripts) are not browsers."""
+
+    async def dispatch(self, request: Request, call_next):
+        site = request.headers.get("sec-fetch-site")
+        if site is not None and site not in ("same-origin", "none"):
+            return Response(
+                f"refused: a request from another site or port (Sec-Fetch-Site: {site})\n", 403, media_type="text/plain"
+            )
+        return await call_next(request)
 
 
 class TokenAuth(BaseHTTPMiddleware):
