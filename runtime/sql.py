@@ -3,8 +3,9 @@
 Four guards, strongest last: a friendly check of the statement's first keyword; the
 query is sent as a prepared statement (or a server-side cursor's DECLARE, itself
 prepared), which PostgreSQL refuses to build from more than one command; it runs in a
-READ ONLY transaction with a statement timeout, so even a write hidden in a CTE or an
-EXPLAIN ANALYZE cannot change the ledger; and the commands
+READ ONLY transaction with a statement timeout (and a watchdog outside the session that
+cancels it at the same limit, since a query may lift its own `statement_timeout`), so
+even a write hidden in a CTE or an EXPLAIN ANALYZE cannot change the ledger; and the commands
 connect as `streamrl_reader` (migration 0007: SELECT on the ledger and nothing else), so
 server files, other sessions and other roles are out of reach whatever the query does.
 
@@ -16,6 +17,7 @@ batch at a time, and the callers that hold a result stop at a row and a byte lim
 from __future__ import annotations
 
 import re
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -84,7 +86,7 @@ def readonly_rows(database_url: str, query: str, params: dict[str, Any] | None =
             "`streamrl db upgrade` creates the streamrl_reader role, or set "
             "STREAMRL_READONLY_DATABASE_URL"
         ) from None
-    with conn, conn.transaction(), _sql_errors(timeout_s):
+    with conn, conn.transaction(), _sql_errors(timeout_s), watchdog(conn, timeout_s):
         conn.execute("set transaction read only")
         conn.execute("select set_config('statement_timeout', %s, true)", (f"{int(timeout_s * 1000)}",))
         if keyword in CURSOR_KEYWORDS:
@@ -102,6 +104,20 @@ def readonly_rows(database_url: str, query: str, params: dict[str, Any] | None =
                 yield from batch
 
         yield columns, rows()
+
+
+@contextmanager
+def watchdog(conn: psycopg.Connection, timeout_s: float):
+    """Cancels the session's statement once `timeout_s` has passed since it began, from
+    outside the session: the statement timeout is a setting the query itself could lift
+    (`set_config('statement_timeout', '0', true)` in its first batch), this is not."""
+    timer = threading.Timer(timeout_s, conn.cancel_safe)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 @contextmanager
