@@ -7,7 +7,6 @@ runs it with the model's turns kept as sampled (thinking included)."""
 from __future__ import annotations
 
 import sys
-import textwrap
 
 import pytest
 
@@ -17,23 +16,12 @@ from streamrl.producers.evaluator import ExactMatchEvaluator
 from streamrl.producers.verl_agent_loop import AgentLoopConfigError, ToolAgentLoop, load_agent_loops, make_loop
 from streamrl.runtime.recipe import RecipeError, load_recipe
 from streamrl.schema.events import unpack_int32, unpack_mask
+from tests.conftest import REPO
 from tests.test_agent_loop import IM_END, ScriptedClient, char_ids, make_task, registry, write_agent_config
 
-# the note's skeleton, as printed; only its import line is StreamRL's
-SKELETON = """
-from streamrl.api import ToolAgentLoop, agent_state
-
-class LongWorkflowAgent(ToolAgentLoop):
-    async def _handle_generating_state(self, agent_data, sampling_params, ignore_termination=False):
-        # call super() then change stop rules / add logging
-        state = await super()._handle_generating_state(
-            agent_data, sampling_params, ignore_termination=True
-        )
-        # e.g., cap at 15 assistant turns
-        if agent_data.assistant_turns >= 15:
-            return agent_state.AgentState.TERMINATED
-        return state
-"""
+# the note's skeleton, as printed; only its import line is StreamRL's (the guide's listing,
+# checked against its text by tests/test_seed_listings.py)
+SKELETON = (REPO / "tests" / "seed_examples" / "listings" / "s004_01.py").read_text()
 # the note's registry file, as printed
 REGISTRY = """
 - name: long_workflow
@@ -65,7 +53,7 @@ def extensions(tmp_path):
     folder = tmp_path / "extensions"
     folder.mkdir()
     (folder / "__init__.py").write_text("")
-    (folder / "custom_rollouts.py").write_text(textwrap.dedent(SKELETON))
+    (folder / "custom_rollouts.py").write_text(SKELETON)
     (folder / "custom_rollouts.yaml").write_text(REGISTRY)
     return folder
 
