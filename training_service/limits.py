@@ -29,6 +29,7 @@ class ServiceLimits:
     max_tokens_per_request: int = 1_048_576  # all the data of one forward_backward
     max_sample_sequences: int = 128  # num_samples of one sample request
     max_sample_tokens: int = 262_144  # num_samples x (prompt + max_tokens) of one sample request
+    max_new_tokens: int = 16_384  # max_tokens of one sample request: one request holds the shared sampler
     max_models_per_key: int = 32  # training models an API key may create
     max_sessions_per_key: int = 1024  # sessions an API key may open
     max_pending_per_key: int = 256  # requests of one key accepted and not yet run

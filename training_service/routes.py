@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import tarfile
 import uuid
 from pathlib import Path
@@ -259,12 +260,41 @@ async def asample(request: Request, key_id: str = Depends(caller), service: Serv
         folder = json.loads(sampling_session(service, body.sampling_session_id, key_id)["payload"])["folder"]
     else:
         folder, _ = sampler_folder(service, body.model_path, body.base_model, key_id)
+    check_sampling_params(body, service.limits)
     check_sample_size(body, service.limits)
     service.admit(key_id)
     payload = {**json.loads(body.model_dump_json()), "folder": folder, "key_id": key_id}
     request_id = f"sample-{key_id}-{uuid.uuid4().hex}"  # the key in the id: its pending requests are counted
     service.store.accept(request_id, "sample", json.dumps(payload).encode())
     return service.future(request_id, sample_sequence_ids=[f"{request_id}:{i}" for i in range(body.num_samples)])
+
+
+MAX_STOP_ENTRIES, MAX_STOP_CHARS = 16, 256  # each stop string is searched for after every sampled token
+
+
+def check_sampling_params(body: types.SampleRequest, limits) -> None:
+    """Sampling parameters that would fail later as a server error, sample something other
+    than asked (max_tokens 0 sampled 64 tokens), or multiply the shared sampler's work:
+    a 400 naming the field, before the request is recorded."""
+    params, where = body.sampling_params, "SampleRequest.sampling_params"
+    problems = []
+    if body.num_samples < 1:
+        problems.append(f"SampleRequest.num_samples: at least 1, got {body.num_samples}")
+    if params.max_tokens is not None and not 1 <= params.max_tokens <= limits.max_new_tokens:
+        problems.append(f"{where}.max_tokens: from 1 to {limits.max_new_tokens} (max_new_tokens), got {params.max_tokens}")
+    if not (math.isfinite(params.temperature) and params.temperature >= 0):
+        problems.append(f"{where}.temperature: a number of at least 0, got {params.temperature}")
+    if not (math.isfinite(params.top_p) and 0 < params.top_p <= 1):
+        problems.append(f"{where}.top_p: in (0, 1], got {params.top_p}")
+    if params.top_k != -1 and params.top_k < 1:
+        problems.append(f"{where}.top_k: -1 (off) or at least 1, got {params.top_k}")
+    if params.seed is not None and params.seed < 0:
+        problems.append(f"{where}.seed: at least 0, got {params.seed}")
+    stops = [params.stop] if isinstance(params.stop, str) else list(params.stop or [])
+    if len(stops) > MAX_STOP_ENTRIES or any(isinstance(s, str) and len(s) > MAX_STOP_CHARS for s in stops):
+        problems.append(f"{where}.stop: at most {MAX_STOP_ENTRIES} entries of at most {MAX_STOP_CHARS} characters")
+    if problems:
+        raise HTTPException(400, "; ".join(problems))
 
 
 def check_sample_size(body: types.SampleRequest, limits) -> None:

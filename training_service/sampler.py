@@ -38,7 +38,7 @@ class Sampler:
         self, folder: str, prompt: list[int], num_samples: int, params: dict, prompt_logprobs: bool = False
     ) -> tuple[list[tuple[list[int], list[float], str]], list | None]:
         model, tokenizer = self._load(folder)
-        max_tokens = params.get("max_tokens") or 64
+        max_tokens = 64 if params.get("max_tokens") is None else int(params["max_tokens"])  # 0 is refused at the door
         temperature = float(params.get("temperature", 1.0))
         top_k, top_p = int(params.get("top_k", -1)), float(params.get("top_p", 1.0))
         stop = params.get("stop")

@@ -63,7 +63,7 @@ def serve_training(
         typer.Option(
             "--limit",
             help="A limit over its default, NAME=VALUE (repeat): max_body_bytes, max_decompressed_bytes, "
-            "max_tokens_per_datum, max_tokens_per_request, max_sample_sequences, max_sample_tokens, "
+            "max_tokens_per_datum, max_tokens_per_request, max_sample_sequences, max_sample_tokens, max_new_tokens, "
             "max_models_per_key, max_sessions_per_key, max_pending_per_key.",
             show_default=False,
         ),
