@@ -111,11 +111,17 @@ class ServiceStore:
             return [dict(r._mapping) for r in rows]
 
     def key_usage(self, key_id: str) -> dict[str, int]:
-        """What a key holds: its sessions, its models, and its requests accepted and not run
-        (its models' and its sample requests, `sample-KEY-...`)."""
+        """What a key holds now: its open sessions, their models, and its requests accepted
+        and not run (its models' and its sample requests, `sample-KEY-...`). A finished
+        session and its models no longer count: a limit bounds what is live, not what a
+        key ever made."""
         with self.engine.connect() as conn:
-            sessions = select(service_sessions.c.session_id).where(service_sessions.c.key_id == key_id)
+            sessions = select(service_sessions.c.session_id).where(
+                and_(service_sessions.c.key_id == key_id, service_sessions.c.status == "active")
+            )
+            every_session = select(service_sessions.c.session_id).where(service_sessions.c.key_id == key_id)
             models = select(service_models.c.model_id).where(service_models.c.session_id.in_(sessions))
+            every_model = select(service_models.c.model_id).where(service_models.c.session_id.in_(every_session))
             count = func.count()
             return {
                 "sessions": conn.execute(select(count).select_from(sessions.subquery())).scalar() or 0,
@@ -126,7 +132,8 @@ class ServiceStore:
                     .where(
                         and_(
                             service_requests.c.status == "pending",
-                            service_requests.c.model_id.in_(models) | service_requests.c.request_id.like(f"sample-{key_id}-%"),
+                            service_requests.c.model_id.in_(every_model)
+                            | service_requests.c.request_id.like(f"sample-{key_id}-%"),
                         )
                     )
                 ).scalar()
