@@ -26,7 +26,7 @@ from streamrl.learner.warmup import cross_entropy_warmup, demonstration_items, g
 from streamrl.learner.weight_broadcast import WeightBroadcaster
 from streamrl.runtime.chat_template import padding_id, recipe_renderer
 from streamrl.runtime.config import Recipe
-from streamrl.runtime.dataset import read_rows, validation_rows
+from streamrl.runtime.dataset import read_rows, training_rows, validation_rows
 from streamrl.runtime.lora import (
     AdapterDisabled,
     adapter_state_dict,
@@ -154,7 +154,7 @@ class Policy:
             rows = read_rows(data.data_files, data.type, (cfg.warmup_messages_key,))
             items = demonstration_items(rows, recipe_renderer(self.recipe, self.tokenizer), cfg.warmup_messages_key)
         else:
-            rows = read_rows(data.data_files, data.type, (data.prompt_key, data.answer_key))
+            rows = training_rows(data, (data.prompt_key, data.answer_key))
             items = supervised_items(rows, recipe_renderer(self.recipe, self.tokenizer), data.prompt_key, data.answer_key)
         target = cfg.warmup_until_accuracy
         done = (lambda: self.val_accuracy() >= target) if target is not None else None

@@ -131,7 +131,7 @@ class RemotePolicy:
 
         from streamrl.learner.warmup import demonstration_items, supervised_items
         from streamrl.runtime.chat_template import recipe_renderer
-        from streamrl.runtime.dataset import read_rows
+        from streamrl.runtime.dataset import read_rows, training_rows
 
         cfg, data = self.recipe.trainer, self.recipe.data
         if not cfg.warmup_cross_entropy_steps:
@@ -142,7 +142,7 @@ class RemotePolicy:
             rows = read_rows(data.data_files, data.type, (cfg.warmup_messages_key,))
             items = demonstration_items(rows, recipe_renderer(self.recipe, tokenizer), cfg.warmup_messages_key)
         else:
-            rows = read_rows(data.data_files, data.type, (data.prompt_key, data.answer_key))
+            rows = training_rows(data, (data.prompt_key, data.answer_key))
             items = supervised_items(rows, recipe_renderer(self.recipe, tokenizer), data.prompt_key, data.answer_key)
         rng = np.random.default_rng(cfg.seed)
         adam = self._adam(cfg.warmup_lr or cfg.lr)

@@ -53,7 +53,7 @@ from streamrl.producers.rollout import seed_key
 from streamrl.producers.worker_loop import make_evaluator
 from streamrl.runtime.chat_template import ChatRenderer, padding_id, recipe_renderer
 from streamrl.runtime.config import Recipe
-from streamrl.runtime.dataset import epoch_batches, read_rows, total_train_steps, validation_rows
+from streamrl.runtime.dataset import epoch_batches, total_train_steps, training_rows, validation_rows
 from streamrl.runtime.folders import directory_sha256
 from streamrl.runtime.recipe import prepare_recipe
 from streamrl.runtime.threads import learner_threads
@@ -100,7 +100,7 @@ def check_reproducible(recipe: Recipe) -> None:
 def warm_up(recipe: Recipe, model, tokenizer, renderer: ChatRenderer, val_rows: list[dict]) -> dict:
     """The learner's cross-entropy warm-up (learner/policy.py: Policy.warm_up), same calls."""
     cfg, data = recipe.trainer, recipe.data
-    rows = read_rows(data.data_files, data.type, (data.prompt_key, data.answer_key))
+    rows = training_rows(data, (data.prompt_key, data.answer_key))
     items = supervised_items(rows, renderer, data.prompt_key, data.answer_key)
     max_new = recipe.rollout_worker.max_response_length
 
@@ -186,7 +186,7 @@ def run(recipe: Recipe, steps: int | None = None, out: Path | None = None, on_st
     total = total_train_steps(recipe)
     steps = total if steps is None else min(steps, total)
     data, cfg = recipe.data, recipe.trainer
-    rows = read_rows(data.data_files, data.type, prompt_keys=(data.prompt_key,))
+    rows = training_rows(data, prompt_keys=(data.prompt_key,))
     batches = epoch_batches(rows, recipe.trajectory_pool.batch_size, data.shuffle, data.seed)
     out = out or Path("reference-weights")
     records = []
