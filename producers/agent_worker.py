@@ -132,12 +132,10 @@ def with_verl_configs(config: dict, tools: ToolRegistry, interaction_class) -> t
         return tools, {}
     if interaction_class is not None:
         raise AgentConfigError("rollout_worker.interaction_config_path: the agent config names an interaction too; give one")
-    for folder in (Path(interaction_path).resolve().parent, Path(interaction_path).resolve().parent.parent):
-        if str(folder) not in sys.path:  # class_name beside the file, or a package in the folder above
-            sys.path.insert(0, str(folder))
     try:
         document = yaml.safe_load(Path(interaction_path).read_text()) or {}
-        return tools, load_interactions(document.get("interaction") or [], f"{interaction_path}: interaction")
+        entries = document.get("interaction") or []
+        return tools, load_interactions(entries, f"{interaction_path}: interaction", Path(interaction_path).parent)
     except (OSError, yaml.YAMLError, ValueError, AttributeError) as exc:
         raise AgentConfigError(f"rollout_worker.interaction_config_path: {exc}") from None
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -146,9 +145,6 @@ def verl_tool(entry: dict, where: str, base_dir: Path) -> Tool:
     create, execute and release (producers/verl_tools.py). `class_name` is a dotted path,
     imported with the config's folder and its parent on sys.path (verl's `module.Class`
     beside the file, or `package.module.Class` from the folder above)."""
-    for folder in (base_dir.resolve(), base_dir.resolve().parent):
-        if str(folder) not in sys.path:
-            sys.path.insert(0, str(folder))
     unknown = set(entry) - {"class_name", "config", "tool_schema"}
     if unknown:
         raise ToolConfigError(f"{where}: unknown key(s) {sorted(unknown)} (a verl tool has class_name, config, tool_schema)")
@@ -156,7 +152,7 @@ def verl_tool(entry: dict, where: str, base_dir: Path) -> Tool:
     if not isinstance(schema, dict) or not (schema.get("function") or {}).get("name"):
         raise ToolConfigError(f"{where}.tool_schema.function.name: required")
     try:
-        cls = load_object(entry["class_name"], where)
+        cls = load_object(entry["class_name"], f"{where}.class_name", base_dir)
         instance = cls(dict(entry.get("config") or {}), schema)
     except Exception as exc:  # an import error, a constructor that refuses its config
         raise ToolConfigError(f"{where}: {exc}") from None

@@ -15,8 +15,6 @@ Written from verl's documented interfaces.
 from __future__ import annotations
 
 import asyncio
-import importlib
-import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from typing import Any
 import yaml
 
 from streamrl.producers.agent_loop import AgentData, AgentLoop, AgentState, Episode
+from streamrl.producers.verl_tools import load_object
 
 # verl's module of that name (`agent_state.AgentState.TERMINATED` in the note's skeleton)
 agent_state = types.SimpleNamespace(AgentState=AgentState)
@@ -88,19 +87,15 @@ def load_agent_loops(path: str | Path) -> dict[str, tuple[type[AgentLoop], dict[
         raise AgentLoopConfigError(f"{path}: {exc}") from None
     if not isinstance(entries, list):
         raise AgentLoopConfigError(f"{path}: expected a list of {{name, _target_}} entries")
-    for folder in (path.parent.resolve(), path.parent.resolve().parent):  # `module` or `package.module` beside it
-        if str(folder) not in sys.path:
-            sys.path.insert(0, str(folder))
     loops = {}
     for index, entry in enumerate(entries):
         where = f"{path} [{index}]"
         if not isinstance(entry, dict) or not entry.get("name") or not entry.get("_target_"):
             raise AgentLoopConfigError(f"{where}: each entry needs a name and a _target_ (module.Class)")
-        module_name, _, class_name = str(entry["_target_"]).rpartition(".")
         try:
-            cls = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise AgentLoopConfigError(f"{where}: _target_ {entry['_target_']!r} does not load: {exc}") from None
+            cls = load_object(entry["_target_"], f"{where}: _target_", path.parent)
+        except ValueError as exc:
+            raise AgentLoopConfigError(str(exc)) from None
         if not (isinstance(cls, type) and issubclass(cls, AgentLoop)):
             raise AgentLoopConfigError(f"{where}: {entry['_target_']} is not an AgentLoop (e.g. a ToolAgentLoop subclass)")
         loops[str(entry["name"])] = (cls, {k: v for k, v in entry.items() if k not in ("name", "_target_")})

@@ -22,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import importlib
+import sys
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from streamrl.producers.interaction import Interaction, InteractionReply
@@ -85,12 +87,18 @@ def run_coroutine(coroutine):
         return pool.submit(asyncio.run, coroutine).result()
 
 
-def load_object(class_name: str, where: str):
-    module_name, _, name = str(class_name).rpartition(".")
+def load_object(dotted: str, where: str, beside: Path | None = None):
+    """`module.Name` (verl's `class_name` / `_target_`), imported with the folder of the
+    config that names it and that folder's parent on sys.path (`module` beside the file,
+    or `package.module` from the folder above); ValueError naming `where` otherwise."""
+    for folder in (beside.resolve(), beside.resolve().parent) if beside is not None else ():
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+    module_name, _, name = str(dotted).rpartition(".")
     try:
         return getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise ValueError(f"{where}.class_name: {class_name!r} does not load: {exc}") from None
+        raise ValueError(f"{where}: {dotted!r} does not load: {exc}") from None
 
 
 def row_kwargs(task: dict | None, key: str) -> dict:
@@ -161,14 +169,14 @@ class VerlInteraction(Interaction):
             run_coroutine(self.chosen.finalize_interaction(self.instance_id))
 
 
-def load_interactions(entries: list, where: str) -> dict[str, BaseInteraction]:
+def load_interactions(entries: list, where: str, beside: Path | None = None) -> dict[str, BaseInteraction]:
     """verl's interaction config: `[{name, class_name, config}]`, as {name: instance}."""
     found = {}
     for index, entry in enumerate(entries or []):
         spot = f"{where}[{index}]"
         if not isinstance(entry, dict) or not entry.get("class_name"):
             raise ValueError(f"{spot}: each interaction needs a class_name (module.Class)")
-        cls = load_object(entry["class_name"], spot)
+        cls = load_object(entry["class_name"], f"{spot}.class_name", beside)
         config = {**(entry.get("config") or {}), "name": entry.get("name") or (entry.get("config") or {}).get("name")}
         instance = cls({k: v for k, v in config.items() if v is not None})
         found[instance.name] = instance

@@ -82,9 +82,9 @@ def _trackers(value: Any) -> list:
     return [n for n in names if n != "console"]  # the console always prints
 
 
-_trackers.note = "console is always on; wandb, tensorboard, mlflow"  # type: ignore[attr-defined]
-_packing.note = "true → auto, false → padded"  # type: ignore[attr-defined]
-_files.note = "a file or a list"  # type: ignore[attr-defined]
+_noted("console is always on; wandb, tensorboard, mlflow", _trackers)
+_noted("true → auto, false → padded", _packing)
+_noted("a file or a list", _files)
 
 
 def _positive_freq(key: str) -> Callable[[Any], Any]:
@@ -165,7 +165,7 @@ VERL_KEYS: dict[str, VerlKey] = {
     ROLLOUT + "response_length": VerlKey(("rollout_worker.max_response_length",)),
     ROLLOUT + "gpu_memory_utilization": VerlKey(("service.inference_service.server_args.mem-fraction-static",)),
     ROLLOUT + "tensor_model_parallel_size": VerlKey(("service.inference_service.server_args.tp-size",)),
-    ROLLOUT + "multi_turn.enable": VerlKey(("rollout_worker.type",), _noted("true → agent", lambda on: _agent(on))),
+    ROLLOUT + "multi_turn.enable": VerlKey(("rollout_worker.type",), _noted("true → agent", _agent)),
     ROLLOUT + "multi_turn.max_assistant_turns": VerlKey(("rollout_worker.max_assistant_turns",)),
     ROLLOUT + "multi_turn.max_user_turns": VerlKey(("rollout_worker.max_user_turns",)),
     ROLLOUT + "multi_turn.use_inference_chat_template": VerlKey(
