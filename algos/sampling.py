@@ -108,9 +108,11 @@ def decode(
     stop_text: Callable[[list[int]], bool] | None = None,
     pad_id: int = 0,
     generator: Generators = None,
+    each_step: Callable[[], None] | None = None,
 ) -> list[Decoded]:
     """Sample up to `max_new_tokens` after each prompt. A row stops after a token of
-    `stop_ids` (kept in its output) or when `stop_text(tokens)` says so.
+    `stop_ids` (kept in its output) or when `stop_text(tokens)` says so. `each_step` is
+    called before every token (a caller's time bound raises there).
 
     The KV cache and the attention mask are allocated once for the whole answer (a
     static cache): a growing cache re-copies every layer's keys and values at each token,
@@ -128,6 +130,8 @@ def decode(
     finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     cache, step_ids, filled = static_cache(model, width + max_new_tokens), input_ids, width
     for _ in range(max_new_tokens):
+        if each_step is not None:
+            each_step()
         out = model(
             input_ids=step_ids,
             attention_mask=attention[:, :filled],

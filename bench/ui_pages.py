@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
+import socket
 import statistics
 import subprocess
 import sys
@@ -29,7 +31,16 @@ from streamrl.runtime.db import connect
 PER_STEP = 256
 GROUP = 8
 TOKENS = 64
-PORT = 18799
+TOKEN = secrets.token_urlsafe(16)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+PORT = free_port()
 
 
 def fill(url: str, run_id: str, count: int) -> None:
@@ -157,7 +168,8 @@ def fetch_ms(path: str) -> float:
     times = []
     for _ in range(5):
         started = time.perf_counter()
-        with urllib.request.urlopen(f"http://127.0.0.1:{PORT}{path}", timeout=120) as reply:
+        request = urllib.request.Request(f"http://127.0.0.1:{PORT}{path}", headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=120) as reply:
             reply.read()
         times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times)
@@ -194,7 +206,7 @@ def main() -> None:
             f"{time.perf_counter() - started:.0f} s",
             flush=True,
         )
-        env = {**os.environ, "STREAMRL_DATABASE_URL": fresh.database_url}
+        env = {**os.environ, "STREAMRL_DATABASE_URL": fresh.database_url, "STREAMRL_UI_TOKEN": TOKEN}
         server = subprocess.Popen(
             [sys.executable, "-m", "streamrl.cli", "ui", "--port", str(PORT)],
             env=env,

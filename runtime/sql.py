@@ -4,13 +4,16 @@ Four guards, strongest last: a friendly check of the statement's first keyword; 
 query is sent as a prepared statement (or a server-side cursor's DECLARE, itself
 prepared), which PostgreSQL refuses to build from more than one command; it runs in a
 READ ONLY transaction with a statement timeout (and a watchdog outside the session that
-cancels it at the same limit, since a query may lift its own `statement_timeout`), so
-even a write hidden in a CTE or an EXPLAIN ANALYZE cannot change the ledger; and the commands
-connect as `streamrl_reader` (migration 0007: SELECT on the ledger and nothing else), so
-server files, other sessions and other roles are out of reach whatever the query does.
+cancels it at the same limit, for a server where the reader may still call `set_config`),
+so even a write hidden in a CTE or an EXPLAIN ANALYZE cannot change the ledger; and the
+commands connect as `streamrl_reader` (migrations 0007, 0013, 0014, 0017: SELECT on the
+ledger and nothing else; no `set_config`, no signals to other sessions, temporary files
+capped), so server files, other sessions and other roles are out of reach whatever the
+query does.
 
-Memory is bounded too: a SELECT-like statement's rows come from a server-side cursor a
-batch at a time, and the callers that hold a result stop at a row and a byte limit
+Memory is bounded too: a SELECT-like statement's rows come from a server-side cursor in
+batches of about 8 MiB, values can be cut by the server before they are sent
+(`max_value_chars`), and the callers that hold a result stop at a row and a byte limit
 (`run_readonly`) or stream it (`readonly_rows`).
 """
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -50,7 +54,6 @@ class QueryResult:
 # Statements a server-side cursor can hold: their rows are fetched a batch at a time, so
 # a huge result never sits in this process's memory at once.
 CURSOR_KEYWORDS = {"select", "with", "values", "table"}
-FETCH_BATCH = 1000
 
 
 def first_keyword(query: str) -> str:
@@ -73,10 +76,20 @@ def check_read_only(query: str) -> str:
 
 
 @contextmanager
-def readonly_rows(database_url: str, query: str, params: dict[str, Any] | None = None, timeout_s: float = 30.0):
+def readonly_rows(
+    database_url: str,
+    query: str,
+    params: dict[str, Any] | None = None,
+    timeout_s: float = 30.0,
+    max_value_chars: int | None = None,
+):
     """(columns, an iterator of rows) of one read-only statement, in a READ ONLY
-    transaction with a statement timeout; a SELECT-like statement's rows come from a
-    server-side cursor, a batch at a time. Problems become SqlRefused / SqlFailed."""
+    transaction; a SELECT-like statement's rows come from a server-side cursor, in
+    batches sized to about `FETCH_BYTES`. The whole read ends at `timeout_s`: the
+    statement timeout, a watchdog outside the session and a deadline between batches.
+    With `max_value_chars`, every value of a SELECT-like result comes as text cut by the
+    server to one character more than that (so a caller sees what was cut), and no
+    value larger ever reaches this process. Problems become SqlRefused / SqlFailed."""
     keyword = check_read_only(query)
     try:
         conn = connect(database_url)
@@ -86,24 +99,53 @@ def readonly_rows(database_url: str, query: str, params: dict[str, Any] | None =
             "`streamrl db upgrade` creates the streamrl_reader role, or set "
             "STREAMRL_READONLY_DATABASE_URL"
         ) from None
+    deadline = time.monotonic() + timeout_s
     with conn, conn.transaction(), _sql_errors(timeout_s), watchdog(conn, timeout_s):
         conn.execute("set transaction read only")
-        conn.execute("select set_config('statement_timeout', %s, true)", (f"{int(timeout_s * 1000)}",))
+        conn.execute(f"set local statement_timeout = {int(timeout_s * 1000)}")
         if keyword in CURSOR_KEYWORDS:
             # DECLARE goes as a prepared statement too: more than one command is refused
             cur: psycopg.Cursor[Any] | psycopg.ServerCursor[Any] = conn.cursor(name="streamrl_sql")
             cur.execute(query, params or None)
+            columns = [d.name for d in cur.description] if cur.description else []
+            if max_value_chars is not None and columns:
+                cur.close()
+                cur = conn.cursor(name="streamrl_sql_text")
+                cur.execute(values_as_text(query, len(columns), max_value_chars + 1), params or None)
         else:
             cur = conn.execute(query, params or None, prepare=True)
-        columns = [d.name for d in cur.description] if cur.description else []
+            columns = [d.name for d in cur.description] if cur.description else []
+        yield columns, batches(cur, deadline, timeout_s)
 
-        def rows():
-            if not cur.description:
-                return
-            while batch := cur.fetchmany(FETCH_BATCH):
-                yield from batch
 
-        yield columns, rows()
+FETCH_BYTES = 8 * 2**20  # what one batch of rows holds, roughly
+MAX_TEXT_COLUMNS = 256
+
+
+def values_as_text(query: str, width: int, cut: int) -> str:
+    """`query`'s result with each value as text of at most `cut` characters, cut by
+    PostgreSQL (a subquery in FROM keeps its rows' order when nothing above reorders them)."""
+    if width > MAX_TEXT_COLUMNS:
+        raise SqlRefused(f"the result has {width} columns; at most {MAX_TEXT_COLUMNS} are shown here")
+    names = [f"c{i}" for i in range(width)]
+    shown = ", ".join(f"left({name}::text, {cut})" for name in names)
+    return f"select {shown} from (\n{query}\n) as streamrl_query({', '.join(names)})"
+
+
+def batches(cur, deadline: float, timeout_s: float):
+    """The cursor's rows, fetched in batches of about FETCH_BYTES (one row first, then as
+    many as the largest row so far allows), until the deadline."""
+    if not cur.description:
+        return
+    size, largest = 1, 1
+    while batch := (cur.fetchmany(size) if isinstance(cur, psycopg.ServerCursor) else cur.fetchall()):
+        if time.monotonic() > deadline:
+            raise SqlFailed(f"statement timed out after {timeout_s:g} s (--timeout)")
+        yield from batch
+        largest = max(largest, *(row_bytes(row) for row in batch))
+        size = max(1, min(1000, FETCH_BYTES // largest))
+        if not isinstance(cur, psycopg.ServerCursor):
+            return
 
 
 @contextmanager
@@ -152,12 +194,14 @@ def run_readonly(
     timeout_s: float = 30.0,
     max_rows: int | None = None,
     max_bytes: int | None = None,
+    max_value_chars: int | None = None,
 ) -> QueryResult:
     """One read-only statement's result, held in memory: at most `max_rows` rows and
-    about `max_bytes` bytes of them (`stopped` says which limit ended it)."""
+    about `max_bytes` bytes of them (`stopped` says which limit ended it); with
+    `max_value_chars`, values as text, a longer one cut and marked (`cut_value`)."""
     kept: list[tuple[Any, ...]] = []
     size, stopped = 0, None
-    with readonly_rows(database_url, query, params, timeout_s) as (columns, rows):
+    with readonly_rows(database_url, query, params, timeout_s, max_value_chars) as (columns, rows):
         for row in rows:
             if max_rows is not None and len(kept) >= max_rows:
                 stopped = f"the first {max_rows:,} rows"
@@ -166,8 +210,15 @@ def run_readonly(
             if max_bytes is not None and size > max_bytes:
                 stopped = f"the first {len(kept):,} rows (about {max_bytes:,} bytes)"
                 break
-            kept.append(row)
+            kept.append(row if max_value_chars is None else tuple(cut_value(v, max_value_chars) for v in row))
     return QueryResult(columns, kept, stopped)
+
+
+def cut_value(value: str | None, max_chars: int) -> str | None:
+    """A text value of at most `max_chars` characters, saying where it was cut."""
+    if value is None or len(value) <= max_chars:
+        return value
+    return value[:max_chars] + f" … (cut at {max_chars:,} characters)"
 
 
 # C0 controls but tab and newline, DEL and C1: a model's response in the ledger may hold

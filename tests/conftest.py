@@ -288,6 +288,7 @@ SERVICE_MODULES = {
     "test_quiet_logs",
     "test_weight_broadcast",
     "test_sglang_adapters",
+    "test_adversarial_readers",
 }
 
 

@@ -13,11 +13,16 @@ refuses a write and downloads CSV. Screenshots of each page go to test-artifacts
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import http.server
 import os
+import secrets
 import shutil
+import socketserver
 import subprocess
 import sys
+import threading
 import urllib.request
 import uuid
 
@@ -33,6 +38,7 @@ from tests.test_rl_loop import RECIPE, small_run_env
 ARTIFACTS = REPO / "test-artifacts" / "ui"
 UI_PORT = free_port()
 UI = f"http://127.0.0.1:{UI_PORT}"
+UI_TOKEN = secrets.token_urlsafe(16)
 
 
 def test_a_train_step_and_a_validation_become_these_numbers():
@@ -177,8 +183,24 @@ def browser():
         chromium = playwright.chromium.launch(
             executable_path=executable, headless=True, args=["--no-sandbox", "--host-resolver-rules=MAP evil.example 127.0.0.1"]
         )
-        yield chromium
+        yield TokenHolder(chromium)
         chromium.close()
+
+
+class TokenHolder:
+    """The browser of a user who opened the URL `streamrl ui` printed: each new page has
+    the token's cookie (the login flow itself is tested on its own)."""
+
+    def __init__(self, chromium):
+        self.chromium = chromium
+
+    def new_page(self, **options):
+        context = self.chromium.new_context(**options)
+        context.add_cookies([{"name": f"streamrl_ui_token_{UI_PORT}", "value": UI_TOKEN, "url": UI}])
+        return context.new_page()
+
+    def new_stranger_page(self):
+        return self.chromium.new_page()
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +209,7 @@ def ui_server(stack, tmp_path_factory):
     server = subprocess.Popen(
         [sys.executable, "-m", "streamrl.cli", "ui", "--port", str(UI_PORT)],
         cwd=REPO,
+        env={**os.environ, "STREAMRL_UI_TOKEN": UI_TOKEN},
         stdout=open(log, "wb"),
         stderr=subprocess.STDOUT,
     )
@@ -194,7 +217,7 @@ def ui_server(stack, tmp_path_factory):
     def answers() -> bool:
         assert server.poll() is None, log.read_text()
         try:
-            return urllib.request.urlopen(UI + "/", timeout=2).status == 200
+            return urllib.request.urlopen(f"{UI}/?token={UI_TOKEN}", timeout=2).status == 200
         except OSError:
             return False
 
@@ -434,7 +457,7 @@ def test_in_a_real_browser_a_rebound_name_gets_nothing_and_the_filter_cannot_esc
 
 
 def test_a_step_that_is_not_a_number_is_said_beside_the_form_not_a_500(observed, ui_server):
-    url = f"{ui_server}/runs/{observed['run']}/rollouts?step=abc"
+    url = f"{ui_server}/runs/{observed['run']}/rollouts?step=abc&token={UI_TOKEN}"
     with urllib.request.urlopen(url, timeout=30) as response:
         body = response.read().decode()
     assert response.status == 200 and "step: expected a step number, got &#39;abc&#39;" in body
@@ -456,3 +479,38 @@ def test_a_page_of_another_site_or_port_cannot_make_the_browser_query_the_ledger
     for site in ("same-origin", "none"):
         assert client.get(asset, headers={"sec-fetch-site": site}).status_code == 200
     assert client.get(asset).status_code == 200  # curl and scripts send no such header
+
+
+def test_in_a_real_browser_the_token_logs_in_once_and_another_ports_page_cannot_use_it(ui_server, browser):
+    """The printed URL's token becomes a cookie; a page served from another port of the
+    same host (same-site, so the browser sends the cookie with its requests) loads
+    `/sql?q=...pg_sleep...` as an image to time it, and is refused before any query runs."""
+    stranger = browser.new_stranger_page()
+    assert stranger.goto(f"{UI}/sql").status == 401
+    assert stranger.goto(f"{UI}/?token={UI_TOKEN}").status == 200
+    assert stranger.goto(f"{UI}/sql?q=select%201").status == 200  # the cookie, no token in the URL
+    probe = f"{UI}/sql?q=select%20pg_sleep(0.6)"
+    with serving(f'<img src="{probe}">') as attacker, stranger.expect_response(probe) as answer:
+        stranger.goto(attacker)
+    assert answer.value.status == 403
+    stranger.close()
+
+
+@contextlib.contextmanager
+def serving(html: str):
+    """A page on another port of this host, as any local program could serve one."""
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.end_headers()
+            self.wfile.write(html.encode())
+
+        def log_message(self, *args):
+            pass
+
+    with socketserver.TCPServer(("127.0.0.1", 0), Page) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+        server.shutdown()

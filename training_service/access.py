@@ -1,12 +1,14 @@
 """Who is calling the training service, and what they may touch: the API key behind a
-request (re-checked every few seconds, so a revoked key stops working), the sessions
-and models it owns, and request bodies parsed into the client's own types."""
+request (looked up on every request, so a revoked key stops working at once), the
+sessions and models it owns, and request bodies parsed into the client's own types."""
 
 from __future__ import annotations
 
-import time
+from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import anyio
 import pydantic
 from fastapi import Header, HTTPException, Request
 
@@ -14,31 +16,38 @@ from streamrl.training_service.executor import Executor
 from streamrl.training_service.limits import ServiceLimits
 from streamrl.training_service.store import ServiceStore
 
-KEY_RECHECK_S = 5.0
+OWNERS_KEPT = 4096  # sessions whose owner is remembered (the most recently asked)
+DECODERS = 2  # uploads decompressed and parsed at once (each on a thread)
+MAX_ID_CHARS = 200  # a session, model or request id longer than this names nothing here
 
 
 @dataclass
 class Access:
     store: ServiceStore
-    known_keys: dict[str, tuple[str, float]] = field(default_factory=dict)  # key -> (key id, when checked)
-    owners: dict[str, str | None] = field(default_factory=dict)  # session -> its key id (never changes)
+    owners: OrderedDict[str, str] = field(default_factory=OrderedDict)  # session -> its key id (never changes)
 
     def key_id(self, api_key: str | None) -> str:
         if not api_key:
             raise HTTPException(401, "an API key is required (X-API-Key; `streamrl training-key create NAME`)")
-        known = self.known_keys.get(api_key)
-        if known is None or time.monotonic() - known[1] > KEY_RECHECK_S:
-            key_id = self.store.key_id_for(api_key)
-            if key_id is None:
-                self.known_keys.pop(api_key, None)
-                raise HTTPException(401, "the API key is not valid")
-            known = self.known_keys[api_key] = (key_id, time.monotonic())
-        return known[0]
+        key_id = self.store.key_id_for(api_key)
+        if key_id is None:
+            raise HTTPException(401, "the API key is not valid")
+        return key_id
 
     def owner(self, session_id: str) -> str | None:
-        if session_id not in self.owners:
-            self.owners[session_id] = self.store.session_key(session_id)
-        return self.owners[session_id]
+        """The session's key id, or None for a session that does not exist; only existing
+        sessions are remembered, and only the last OWNERS_KEPT (unknown ids cost nothing)."""
+        if len(session_id) > MAX_ID_CHARS:
+            return None
+        if session_id in self.owners:
+            self.owners.move_to_end(session_id)
+            return self.owners[session_id]
+        key_id = self.store.session_key(session_id)
+        if key_id is not None:
+            self.owners[session_id] = key_id
+            while len(self.owners) > OWNERS_KEPT:
+                self.owners.popitem(last=False)
+        return key_id
 
     def own_session(self, session_id: str, key_id: str) -> None:
         if self.owner(session_id) != key_id:
@@ -67,6 +76,15 @@ class Service:
     executor: Executor
     access: Access
     limits: ServiceLimits = field(default_factory=ServiceLimits)
+    polls: dict[str, int] = field(default_factory=dict)  # key id -> its long-polls open now
+    decoding: anyio.CapacityLimiter | None = None
+
+    def decoders(self) -> anyio.CapacityLimiter:
+        """The threads that decompress and parse uploads: DECODERS, made on first use (an
+        anyio limiter belongs to the running event loop)."""
+        if self.decoding is None:
+            self.decoding = anyio.CapacityLimiter(DECODERS)
+        return self.decoding
 
     def admit(self, key_id: str, new: str = "request") -> None:
         """429 when `key_id` is at its limit of `new` things (a session, a model, or a
@@ -84,6 +102,25 @@ class Service:
                 f"this API key has {usage['pending']} requests waiting to run: the service's "
                 f"max_pending_per_key is {self.limits.max_pending_per_key}; retry once they finish",
             )
+
+    @contextmanager
+    def long_poll(self, key_id: str):
+        """One of the key's open long-polls (a future's wait), or 429 past
+        max_polls_per_key: what a key may hold open is bounded by what it has live."""
+        open_polls = self.polls.get(key_id, 0)
+        if open_polls >= self.limits.max_polls_per_key:
+            raise HTTPException(
+                429,
+                f"this API key has {open_polls} futures waiting: the service's max_polls_per_key "
+                f"is {self.limits.max_polls_per_key}",
+            )
+        self.polls[key_id] = open_polls + 1
+        try:
+            yield
+        finally:
+            self.polls[key_id] -= 1
+            if not self.polls[key_id]:
+                del self.polls[key_id]
 
     def future(self, request_id: str, model_id: str | None = None, **extra) -> dict:
         """The API's answer to an accepted request; the executor is woken to run it."""

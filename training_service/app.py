@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from streamrl.training_service.access import Access, Service
 from streamrl.training_service.executor import Executor
 from streamrl.training_service.limits import BodyLimit, ServiceLimits
-from streamrl.training_service.routes import router, streamrl_router
+from streamrl.training_service.routes import BODY_SCHEMAS, router, streamrl_router
 from streamrl.training_service.store import ServiceStore
 from streamrl.training_service.wire import WireError
 
@@ -33,6 +33,14 @@ def build_app(store: ServiceStore, executor: Executor, limits: ServiceLimits | N
     app.add_exception_handler(sqlalchemy.exc.DataError, unstorable)  # the store's, wrapping psycopg's
     app.include_router(router)
     app.include_router(streamrl_router)
+    generated = app.openapi
+
+    def openapi_with_bodies() -> dict:
+        document = generated()  # built once, then cached by FastAPI
+        document.setdefault("components", {}).setdefault("schemas", {}).update(BODY_SCHEMAS)
+        return document
+
+    app.openapi = openapi_with_bodies  # type: ignore[method-assign]
     return app
 
 

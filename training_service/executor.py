@@ -12,11 +12,15 @@ step is applied exactly once, whenever the service is killed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import re
 import shutil
 import threading
+import time
 import traceback
+from collections import OrderedDict
 from pathlib import Path
 
 import torch
@@ -33,6 +37,8 @@ from streamrl.training_service.wire import (
 )
 
 log = logging.getLogger("streamrl.serve_training")
+OPEN_CHECK_S = 1.0
+FINISHED_KEPT = 10_000
 TRAINING_KINDS = ("create_model", "load_weights", "forward_backward", "optim_step", "save_weights", "save_weights_for_sampler")
 
 
@@ -47,20 +53,35 @@ def interleaved_by_key(rows: list[dict]) -> list[dict]:
     return ordered
 
 
+# an absolute path: a slash that follows no word character, colon, dot or slash (so
+# `tinker://model/weights/name`, `a/b` and `1/2` stay as they are)
+ABSOLUTE_PATH = re.compile(r"(?<![\w:/.])/[^\s'\"(),;]+")
+
+
+def without_paths(text: str) -> str:
+    """An error for a client: the server's own paths (its folders, its models' files)
+    are not the caller's to know; the service's log keeps the whole text."""
+    return ABSOLUTE_PATH.sub("<server path>", text)
+
+
 def folder_name(model_id: str) -> str:
     return model_id.replace(":", "_").replace("/", "_")
 
 
 class Executor:
-    def __init__(self, store: ServiceStore, root: Path, base_models: dict[str, str], device: torch.device):
+    def __init__(
+        self, store: ServiceStore, root: Path, base_models: dict[str, str], device: torch.device, max_sample_seconds: int = 600
+    ):
         self.store, self.root, self.base_models, self.device = store, root, base_models, device
         self.models: dict[str, TrainableModel] = {}
         self.next_seq: dict[str, int] = {}
-        self.sampler = Sampler(device)
+        self.sampler = Sampler(device, max_seconds=max_sample_seconds)
         self.wake, self.sample_wake, self.stop = threading.Event(), threading.Event(), threading.Event()
-        self.finished = threading.Condition()
-        self.finished_ids: set[str] = set()
+        self.finished = threading.Lock()
+        self.finished_ids: OrderedDict[str, None] = OrderedDict()  # the last FINISHED_KEPT, for a late waiter
+        self.waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self.threads: list[threading.Thread] = []
+        self.checked_open = 0.0
 
     # --- life ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -100,6 +121,20 @@ class Executor:
             self.next_seq.pop(model_id, None)
             self.models.pop(model_id, None)
 
+    def release_closed(self) -> None:
+        """Models whose session was closed elsewhere (`streamrl training-key revoke` finishes
+        the key's sessions from another process): checked at most once a second."""
+        now = time.monotonic()
+        if now - self.checked_open < OPEN_CHECK_S or not self.next_seq:
+            return
+        self.checked_open = now
+        asked = list(self.next_seq)  # a model tracked while the store answers is not in the answer
+        open_models = self.store.open_models(asked)
+        for model_id in [m for m in asked if m not in open_models]:
+            log.info("model %s: its session was closed (finished or its key revoked); released", model_id)
+            self.next_seq.pop(model_id, None)
+            self.models.pop(model_id, None)
+
     def notify(self) -> None:
         """A request was accepted: both loops look for work now rather than at their next tick."""
         self.wake.set()
@@ -108,14 +143,34 @@ class Executor:
     def build(self, row: dict) -> TrainableModel:
         return TrainableModel(self.base_models[row["base_model"]], row["lora"], row["seed"], self.device)
 
-    def wait(self, request_id: str, timeout: float) -> bool:
+    async def wait(self, request_id: str, timeout: float) -> bool:
+        """Whether the request finished within `timeout`: an event on the caller's loop,
+        set from the executor's thread, so a long-poll holds no thread while it waits."""
+        loop, event = asyncio.get_running_loop(), asyncio.Event()
         with self.finished:
-            return self.finished.wait_for(lambda: request_id in self.finished_ids, timeout)
+            if request_id in self.finished_ids:
+                return True
+            self.waiters.setdefault(request_id, []).append((loop, event))
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            with self.finished:
+                waiting = self.waiters.get(request_id, [])
+                if (loop, event) in waiting:
+                    waiting.remove((loop, event))
+                if not waiting:
+                    self.waiters.pop(request_id, None)
 
     def _finished(self, request_id: str) -> None:
         with self.finished:
-            self.finished_ids.add(request_id)
-            self.finished.notify_all()
+            self.finished_ids[request_id] = None
+            while len(self.finished_ids) > FINISHED_KEPT:
+                self.finished_ids.popitem(last=False)
+            for loop, event in self.waiters.pop(request_id, []):
+                loop.call_soon_threadsafe(event.set)
 
     # --- loops ----------------------------------------------------------------------------------
     def training_loop(self) -> None:
@@ -124,6 +179,7 @@ class Executor:
         while not self.stop.is_set():
             self.wake.wait(0.05)
             self.wake.clear()
+            self.release_closed()
             progressed = True
             while progressed and not self.stop.is_set():
                 progressed = False
@@ -155,9 +211,8 @@ class Executor:
             user = isinstance(error, (WireError, ValueError, KeyError))
             log.warning("request %s (%s) failed: %s", request_id, kind, error if user else traceback.format_exc())
             if not replay:
-                self.store.finish(
-                    request_id, None, None, error=f"{type(error).__name__}: {error}", category="user" if user else "server"
-                )
+                told = without_paths(f"{type(error).__name__}: {error}")
+                self.store.finish(request_id, None, None, error=told, category="user" if user else "server")
             self._finished(request_id)
             return
         if replay:

@@ -24,15 +24,19 @@ MIB = 1 << 20
 @dataclass(frozen=True)
 class ServiceLimits:
     max_body_bytes: int = 64 * MIB  # a request's body, as sent
-    max_decompressed_bytes: int = 512 * MIB  # a zstd body, decompressed (streamed; the declared size is not trusted)
+    # a zstd body, decompressed (streamed; the declared size is not trusted): a request at
+    # max_tokens_per_request with every loss input takes about 25 MiB
+    max_decompressed_bytes: int = 64 * MIB
     max_tokens_per_datum: int = 131_072  # one forward_backward datum's input
     max_tokens_per_request: int = 1_048_576  # all the data of one forward_backward
     max_sample_sequences: int = 128  # num_samples of one sample request
     max_sample_tokens: int = 262_144  # num_samples x (prompt + max_tokens) of one sample request
     max_new_tokens: int = 16_384  # max_tokens of one sample request: one request holds the shared sampler
+    max_sample_seconds: int = 600  # one sample request's time on the shared sampler (then it fails, saying so)
     max_models_per_key: int = 32  # training models an API key may create
     max_sessions_per_key: int = 1024  # sessions an API key may open
     max_pending_per_key: int = 256  # requests of one key accepted and not yet run
+    max_polls_per_key: int = 272  # futures one key waits on at once (its pending requests, and a few)
 
     @classmethod
     def from_pairs(cls, pairs: list[str]) -> ServiceLimits:
@@ -61,6 +65,9 @@ def decompress_capped(body: bytes, cap: int) -> bytes:
     body declaring gigabytes never gets them allocated. A corrupt frame is a 400."""
     out = io.BytesIO()
     try:
+        declared = zstandard.frame_content_size(body)
+        if declared > cap:  # -1: not declared; then counted as it is decompressed
+            raise too_large("the decompressed body (as its frame declares)", declared, "max_decompressed_bytes", cap)
         with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body)) as reader:
             while chunk := reader.read(1 << 20):
                 if out.tell() + len(chunk) > cap:

@@ -12,6 +12,7 @@ import tarfile
 import uuid
 from pathlib import Path
 
+import anyio
 import pydantic
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
@@ -25,6 +26,21 @@ from streamrl.training_service.wire import PROTO_CONTENT_TYPE, decode_forward_ba
 LONG_POLL_S = 10.0
 # Feature flags the client asks for first: API keys, not JWT exchange; httpx's own transport.
 CLIENT_CONFIG = {"pjwt_auth_enabled": False, "use_pyqwest_transport": False, "proto_compress_fwdbwd": False}
+
+# The request bodies the routes read themselves (the client's own types), declared in the
+# OpenAPI document so that a schema-driven client (or fuzzer) can build them; the
+# models they refer to go to its components (training_service/app.py adds them).
+BODY_SCHEMAS: dict[str, dict] = {}
+PROTOBUF_BODY = {
+    "requestBody": {"required": True, "content": {PROTO_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}}}
+}
+
+
+def json_body(model: type[pydantic.BaseModel]) -> dict:
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    BODY_SCHEMAS.update(schema.pop("$defs", {}))
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
 
 router = APIRouter(prefix="/api/v1")
 streamrl_router = APIRouter(prefix="/streamrl/v1")
@@ -58,7 +74,7 @@ def capabilities(key_id: str = Depends(caller), service: Service = Depends(servi
     }
 
 
-@router.post("/create_session")
+@router.post("/create_session", openapi_extra=json_body(types.CreateSessionRequest))
 async def create_session(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
     body = parse(types.CreateSessionRequest, await request.body())
     service.admit(key_id, "session")
@@ -81,7 +97,7 @@ def finish_session(session_id: str, key_id: str = Depends(caller), service: Serv
 
 
 # --- models ------------------------------------------------------------------------------------
-@router.post("/create_model")
+@router.post("/create_model", openapi_extra=json_body(types.CreateModelRequest))
 async def create_model(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
     body = parse(types.CreateModelRequest, await request.body())
     service.access.own_session(body.session_id, key_id)
@@ -105,7 +121,7 @@ async def create_model(request: Request, key_id: str = Depends(caller), service:
     return service.future(model_id + ":0", model_id)
 
 
-@router.post("/get_info")
+@router.post("/get_info", openapi_extra=json_body(types.GetInfoRequest))
 async def get_info(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
     body = parse(types.GetInfoRequest, await request.body())
     row = service.access.own_model(body.model_id, key_id)
@@ -122,7 +138,7 @@ async def get_info(request: Request, key_id: str = Depends(caller), service: Ser
     }
 
 
-@router.post("/load_weights")
+@router.post("/load_weights", openapi_extra=json_body(types.LoadWeightsRequest))
 async def load_weights(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
     body = parse(types.LoadWeightsRequest, await request.body())
     store, access = service.store, service.access
@@ -153,10 +169,16 @@ async def load_weights(request: Request, key_id: str = Depends(caller), service:
 
 
 # --- training -------------------------------------------------------------------------------------
-@router.post("/forward_backward")
+@router.post("/forward_backward", openapi_extra=PROTOBUF_BODY)
 async def forward_backward(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
-    plain = plain_body(await request.body(), request.headers.get("content-encoding"), service.limits)
-    decoded = decode_forward_backward(plain, service.limits)
+    body, encoding = await request.body(), request.headers.get("content-encoding")
+
+    def decode():
+        plain = plain_body(body, encoding, service.limits)
+        return plain, decode_forward_backward(plain, service.limits)
+
+    # off the event loop (every tenant's requests wait on it), at most DECODERS at once
+    plain, decoded = await anyio.to_thread.run_sync(decode, limiter=service.decoders())
     service.access.own_model(decoded.model_id, key_id)
     service.admit(key_id)
     request_id = f"{decoded.model_id}:{decoded.seq_id}"
@@ -181,17 +203,17 @@ async def accept_sequenced(kind: str, model: type[pydantic.BaseModel], request: 
     return service.future(request_id, body.model_id)
 
 
-@router.post("/optim_step")
+@router.post("/optim_step", openapi_extra=json_body(types.OptimStepRequest))
 async def optim_step(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
     return await accept_sequenced("optim_step", types.OptimStepRequest, request, key_id, service)
 
 
-@router.post("/save_weights")
+@router.post("/save_weights", openapi_extra=json_body(types.SaveWeightsRequest))
 async def save_weights(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
     return await accept_sequenced("save_weights", types.SaveWeightsRequest, request, key_id, service)
 
 
-@router.post("/save_weights_for_sampler")
+@router.post("/save_weights_for_sampler", openapi_extra=json_body(types.SaveWeightsForSamplerRequest))
 async def save_weights_for_sampler(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
     return await accept_sequenced("save_weights_for_sampler", types.SaveWeightsForSamplerRequest, request, key_id, service)
 
@@ -228,7 +250,7 @@ def sampler(sampling_session_id: str, key_id: str = Depends(caller), service: Se
     return {"sampler_id": sampling_session_id, "base_model": payload["base_model"], "model_path": payload.get("model_path")}
 
 
-@router.post("/create_sampling_session")
+@router.post("/create_sampling_session", openapi_extra=json_body(types.CreateSamplingSessionRequest))
 async def create_sampling_session(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
     body = parse(types.CreateSamplingSessionRequest, await request.body())
     service.access.own_session(body.session_id, key_id)
@@ -248,7 +270,7 @@ UNSERVED_SAMPLE_OPTIONS = (
 )
 
 
-@router.post("/asample")
+@router.post("/asample", openapi_extra=json_body(types.SampleRequest))
 async def asample(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
     body = parse(types.SampleRequest, await request.body())
     unserved = [name for name in UNSERVED_SAMPLE_OPTIONS if getattr(body, name) not in (None, 0, False)]
@@ -324,16 +346,15 @@ def owns_request(service: Service, row: dict, key_id: str) -> bool:
         return False
 
 
-@router.post("/retrieve_future")
+@router.post("/retrieve_future", openapi_extra=json_body(types.FutureRetrieveRequest))
 async def retrieve_future(request: Request, key_id: str = Depends(caller), service: Service = Depends(service_of)):
     body = parse(types.FutureRetrieveRequest, await request.body())
     row = service.store.request(body.request_id)
     if row is None or not owns_request(service, row, key_id):
         raise HTTPException(404, f"request_id: no request {body.request_id!r} for this API key")
     if row["status"] == "pending":
-        import anyio
-
-        await anyio.to_thread.run_sync(service.executor.wait, body.request_id, LONG_POLL_S)
+        with service.long_poll(key_id):
+            await service.executor.wait(body.request_id, LONG_POLL_S)
         row = service.store.request(body.request_id)
         if row is None:  # requests are kept once accepted
             raise HTTPException(404, f"request_id: no request {body.request_id!r} for this API key")

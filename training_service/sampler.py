@@ -8,6 +8,8 @@ are sampled by its own inference engine (SGLang) from the same saved folders.
 
 from __future__ import annotations
 
+import os
+import time
 from collections import OrderedDict
 
 import torch
@@ -18,17 +20,22 @@ from streamrl.runtime.chat_template import padding_id
 
 
 class Sampler:
-    def __init__(self, device: torch.device, cached_models: int = 2):
-        self.device, self.cached_models = device, cached_models
+    def __init__(self, device: torch.device, cached_models: int = 2, max_seconds: float = 600.0):
+        self.device, self.cached_models, self.max_seconds = device, cached_models, max_seconds
         self._models: OrderedDict[str, tuple] = OrderedDict()
 
     def _load(self, folder: str):
-        if folder in self._models:
-            self._models.move_to_end(folder)
-            return self._models[folder]
+        """The folder's model, cached by the folder's identity as well as its name: weights
+        saved again under the same name replace the folder (written atomically, a new
+        directory), so the next request loads what was saved last."""
+        identity = os.stat(folder)
+        key = f"{folder}@{identity.st_ino}:{identity.st_mtime_ns}"
+        if key in self._models:
+            self._models.move_to_end(key)
+            return self._models[key]
         loaded_model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         model = loaded_model.to(self.device).eval()
-        loaded = self._models[folder] = (model, AutoTokenizer.from_pretrained(folder))
+        loaded = self._models[key] = (model, AutoTokenizer.from_pretrained(folder))
         while len(self._models) > self.cached_models:
             self._models.popitem(last=False)
         return loaded
@@ -56,8 +63,22 @@ class Sampler:
             lp = torch.log_softmax(logits[0, :-1].float(), -1).gather(-1, tokens[0, 1:, None]).squeeze(-1)
             prompt_lp = [None, *lp.tolist()]
 
+        # a stop string ends at the newest token and spans at most 4 tokens a character
+        # (byte-level pieces): only that tail is decoded, once a token, whatever the length
+        tail = 4 * max((len(text) for text in stop_texts), default=0) + 4
+
         def stopped_by_text(tokens: list[int]) -> bool:
-            return any(text in tokenizer.decode(tokens) for text in stop_texts)
+            text = tokenizer.decode(tokens[-tail:])
+            return any(stop in text for stop in stop_texts)
+
+        deadline = time.monotonic() + self.max_seconds
+
+        def within_time() -> None:  # one request holds the shared sampler: bounded
+            if time.monotonic() > deadline:
+                raise ValueError(
+                    f"sampling took over the service's max_sample_seconds ({self.max_seconds:g} s); "
+                    "ask for fewer samples or tokens"
+                )
 
         decoded = decode(
             model,
@@ -70,5 +91,6 @@ class Sampler:
             stop_text=stopped_by_text if stop_texts else None,
             pad_id=padding_id(tokenizer),
             generator=generator,
+            each_step=within_time,
         )
         return [(row.tokens, row.logprobs, row.finish_reason) for row in decoded], prompt_lp

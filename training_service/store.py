@@ -49,13 +49,33 @@ class ServiceStore:
             ).scalar()
 
     def revoke_key(self, key_id: str) -> bool:
+        """Revoke a key and end its work, in one transaction: its open sessions finish (a
+        running service drops their models within a second, a restarted one never loads
+        them) and its requests not yet run fail, saying why."""
         with self.engine.begin() as conn:
-            return (
-                conn.execute(
-                    update(service_api_keys).where(service_api_keys.c.key_id == key_id).values(revoked_at=func.now())
-                ).rowcount
-                == 1
+            revoked = conn.execute(
+                update(service_api_keys).where(service_api_keys.c.key_id == key_id).values(revoked_at=func.now())
+            ).rowcount
+            if revoked != 1:
+                return False
+            sessions = select(service_sessions.c.session_id).where(service_sessions.c.key_id == key_id)
+            models = select(service_models.c.model_id).where(service_models.c.session_id.in_(sessions))
+            conn.execute(
+                update(service_sessions)
+                .where(and_(service_sessions.c.key_id == key_id, service_sessions.c.status == "active"))
+                .values(status="finished", finished_at=func.now())
             )
+            conn.execute(
+                update(service_requests)
+                .where(
+                    and_(
+                        service_requests.c.status == "pending",
+                        service_requests.c.model_id.in_(models) | service_requests.c.request_id.like(f"sample-{key_id}-%"),
+                    )
+                )
+                .values(status="failed", error="the API key was revoked", error_category="user", completed_at=func.now())
+            )
+            return True
 
     def keys(self) -> list[dict]:
         with self.engine.connect() as conn:
@@ -165,11 +185,31 @@ class ServiceStore:
             return dict(row._mapping) if row else None
 
     def request_at(self, model_id: str, seq_id: int) -> dict | None:
+        """A model's request by its sequence number, while the model's session is open."""
+        open_sessions = select(service_sessions.c.session_id).where(service_sessions.c.status == "active")
         with self.engine.connect() as conn:
             row = conn.execute(
-                select(service_requests).where(and_(service_requests.c.model_id == model_id, service_requests.c.seq_id == seq_id))
+                select(service_requests)
+                .join(service_models, service_models.c.model_id == service_requests.c.model_id)
+                .where(
+                    and_(
+                        service_requests.c.model_id == model_id,
+                        service_requests.c.seq_id == seq_id,
+                        service_models.c.session_id.in_(open_sessions),
+                    )
+                )
             ).first()
             return dict(row._mapping) if row else None
+
+    def open_models(self, model_ids: list[str]) -> set[str]:
+        """Those of `model_ids` whose session is still open (not finished, its key not revoked)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(service_models.c.model_id)
+                .join(service_sessions, service_sessions.c.session_id == service_models.c.session_id)
+                .where(and_(service_models.c.model_id.in_(model_ids), service_sessions.c.status == "active"))
+            )
+            return {row[0] for row in rows}
 
     def pending(self, kinds: tuple[str, ...]) -> list[dict]:
         with self.engine.connect() as conn:

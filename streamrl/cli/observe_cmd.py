@@ -104,24 +104,43 @@ def ui(
             "names, and --host when it is another address.",
         ),
     ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="STREAMRL_UI_TOKEN",
+            help="The token every request must carry (default: a fresh random one, printed in the URL).",
+        ),
+    ] = None,
+    no_token: Annotated[
+        bool,
+        typer.Option(
+            "--no-token",
+            help="Ask no token (loopback only): any page open in this machine's browser can then make it query the ledger.",
+        ),
+    ] = False,
 ) -> None:
     """The run browser: runs and their lineage, curves (two runs overlaid), every rollout
     with its tokens, mask, logprobs and advantages, and a read-only SQL box. It reads
-    the ledger as the read-only role. Bound beyond this machine, it asks for a token,
-    printed here."""
+    the ledger as the read-only role, and asks every request for the token printed here
+    (once in the URL, then a cookie), as Jupyter does."""
     import secrets
 
     from streamrl.runtime.extras import require_extra
 
     require_extra("ui", "`streamrl ui`")
-    import uvicorn
-
+    from streamrl.runtime.http_server import serve
     from streamrl.ui.app import LOOPBACK_HOSTS, make_app
 
     url = readonly_url()
     loopback = host in LOOPBACK_HOSTS
+    if no_token and not loopback:
+        raise typer.BadParameter(
+            f"--no-token serves this machine only; --host {host} would serve the network", param_hint="--no-token"
+        )
+    if no_token and token:
+        raise typer.BadParameter("give a token or --no-token, not both", param_hint="--token")
     hosts = tuple(allowed_host or (LOOPBACK_HOSTS if loopback else (*LOOPBACK_HOSTS, host)))
-    token = None if loopback else secrets.token_urlsafe(24)
+    token = None if no_token else (token or secrets.token_urlsafe(24))
     shown = f"http://{host}:{port}/" + (f"?token={token}" if token else "")
     console.print(f"StreamRL run browser on {shown} (Ctrl-C stops it)", highlight=False, markup=False)
-    uvicorn.run(make_app(url, hosts, token), host=host, port=port, log_level="warning")
+    serve(make_app(url, hosts, token, port), host, port)

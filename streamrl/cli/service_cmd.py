@@ -64,7 +64,8 @@ def serve_training(
             "--limit",
             help="A limit over its default, NAME=VALUE (repeat): max_body_bytes, max_decompressed_bytes, "
             "max_tokens_per_datum, max_tokens_per_request, max_sample_sequences, max_sample_tokens, max_new_tokens, "
-            "max_models_per_key, max_sessions_per_key, max_pending_per_key.",
+            "max_sample_seconds, "
+            "max_models_per_key, max_sessions_per_key, max_pending_per_key, max_polls_per_key.",
             show_default=False,
         ),
     ] = None,
@@ -77,8 +78,8 @@ def serve_training(
 
     require_extra("service", "`streamrl serve-training`")
     import torch
-    import uvicorn
 
+    from streamrl.runtime.http_server import serve
     from streamrl.training_service.app import build_app
     from streamrl.training_service.executor import Executor
     from streamrl.training_service.limits import ServiceLimits
@@ -92,13 +93,14 @@ def serve_training(
     base_models = served_models(model)
     store = _store()
     chosen = torch.device("cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu")
-    executor = Executor(store, (root or settings().home / "training-service").absolute(), base_models, chosen)
+    home = (root or settings().home / "training-service").absolute()
+    executor = Executor(store, home, base_models, chosen, max_sample_seconds=limits.max_sample_seconds)
     try:
         executor.start()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     console.print(f"training service on http://{host}:{port} ({chosen}); models: {', '.join(base_models)}", highlight=False)
-    uvicorn.run(build_app(store, executor, limits), host=host, port=port, log_level="warning")
+    serve(build_app(store, executor, limits), host, port)
 
 
 def key_create(name: Annotated[str, typer.Argument(help="Who or what the key is for.")]) -> None:
@@ -117,7 +119,8 @@ def key_list() -> None:
 
 
 def key_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (from `list`).")]) -> None:
-    """Revoke a key: a running service refuses it within seconds."""
+    """Revoke a key: a running service refuses it at once, its open sessions end (their models leave
+    memory within a second) and its requests not yet run fail."""
     if not _store().revoke_key(key_id):
         raise UsageError(f"no key {key_id}")
     console.print(f"revoked {key_id}")

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import csv
 import io
-import itertools
 import json
 import secrets
+import tempfile
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
@@ -31,7 +31,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from streamrl.report import config_highlights
 from streamrl.runtime.sql import SqlFailed, SqlRefused, plain_value, readonly_rows, run_readonly
 from streamrl.ui.charts import figures
-from streamrl.ui.queries import PAGE, Ledger
+from streamrl.ui.queries import PAGE, Ledger, SqlBusy
 from streamrl.ui.tokens import token_views, turn_views
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
@@ -41,17 +41,19 @@ SQL_ROW_LIMIT = 1000  # rows shown on the page; the CSV has them all
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
-def make_app(readonly_url: str, allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS, token: str | None = None) -> FastAPI:
+def make_app(
+    readonly_url: str, allowed_hosts: tuple[str, ...] = LOOPBACK_HOSTS, token: str | None = None, port: int | None = None
+) -> FastAPI:
     """The browser. It answers only requests whose Host is one of `allowed_hosts` (a page
     elsewhere cannot rebind its own name to this machine and read the ledger through the
     user's browser), and with `token`, only requests that carry it (`?token=`, then a
-    cookie; or `Authorization: Bearer`)."""
+    cookie named for `port`; or `Authorization: Bearer`)."""
     app = FastAPI(title="StreamRL run browser", docs_url=None, redoc_url=None)
     app.state.ledger, app.state.readonly_url = Ledger(readonly_url), readonly_url
     app.add_exception_handler(SqlFailed, ledger_error)  # type: ignore[arg-type]  # called with a SqlFailed only
     app.include_router(router)
     if token:
-        app.add_middleware(TokenAuth, token=token)
+        app.add_middleware(TokenAuth, token=token, cookie=f"streamrl_ui_token_{port or 'any'}")
     app.add_middleware(SameOriginOnly)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
     return app
@@ -76,21 +78,21 @@ class SameOriginOnly(BaseHTTPMiddleware):
 class TokenAuth(BaseHTTPMiddleware):
     """Jupyter's scheme: the token printed at start, once in the URL, then a cookie."""
 
-    def __init__(self, app, token: str):
+    def __init__(self, app, token: str, cookie: str):
         super().__init__(app)
-        self.token = token
+        self.token, self.cookie = token, cookie
 
     async def dispatch(self, request: Request, call_next):
         given = (
             request.query_params.get("token")
-            or request.cookies.get("streamrl_ui_token")
+            or request.cookies.get(self.cookie)
             or request.headers.get("authorization", "").removeprefix("Bearer ")
         )
         if not secrets.compare_digest(given or "", self.token):
             return Response("a token is required: open the URL `streamrl ui` printed\n", status_code=401, media_type="text/plain")
         response = await call_next(request)
         if request.query_params.get("token"):
-            response.set_cookie("streamrl_ui_token", self.token, httponly=True, samesite="strict")
+            response.set_cookie(self.cookie, self.token, httponly=True, samesite="strict")
         return response
 
 
@@ -111,6 +113,8 @@ def not_found(request: Request, what: str) -> HTMLResponse:
 
 
 async def ledger_error(request: Request, exc: SqlFailed):
+    if isinstance(exc, SqlBusy):
+        return page(request, "message.html", 503, title="the ledger is busy", message=str(exc))
     return page(request, "message.html", 400, title="the ledger refused the query", message=str(exc))
 
 
@@ -241,11 +245,22 @@ def trajectory(request: Request, run_id: str, trajectory_id: str, ledger: Ledger
 
 
 SQL_PAGE_BYTES = 16 * 2**20  # what the SQL box holds of a result at most, roughly
+SQL_PAGE_VALUE_CHARS = 65_536  # a longer value is cut on the page (the CSV has it whole)
+CSV_VALUE_CHARS = 16 * 2**20  # a CSV value longer than this is refused: select part of it
+CSV_MAX_BYTES = 2**30
 
 
 def sql_result(request: Request, query: str):
     try:
-        return run_readonly(request.app.state.readonly_url, query, max_rows=SQL_ROW_LIMIT, max_bytes=SQL_PAGE_BYTES), None
+        with ledger_of(request).reader():
+            result = run_readonly(
+                request.app.state.readonly_url,
+                query,
+                max_rows=SQL_ROW_LIMIT,
+                max_bytes=SQL_PAGE_BYTES,
+                max_value_chars=SQL_PAGE_VALUE_CHARS,
+            )
+        return result, None
     except (SqlRefused, SqlFailed) as exc:
         return None, str(exc)
 
@@ -259,35 +274,47 @@ def sql(request: Request, q: str = ""):
     )
 
 
-def csv_chunks(readonly_url: str, query: str):
-    """The result as CSV text, a batch of rows at a time; the first chunk (the header)
-    comes once the statement has run, so a refused or failed one raises before any."""
-    with readonly_rows(readonly_url, query) as (columns, rows):
-        buffer = io.StringIO()
-        writer = csv.writer(buffer)
+def spooled_csv(readonly_url: str, query: str):
+    """The whole result as CSV in a temporary file (memory up to 1 MiB, then disk), read
+    within the query's time limit, so the ledger's connection is closed before the
+    client reads a byte, however slowly it reads or if it never does."""
+    spool = tempfile.SpooledTemporaryFile(max_size=2**20)
+    text = io.TextIOWrapper(spool, encoding="utf-8", newline="")
+    writer = csv.writer(text)
+    with readonly_rows(readonly_url, query, max_value_chars=CSV_VALUE_CHARS) as (columns, rows):
         writer.writerow(columns)
-        yield buffer.getvalue()
-        for count, row in enumerate(rows, start=1):
-            if count % 1000 == 1:
-                buffer.seek(0)
-                buffer.truncate()
-            writer.writerow([plain_value(v) for v in row])
-            if count % 1000 == 0:
-                yield buffer.getvalue()
-        if buffer.tell():
-            yield buffer.getvalue()
+        for number, row in enumerate(rows, start=1):
+            for column, value in zip(columns, row):
+                if value is not None and len(value) > CSV_VALUE_CHARS:
+                    raise SqlFailed(
+                        f"row {number}, column {column}: a value over {CSV_VALUE_CHARS:,} characters; select part of it"
+                    )
+            writer.writerow(row)
+            if spool.tell() > CSV_MAX_BYTES:
+                raise SqlFailed(f"the CSV is over {CSV_MAX_BYTES:,} bytes at row {number}; select fewer rows or columns")
+    text.flush()
+    text.detach()
+    spool.seek(0)
+    return spool
 
 
 @router.get("/sql.csv")
 def sql_csv(request: Request, q: str):
-    """Every row, streamed from a server-side cursor (the page holds at most a page's)."""
-    chunks = csv_chunks(request.app.state.readonly_url, q)
+    """Every row (each value as PostgreSQL writes it as text), from a server-side cursor
+    into a spooled file, then sent."""
     try:
-        header = next(chunks)
+        with ledger_of(request).reader():
+            spool = spooled_csv(request.app.state.readonly_url, q)
     except (SqlRefused, SqlFailed) as exc:
-        return Response(str(exc) + "\n", status_code=400, media_type="text/plain")
+        return Response(str(exc) + "\n", status_code=503 if isinstance(exc, SqlBusy) else 400, media_type="text/plain")
+
+    def chunks():
+        with spool:
+            while chunk := spool.read(2**16):
+                yield chunk
+
     return StreamingResponse(
-        itertools.chain([header], chunks),
+        chunks(),
         media_type="text/csv",
         headers={"Content-Disposition": 'attachment; filename="streamrl-query.csv"'},
     )

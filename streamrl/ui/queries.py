@@ -8,10 +8,12 @@ millions of trajectories answers a page as fast as an empty one: pages are keyse
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from streamrl.runtime.sql import SqlRefused, run_readonly
+from streamrl.runtime.sql import SqlFailed, SqlRefused, run_readonly
 
 PAGE = 50  # trajectories per rollout-browser page
 
@@ -74,12 +76,33 @@ class Rows:
         return [row[index] for row in self.rows]
 
 
+READERS = 4  # requests reading the ledger at once (connections held); others wait, then fail
+READER_WAIT_S = 10.0
+
+
+class SqlBusy(SqlFailed):
+    """Every reader slot stayed taken for READER_WAIT_S."""
+
+
 class Ledger:
     def __init__(self, readonly_url: str):
         self.url = readonly_url
+        self.readers = threading.BoundedSemaphore(READERS)
+
+    @contextmanager
+    def reader(self):
+        """One of READERS slots for the length of a read: the browser never holds more
+        of PostgreSQL's connections than that, however many clients call at once."""
+        if not self.readers.acquire(timeout=READER_WAIT_S):
+            raise SqlBusy(f"the ledger's {READERS} readers stayed busy for {READER_WAIT_S:g} s; try again shortly")
+        try:
+            yield
+        finally:
+            self.readers.release()
 
     def query(self, sql: str, params: dict | None = None) -> Rows:
-        result = run_readonly(self.url, sql, params)
+        with self.reader():
+            result = run_readonly(self.url, sql, params)
         return Rows(result.columns, result.rows)
 
     def runs(self, limit: int = 100, offset: int = 0, tag: str | None = None) -> list[dict]:
