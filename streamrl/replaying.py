@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from streamrl.archive import archive_state
 from streamrl.orchestrate import RestartPolicy, replay_locally
 from streamrl.producers import replay as rp
 from streamrl.producers.publisher import create_run
@@ -44,6 +45,12 @@ def replay_run(settings: Settings, options: ReplayOptions, console: Console) -> 
     with connect(url, autocommit=True) as conn:
         row = conn.execute("select config from run_events where run_id = %s and kind = 'created'", (options.source,)).fetchone()
         taken = conn.execute("select 1 from run_events where run_id = %s limit 1", (options.into,)).fetchone()
+        archived = archive_state(conn, options.source)
+    if archived is not None:
+        raise rp.ReplayError(
+            f"run {options.source!r}: its rollouts are archived in {archived['folder']}; "
+            f"`streamrl restore {options.source}` puts them back in the ledger to replay them"
+        )
     if row is None:
         raise rp.ReplayError(f"run {options.source!r} is not in the ledger (streamrl runs lists the runs)")
     if taken:

@@ -30,7 +30,7 @@ from streamrl.cli.common import (
 
 
 def register(app: typer.Typer) -> None:
-    for command in (sink, runs, sql, show):
+    for command in (sink, runs, sql, show, archive, restore):
         app.command()(cli_command(command))
 
 
@@ -204,3 +204,67 @@ def show(
     html, pngs, text = write_story(url, run, config, parent, out or current.home / "runs" / run, console.width)
     console.print(text, end="")
     console.print(f"report: {html}  plots: {'  '.join(str(p) for p in pngs)}", highlight=False)
+    from streamrl.archive import archive_state
+    from streamrl.runtime.db import connect
+
+    with connect(url) as conn:
+        archived = archive_state(conn, run)
+    if archived is not None:
+        console.print(
+            f"its rollouts are archived in {visible(archived['folder'])} ({archived['tables']['trajectories']:,} "
+            f"trajectories): the counts above are what the ledger still holds; `streamrl restore {run}` puts them back",
+            highlight=False,
+            markup=False,
+        )
+
+
+ARCHIVE_ROOT_HELP = "The archive's folder (default: STREAMRL_HOME/archive); the run's files go in FOLDER/RUN."
+
+
+def archive(
+    run: Annotated[str, typer.Argument(help="Run id (a finished or failed run).")],
+    to: Annotated[Path | None, typer.Option("--to", help=ARCHIVE_ROOT_HELP)] = None,
+) -> None:
+    """Move a run's rollouts (tasks, trajectories, evaluations, samples, filtered groups)
+    out of the ledger into Parquet files, checked before anything is deleted; its steps,
+    weight versions and events stay, so `show` still draws its curves."""
+    from streamrl.archive import ArchiveError, archive_run, run_folder
+
+    current = settings()
+    root = to or current.home / "archive"
+    _refuse_running(current, run)
+    try:
+        counts = archive_run(database_url(current), run, root)
+    except ArchiveError as exc:
+        raise CommandFailed(str(exc)) from None
+    console.print(f"archived {run} to {run_folder(root, run)}: {_counted(counts)}", highlight=False)
+
+
+def restore(
+    run: Annotated[str, typer.Argument(help="Run id.")],
+    source: Annotated[Path | None, typer.Option("--from", help=ARCHIVE_ROOT_HELP)] = None,
+) -> None:
+    """Copy an archived run's rollouts back into the ledger (ids included)."""
+    from streamrl.archive import ArchiveError, restore_run
+
+    current = settings()
+    try:
+        counts = restore_run(database_url(current), run, source or current.home / "archive")
+    except ArchiveError as exc:
+        raise CommandFailed(str(exc)) from None
+    console.print(f"restored {run}: {_counted(counts)}", highlight=False)
+
+
+def _refuse_running(current, run: str) -> None:
+    from streamrl.runtime.db import connect
+
+    with connect(database_url(current)) as conn:
+        row = conn.execute("select status from runs where run_id = %s", (run,)).fetchone()
+    if row is None:
+        raise UsageError(f"run {run!r} is not in the ledger (streamrl runs lists the runs)")
+    if row[0] in ("created", "running"):
+        raise UsageError(f"run {run!r} is {row[0]}: archive a finished or failed run")
+
+
+def _counted(counts: dict[str, int]) -> str:
+    return ", ".join(f"{rows:,} {table}" for table, rows in counts.items())

@@ -1,0 +1,150 @@
+"""`streamrl archive RUN` / `streamrl restore RUN`: a run's rollouts to Parquet and back,
+against the machine's PostgreSQL (STREAMRL_TEST_EXTERNAL_DATABASE_URL, as CI sets it)
+migrated into a fresh database. The round trip gives back every row as it was, the
+files read as plain Parquet, and what reads rollouts says where they went."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from datetime import UTC, datetime
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+import psycopg
+import pyarrow.parquet as pq
+import pytest
+from psycopg.types.json import Jsonb
+
+from streamrl.runtime import db
+from streamrl.runtime.config import Recipe
+from tests.conftest import run_cli
+
+EXTERNAL_URL = os.environ.get("STREAMRL_TEST_EXTERNAL_DATABASE_URL")
+pytestmark = pytest.mark.skipif(not EXTERNAL_URL, reason="needs an external PostgreSQL (STREAMRL_TEST_EXTERNAL_DATABASE_URL)")
+TABLES = ("tasks", "trajectories", "evaluations", "samples", "filtered_groups")
+
+
+@pytest.fixture(scope="module")
+def ledger_url():
+    name = f"streamrl_archive_{uuid.uuid4().hex[:8]}"
+    owner = db.psycopg_url(EXTERNAL_URL)
+    with psycopg.connect(owner, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+    url = urlunsplit(urlsplit(owner)._replace(path=f"/{name}"))
+    db.upgrade(url)
+    yield url
+    with psycopg.connect(owner, autocommit=True) as conn:
+        conn.execute(f'drop database "{name}" with (force)')
+
+
+def event(run_id: str, kind: str, n: int) -> dict:
+    return {"event_id": f"{run_id}-{kind}-{n}", "run_id": run_id, "schema_version": 1, "created_at": datetime.now(UTC)}
+
+
+def fill(conn, run_id: str, groups: int = 3, size: int = 4, status: str = "finished") -> None:
+    """A finished run's rows in every archived table, with packed arrays, JSON and NULLs."""
+    config = Jsonb(Recipe().to_dict())
+    conn.execute("insert into runs (run_id, status, config) values (%s, %s, %s)", (run_id, status, config))
+    conn.execute(
+        "insert into run_events (event_id, run_id, schema_version, created_at, kind, sequence, config)"
+        " values (%(event_id)s, %(run_id)s, 1, %(created_at)s, 'created', 1, %(config)s)",
+        {**event(run_id, "created", 0), "config": config},
+    )
+    for g in range(groups):
+        group = f"s000001-g{g:07d}"
+        for i in range(size):
+            task, trajectory = f"{group}-t{i}", f"{group}-{i}"
+            tokens = np.arange(10 + i, dtype="<i4").tobytes()
+            conn.execute(
+                "insert into tasks (event_id, run_id, schema_version, created_at, task_id, group_id, sample_index, group_size,"
+                " prompt, data, is_val, step, min_weight_version) values (%(event_id)s, %(run_id)s, 1, %(created_at)s,"
+                " %(task)s, %(group)s, %(i)s, %(size)s, %(prompt)s, %(data)s, false, 1, 0)",
+                {**event(run_id, "task", g * size + i), "task": task, "group": group, "i": i, "size": size,
+                 "prompt": Jsonb([{"role": "user", "content": f"q{g} ✓ \"quoted\""}]), "data": Jsonb({"answer": g})},
+            )  # fmt: skip
+            conn.execute(
+                "insert into trajectories (event_id, run_id, schema_version, created_at, trajectory_id, task_id, group_id,"
+                " sample_index, group_size, weight_version, tokens, loss_mask, logprobs, token_versions, num_tokens,"
+                " num_trained_tokens, prompt_length, response_text, turns, is_val, step, error) values (%(event_id)s,"
+                " %(run_id)s, 1, %(created_at)s, %(traj)s, %(task)s, %(group)s, %(i)s, %(size)s, 0, %(tokens)s, %(mask)s,"
+                " %(lp)s, null, %(n)s, 3, 7, %(text)s, null, false, 1, %(error)s)",
+                {**event(run_id, "traj", g * size + i), "traj": trajectory, "task": task, "group": group, "i": i,
+                 "size": size, "tokens": tokens, "mask": bytes(10 + i), "n": 10 + i, "text": "a response ✓\n#### 4",
+                 "lp": np.full(10 + i, -0.5, "<f4").tobytes(), "error": None if i else "ValueError: boom"},
+            )  # fmt: skip
+            conn.execute(
+                "insert into evaluations (event_id, run_id, schema_version, created_at, trajectory_id, task_id, group_id,"
+                " reward, metrics, is_val, step) values (%(event_id)s, %(run_id)s, 1, %(created_at)s, %(traj)s, %(task)s,"
+                " %(group)s, %(reward)s, %(metrics)s, false, 1)",
+                {**event(run_id, "eval", g * size + i), "traj": trajectory, "task": task, "group": group,
+                 "reward": float(i % 2), "metrics": Jsonb({"answer_boxed": 1.0})},
+            )  # fmt: skip
+            conn.execute(
+                "insert into samples (event_id, run_id, schema_version, created_at, trajectory_id, group_id, advantage,"
+                " reward, group_reward_mean, group_reward_std, group_size, weight_version, step, tokens, loss_mask,"
+                " logprobs, num_tokens) values (%(event_id)s, %(run_id)s, 1, %(created_at)s, %(traj)s, %(group)s, 0.25,"
+                " 1.0, 0.5, 0.5, %(size)s, 0, 1, %(tokens)s, %(tokens)s, %(tokens)s, %(n)s)",
+                {**event(run_id, "sample", g * size + i), "traj": trajectory, "group": group, "size": size,
+                 "tokens": tokens, "n": 10 + i},
+            )  # fmt: skip
+    conn.execute(
+        "insert into filtered_groups (event_id, run_id, schema_version, created_at, group_id, reason, step, group_size,"
+        " received, rewards, trajectory_ids) values (%(event_id)s, %(run_id)s, 1, %(created_at)s, 'g-x', 'zero std', 1, 2,"
+        " 2, %(rewards)s, %(ids)s)",
+        {**event(run_id, "filtered", 0), "rewards": [1.0, 1.0], "ids": ["a", "b"]},
+    )
+
+
+def fingerprint(conn, run_id: str) -> dict[str, tuple[int, str]]:
+    """Each archived table's rows of the run: how many, and a digest of every column."""
+    return {
+        table: conn.execute(
+            f"select count(*), coalesce(md5(string_agg(t::text, '|' order by t.id)), '') from {table} t where run_id = %s",
+            (run_id,),
+        ).fetchone()
+        for table in TABLES
+    }
+
+
+def test_a_runs_rollouts_go_to_parquet_and_come_back_as_they_were(ledger_url, tmp_path):
+    run_id, other = f"arch-{uuid.uuid4().hex[:8]}", f"keep-{uuid.uuid4().hex[:8]}"
+    with db.connect(ledger_url, autocommit=True) as conn:
+        fill(conn, run_id)
+        fill(conn, other)
+        before, others = fingerprint(conn, run_id), fingerprint(conn, other)
+    env = {"STREAMRL_DATABASE_URL": ledger_url, "STREAMRL_HOME": str(tmp_path / "home")}
+    archived = run_cli("archive", run_id, "--to", str(tmp_path / "archive"), env=env)
+    assert archived.returncode == 0, archived.stderr
+    assert "12 trajectories" in archived.stdout and "1 filtered_groups" in archived.stdout
+    folder = tmp_path / "archive" / run_id
+    with db.connect(ledger_url, autocommit=True) as conn:
+        assert {table: rows for table, (rows, _) in fingerprint(conn, run_id).items()} == dict.fromkeys(TABLES, 0)
+        assert fingerprint(conn, other) == others  # another run is untouched
+    # plain Parquet: the columns as the table's, JSON as text, packed arrays as bytes
+    trajectories = pq.read_table(folder / "trajectories.parquet").to_pylist()
+    assert len(trajectories) == 12 and trajectories[0]["error"] == "ValueError: boom"
+    assert np.frombuffer(trajectories[1]["tokens"], "<i4").tolist() == list(range(11))
+    assert pq.read_table(folder / "tasks.parquet").column("prompt")[0].as_py().startswith('[{"role": "user"')
+    # what reads rollouts says where they went
+    shown = run_cli("show", run_id, "--out", str(tmp_path / "report"), env={**env, "COLUMNS": "400"})
+    assert shown.returncode == 0, shown.stderr
+    assert f"its rollouts are archived in {folder}" in " ".join(shown.stdout.split())
+    replay = run_cli("replay", run_id, "--into", f"{run_id}-again", env=env)
+    assert replay.returncode != 0 and f"streamrl restore {run_id}" in " ".join((replay.stdout + replay.stderr).split())
+    again = run_cli("archive", run_id, "--to", str(tmp_path / "archive"), env=env)
+    assert again.returncode != 0 and "already holds an archive" in again.stderr
+    restored = run_cli("restore", run_id, "--from", str(tmp_path / "archive"), env=env)
+    assert restored.returncode == 0, restored.stderr
+    with db.connect(ledger_url, autocommit=True) as conn:
+        assert fingerprint(conn, run_id) == before  # every column of every row, ids included
+
+
+def test_a_running_run_is_not_archived(ledger_url, tmp_path):
+    run_id = f"live-{uuid.uuid4().hex[:8]}"
+    with db.connect(ledger_url, autocommit=True) as conn:
+        fill(conn, run_id, groups=1, status="running")
+    env = {"STREAMRL_DATABASE_URL": ledger_url, "STREAMRL_HOME": str(tmp_path / "home")}
+    refused = run_cli("archive", run_id, "--to", str(tmp_path / "archive"), env=env)
+    assert refused.returncode != 0 and "is running: archive a finished or failed run" in refused.stderr
+    assert not (tmp_path / "archive" / run_id).exists()
