@@ -5,6 +5,7 @@ other's events."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -192,6 +193,25 @@ def fresh_database(settings, prefix: str) -> str:
     url = urlunsplit(urlsplit(db.psycopg_url(settings.database_url))._replace(path=f"/{name}"))
     db.upgrade(url)
     return url
+
+
+@contextlib.contextmanager
+def external_ledger(prefix: str):
+    """The URL of a new, migrated database on the machine's PostgreSQL
+    (STREAMRL_TEST_EXTERNAL_DATABASE_URL, which CI sets), dropped afterwards."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    owner = db.psycopg_url(os.environ["STREAMRL_TEST_EXTERNAL_DATABASE_URL"])
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with db.connect(owner, autocommit=True) as conn:
+        conn.execute(f'create database "{name}"')
+    url = urlunsplit(urlsplit(owner)._replace(path=f"/{name}"))
+    db.upgrade(url)
+    try:
+        yield url
+    finally:
+        with db.connect(owner, autocommit=True) as conn:
+            conn.execute(f'drop database "{name}" with (force)')
 
 
 def start_serve_training(*args: str, port: int, timeout: float = 300, env: dict | None = None) -> subprocess.Popen:

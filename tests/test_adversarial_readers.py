@@ -12,15 +12,13 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-import uuid
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 import pytest
 
-from streamrl.runtime import db
 from streamrl.runtime.sql import SqlFailed, run_readonly
-from tests.conftest import REPO, free_port, read_until, wait_for
+from tests.conftest import REPO, external_ledger, free_port, read_until, wait_for
 
 EXTERNAL_URL = os.environ.get("STREAMRL_TEST_EXTERNAL_DATABASE_URL")
 pytestmark = pytest.mark.skipif(not EXTERNAL_URL, reason="needs an external PostgreSQL (STREAMRL_TEST_EXTERNAL_DATABASE_URL)")
@@ -29,17 +27,9 @@ pytestmark = pytest.mark.skipif(not EXTERNAL_URL, reason="needs an external Post
 @pytest.fixture(scope="module")
 def ledger_urls():
     """(the owner's URL, the read-only role's URL) of a fresh migrated ledger."""
-    name = f"streamrl_readers_{uuid.uuid4().hex[:8]}"
-    owner = db.psycopg_url(EXTERNAL_URL)
-    with psycopg.connect(owner, autocommit=True) as conn:
-        conn.execute(f'create database "{name}"')
-    url = urlunsplit(urlsplit(owner)._replace(path=f"/{name}"))
-    db.upgrade(url)
-    parts = urlsplit(url)
-    reader = urlunsplit(parts._replace(netloc=f"streamrl_reader@{parts.hostname}:{parts.port or 5432}"))
-    yield url, reader
-    with psycopg.connect(owner, autocommit=True) as conn:
-        conn.execute(f'drop database "{name}" with (force)')
+    with external_ledger("streamrl_readers") as url:
+        parts = urlsplit(url)
+        yield url, urlunsplit(parts._replace(netloc=f"streamrl_reader@{parts.hostname}:{parts.port or 5432}"))
 
 
 def refused(reader: str, query: str) -> str:

@@ -8,17 +8,15 @@ from __future__ import annotations
 import os
 import uuid
 from datetime import UTC, datetime
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
-import psycopg
 import pyarrow.parquet as pq
 import pytest
 from psycopg.types.json import Jsonb
 
 from streamrl.runtime import db
 from streamrl.runtime.config import Recipe
-from tests.conftest import run_cli
+from tests.conftest import external_ledger, run_cli
 
 EXTERNAL_URL = os.environ.get("STREAMRL_TEST_EXTERNAL_DATABASE_URL")
 pytestmark = pytest.mark.skipif(not EXTERNAL_URL, reason="needs an external PostgreSQL (STREAMRL_TEST_EXTERNAL_DATABASE_URL)")
@@ -27,15 +25,8 @@ TABLES = ("tasks", "trajectories", "evaluations", "samples", "filtered_groups")
 
 @pytest.fixture(scope="module")
 def ledger_url():
-    name = f"streamrl_archive_{uuid.uuid4().hex[:8]}"
-    owner = db.psycopg_url(EXTERNAL_URL)
-    with psycopg.connect(owner, autocommit=True) as conn:
-        conn.execute(f'create database "{name}"')
-    url = urlunsplit(urlsplit(owner)._replace(path=f"/{name}"))
-    db.upgrade(url)
-    yield url
-    with psycopg.connect(owner, autocommit=True) as conn:
-        conn.execute(f'drop database "{name}" with (force)')
+    with external_ledger("streamrl_archive") as url:
+        yield url
 
 
 def event(run_id: str, kind: str, n: int) -> dict:
