@@ -133,19 +133,21 @@ def values_as_text(query: str, width: int, cut: int) -> str:
 
 
 def batches(cur, deadline: float, timeout_s: float):
-    """The cursor's rows, fetched in batches of about FETCH_BYTES (one row first, then as
-    many as the largest row so far allows), until the deadline."""
+    """The cursor's rows: a server-side cursor's in batches of about FETCH_BYTES (one row
+    first, then as many as the largest row so far allows), until the deadline; a plain
+    cursor's (EXPLAIN, SHOW: a few rows) at once."""
     if not cur.description:
         return
+    if not isinstance(cur, psycopg.ServerCursor):
+        yield from cur.fetchall()
+        return
     size, largest = 1, 1
-    while batch := (cur.fetchmany(size) if isinstance(cur, psycopg.ServerCursor) else cur.fetchall()):
+    while batch := cur.fetchmany(size):
         if time.monotonic() > deadline:
             raise SqlFailed(f"statement timed out after {timeout_s:g} s (--timeout)")
         yield from batch
         largest = max(largest, *(row_bytes(row) for row in batch))
         size = max(1, min(1000, FETCH_BYTES // largest))
-        if not isinstance(cur, psycopg.ServerCursor):
-            return
 
 
 @contextmanager
