@@ -36,10 +36,9 @@ import streamrl.learner.batch_trainers  # noqa: F401  (registers self_hosted_grp
 from streamrl.algos.lr_schedule import learning_rate_at
 from streamrl.learner.batch_summary import batch_metrics, timing_metrics
 from streamrl.learner.checkpoint import load_state, prune_weight_versions, version_folder
-from streamrl.learner.policy import Policy
+from streamrl.learner.policies import make_policy
 from streamrl.learner.recorded_steps import exactly_recorded, holds_untrained, recorded_steps
-from streamrl.learner.remote_policy import RemotePolicy
-from streamrl.learner.remote_trainers import RemoteApiTrainer, trainer_class
+from streamrl.learner.remote_trainers import trainer_class
 from streamrl.learner.step_inputs import (
     StepBuffer,
     sample_to_item,
@@ -109,12 +108,8 @@ class Learner:
         self.sync_every = recipe.weight.sync_every
         self.keep_weight_versions = recipe.weight.staleness_threshold + 3
         cls = trainer_class(recipe)
-        # A remote trainer's model lives in the training service; the loop is the same.
-        self.policy = (
-            RemotePolicy(recipe, cls, self.checkpoints, run_id)
-            if issubclass(cls, RemoteApiTrainer)
-            else Policy(recipe, cls, self.checkpoints)
-        )
+        # the same loop whether the model is here, in a training service or modelled (learner/policies.py)
+        self.policy = make_policy(recipe, cls, self.checkpoints, run_id, settings.home / "runs" / run_id / "logs")
         self.publisher = EventPublisher(settings, stage="learner") if self.policy.is_main else None
         self.step = 0
         self.start_offsets: dict[TopicPartition, int] | None = None

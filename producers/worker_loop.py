@@ -31,6 +31,7 @@ from pathlib import Path
 from kafka import TopicPartition
 
 import streamrl.producers.agent_worker  # registers the "agent" worker type
+import streamrl.producers.modelled_engine  # registers the "modelled" inference backend (the cluster twin's)
 import streamrl.producers.openai_engine  # registers the "openai" inference backend
 import streamrl.producers.sglang_engine  # noqa: F401  (registers the "sglang" inference backend)
 from streamrl.producers.evaluator import Evaluator
@@ -42,6 +43,7 @@ from streamrl.runtime.chat_template import recipe_renderer
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.config_reads import unread_keys
 from streamrl.runtime.dead_letters import refused_event
+from streamrl.runtime.gpu_model import twin_from_env
 from streamrl.runtime.plugins import load_class
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.weight_trust import VersionRules, VersionSequence, WeightVersionRefused, check_folder, known_total_steps
@@ -155,7 +157,8 @@ class WorkerLoop:
         worker_id = f"{os.uname().nodename}-{os.getpid()}-{name}"
         # each worker samples with its own seed: the shard index, or a number from its name
         seed_offset = zlib.crc32(name.encode()) % 1000 if in_group else shard[0]
-        backend = INFERENCE_BACKENDS.get(recipe.service.inference_service.backend)
+        # under the cluster twin (bench/cluster_twin.py) the GPUs are modelled, whatever the recipe says
+        backend = INFERENCE_BACKENDS.get("modelled" if twin_from_env() else recipe.service.inference_service.backend)
         self.engine = backend(recipe, recipe.trainer.seed + seed_offset, settings, settings.home / "runs" / run_id / "logs")
         cfg = self.cfg
         client = InferenceClient(

@@ -44,16 +44,21 @@ class Registry(Generic[T]):
         self.kind, self.recipe_key = kind, recipe_key
         self.reserved = dict(reserved or {})
         self._entries: dict[str, T] = {}
+        self._unlisted: set[str] = set()  # entries code chooses, never a recipe
         if recipe_key:
             REGISTRIES[recipe_key] = self
 
-    def register(self, name: str, *, replace: bool = False) -> Callable[[T], T]:
-        """Decorator: `@REGISTRY.register("name")` over a function or class."""
+    def register(self, name: str, *, replace: bool = False, in_recipes: bool = True) -> Callable[[T], T]:
+        """Decorator: `@REGISTRY.register("name")` over a function or class.
+        `in_recipes=False`: an entry only code chooses (the cluster twin's modelled GPUs):
+        `get` finds it, a recipe naming it is refused, and the reference does not list it."""
 
         def add(entry: T) -> T:
             if name in self._entries and not replace:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
             self._entries[name] = entry
+            if not in_recipes:
+                self._unlisted.add(name)
             return entry
 
         return add
@@ -65,7 +70,9 @@ class Registry(Generic[T]):
             raise UnknownName(self.unknown(name)) from None
 
     def unknown(self, name) -> str:
-        close = difflib.get_close_matches(str(name), self._entries, n=1)
+        if name in self._unlisted:
+            return f"{self.kind} {name!r} is chosen by code, not by a recipe; a recipe may name: {', '.join(self.names())}"
+        close = difflib.get_close_matches(str(name), self.names(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         return f"unknown {self.kind} {name!r}; known: {', '.join(self.names())}{hint}"
 
@@ -75,11 +82,11 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         """What a recipe may write: the registered names and the reserved ones."""
-        return sorted(set(self._entries) | set(self.reserved))
+        return sorted((set(self._entries) - self._unlisted) | set(self.reserved))
 
     def accepts(self, name: object) -> bool:
         """Whether a recipe may write `name`: registered, or reserved."""
-        return name in self._entries or name in self.reserved
+        return (name in self._entries and name not in self._unlisted) or name in self.reserved
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

@@ -1,0 +1,36 @@
+"""The cluster twin's quick mode (CI's smoke test of bench/cluster_twin.py): the real
+event path and ledger under modelled GPUs, sync against the deep fully-async schedule.
+Its figures are measurements (docs/benchmarks.md); this checks that they are measured."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import REPO
+
+
+def test_the_quick_twin_measures_both_schedules_on_real_payloads(stack, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "bench/cluster_twin.py", "--quick", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "of the ideal schedule (target >= 90%)" in " ".join(result.stdout.split())
+    sync, deep = json.loads((tmp_path / "results.json").read_text())
+    assert (sync["schedule"], deep["schedule"]) == ("sync", "fully-async")
+    for case in (sync, deep):
+        assert case["trained_per_s"] > 0 and case["generated_per_s"] > 0
+        assert 0 < case["gpu_busy"] <= 1 and 0 < case["learner_busy"] <= 1
+        assert 1 <= case["mean_batch"] <= case["model"]["max_running"]
+        # real-sized payloads: a prompt of 512 tokens or more, its token ids and logprobs kept
+        assert case["ledger_bytes_per_rollout"] > 512 * 8
+        assert case["kafka_mb_per_s"]["trajectories"] > 0 and case["kafka_mb_per_s"]["samples"] > 0
+        assert {"broker", "processor", "sink", "postgresql", "worker", "learner"} <= case["cpu_us_per_rollout"].keys()
+    assert set(sync["staleness"]) == {"0"}  # sync trains on the newest version only
+    assert max(int(k) for k in deep["staleness"]) <= 4  # the deep schedule's bound
+    assert (tmp_path / "cluster_twin.png").stat().st_size > 0
