@@ -7,12 +7,12 @@ Busy seconds are written to the run's logs (`learner-twin.json`) for the bench."
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
 from streamrl.learner.batching import TrainItem
 from streamrl.learner.checkpoint import latest_checkpoint, save_checkpoint, version_folder
+from streamrl.learner.single_process import SingleProcessPolicy
 from streamrl.learner.trainers import StepResult
 from streamrl.learner.version_writes import VersionWrites
 from streamrl.runtime.folders import write_folder
@@ -24,8 +24,7 @@ class _OneProcess:
     device = "modelled"
 
 
-class ModelledPolicy:
-    is_main = True
+class ModelledPolicy(SingleProcessPolicy):
     ref_model = None
     tokenizer = None
     placement = _OneProcess()
@@ -37,16 +36,6 @@ class ModelledPolicy:
         self.started = time.perf_counter()
         self.busy_s = 0.0
         self.steps: list[dict] = []
-        self._stop = threading.Event()
-
-    def call(self, name: str, *args, **kwargs):
-        return getattr(self, name)(*args, **kwargs)
-
-    def follow(self) -> None:
-        pass
-
-    def stop_followers(self) -> None:
-        pass
 
     def warm_up(self) -> dict:
         return {"cluster_twin": json.loads(self.model.to_env())}

@@ -32,6 +32,7 @@ from streamrl.learner.batching import TrainItem
 from streamrl.learner.checkpoint import latest_checkpoint, load_state, save_checkpoint, version_folder
 from streamrl.learner.parallel import Placement
 from streamrl.learner.remote_trainers import RemoteApiTrainer, merged_metrics, request_chunks, service_datums
+from streamrl.learner.single_process import SingleProcessPolicy
 from streamrl.learner.trainer_factory import build_guide_trainer, unread_trainer_keys
 from streamrl.learner.trainers import StepResult
 from streamrl.learner.version_writes import VersionWrites
@@ -76,7 +77,7 @@ def wait_until_healthy(url: str, api_key: str | None, tries: int = 5, then: str 
         raise service_lost(url, f"did not answer after {tries} tries", error, then) from None
 
 
-class RemotePolicy:
+class RemotePolicy(SingleProcessPolicy):
     def __init__(self, recipe: Recipe, trainer_class: type[RemoteApiTrainer], checkpoints: Path, run_id: str):
         import tinker  # imported here: two seconds that only a remote trainer pays
 
@@ -113,16 +114,6 @@ class RemotePolicy:
             raise service_lost(self.url, f"{what} within {self.timeout:.0f} s", error) from None
 
     # --- what the learner loop calls (learner/policy.py has the same names) ---------------------
-    is_main = True
-
-    def call(self, name: str, *args, **kwargs):
-        return getattr(self, name)(*args, **kwargs)
-
-    def follow(self) -> None:
-        pass
-
-    def stop_followers(self) -> None:
-        pass
 
     def warm_up(self) -> dict:
         """The recipe's cross-entropy warm-up, on the service: the same batches (drawn with

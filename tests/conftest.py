@@ -335,6 +335,7 @@ LONGEST_MODULES = (
     "test_tinker_cookbook",
     "test_worker_group",
     "test_shift_recipe",
+    "test_cluster_twin",
     "test_ledger_sink",
     "test_reference_loop",
     "test_service_limits",
