@@ -430,7 +430,7 @@ def main() -> None:
         help="also fully-async at this staleness_threshold, the worker taking that many GPUs' room of tasks (0: not)",
     )
     parser.add_argument(
-        "--time-scale", type=float, default=10.0, help="the schedule comparison's GPUs run this many times faster"
+        "--time-scale", type=float, default=20.0, help="the schedule comparison's GPUs run this many times faster"
     )
     parser.add_argument(
         "--max-running", type=int, default=32, help="sequences a GPU decodes at once; a step is one such batch of every GPU"
