@@ -42,6 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from streamrl.runtime.db import connect
+from streamrl.runtime.folders import run_logs
 from streamrl.runtime.gpu_model import TWIN_ENV, TwinModel, ideal_rollouts_per_s
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.topic_retention import delete_run_topics
@@ -242,6 +243,7 @@ def measure(settings, case: Case, run_id: str, mark0, mark1) -> dict:
         t0,
         t1,
     )[0]
+    busy, mean_batch = gpu_busy(settings, run_id, t0, t1)
     return {
         "label": case.label,
         "staleness_bound": case.staleness,
@@ -258,23 +260,19 @@ def measure(settings, case: Case, run_id: str, mark0, mark1) -> dict:
         "kafka_mb_per_s": topic_rates(settings, run_id, t0, t1),
         "cpu_us_per_rollout": {role: seconds / rollouts * 1e6 for role, seconds in cpu.items()},
         "cores_busy": {role: seconds / cpu_wall for role, seconds in cpu.items()},
-        "gpu_busy": gpu_busy(settings, run_id, t0, t1)[0],
-        "mean_batch": gpu_busy(settings, run_id, t0, t1)[1],
+        "gpu_busy": busy,
+        "mean_batch": mean_batch,
         "learner_busy": learner_busy(settings, run_id, t0, t1),
         "staleness": {int(k): int(v) for k, v in staleness},
         "latency_s": {"trajectory_to_sample": list(latency[0] or []), "sample_to_trained": list(latency[1] or [])},
     }
 
 
-def logs_of(settings: Settings, run_id: str) -> Path:
-    return settings.home / "runs" / run_id / "logs"
-
-
 def gpu_busy(settings: Settings, run_id: str, t0: float, t1: float) -> tuple[float, float]:
     """The inference GPUs in the window, from the engines' running totals: busy
     GPU-seconds over GPU-seconds, and the mean number of sequences a decoding GPU ran."""
     busy, decoding, running, gpus = 0.0, 0.0, 0.0, 0
-    for path in logs_of(settings, run_id).glob("engine-twin-*.jsonl"):
+    for path in run_logs(settings.home, run_id).glob("engine-twin-*.jsonl"):
         lines = [json.loads(line) for line in path.read_text().splitlines()]
         at = np.array([line["time"] for line in lines])
 
@@ -292,8 +290,8 @@ def gpu_busy(settings: Settings, run_id: str, t0: float, t1: float) -> tuple[flo
 
 
 def learner_busy(settings: Settings, run_id: str, t0: float, t1: float) -> float:
-    path = logs_of(settings, run_id) / "learner-twin.json"
-    steps = json.loads(path.read_text())["steps"]
+    path = run_logs(settings.home, run_id) / "learner-twin.jsonl"
+    steps = [json.loads(line) for line in path.read_text().splitlines()]
     busy = sum(max(0.0, min(s["time"] + s["seconds"], t1) - max(s["time"], t0)) for s in steps)
     return busy / (t1 - t0)
 

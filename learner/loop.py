@@ -109,7 +109,7 @@ class Learner:
         self.keep_weight_versions = recipe.weight.staleness_threshold + 3
         cls = trainer_class(recipe)
         # the same loop whether the model is here, in a training service or modelled (learner/policies.py)
-        self.policy = make_policy(recipe, cls, self.checkpoints, run_id, settings.home / "runs" / run_id / "logs")
+        self.policy = make_policy(recipe, cls, self.checkpoints, run_id, folders.run_logs(settings.home, run_id))
         self.publisher = EventPublisher(settings, stage="learner") if self.policy.is_main else None
         self.step = 0
         self.start_offsets: dict[TopicPartition, int] | None = None

@@ -2,7 +2,7 @@
 the model's compute replaced by the time the modelled learner GPUs would take
 (runtime/gpu_model.py). A step waits `train_s(tokens)`; a weight version is a small
 folder (its sha256 checked by the workers as any other); snapshots hold the loop's state.
-Busy seconds are written to the run's logs (`learner-twin.json`) for the bench."""
+Each step's time goes to the run's logs (`learner-twin.jsonl`, a line a step) for the bench."""
 
 from __future__ import annotations
 
@@ -33,9 +33,6 @@ class ModelledPolicy(SingleProcessPolicy):
         self.model, self.checkpoints, self.logs = model, checkpoints, logs
         self.checkpoint = latest_checkpoint(checkpoints)
         self.versions = VersionWrites()
-        self.started = time.perf_counter()
-        self.busy_s = 0.0
-        self.steps: list[dict] = []
 
     def warm_up(self) -> dict:
         return {"cluster_twin": json.loads(self.model.to_env())}
@@ -49,9 +46,9 @@ class ModelledPolicy(SingleProcessPolicy):
         started, began = time.perf_counter(), time.time()
         time.sleep(train_s(self.model, tokens))
         seconds = time.perf_counter() - started
-        self.busy_s += seconds
-        self.steps.append({"time": began, "seconds": seconds, "tokens": tokens, "samples": len(items)})
-        self._write_stats()
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with (self.logs / "learner-twin.jsonl").open("a") as out:
+            out.write(json.dumps({"time": began, "seconds": seconds, "tokens": tokens, "samples": len(items)}) + "\n")
         return StepResult(loss=0.0, grad_norm=0.0, tokens=tokens, samples=len(items), seconds=seconds, metrics={})
 
     def start_version(self, root: Path, version: int) -> None:
@@ -78,12 +75,5 @@ class ModelledPolicy(SingleProcessPolicy):
     def fix_reference(self) -> None:
         raise RuntimeError("the cluster twin has no KL reference")
 
-    def _write_stats(self) -> None:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        stats = {"wall_s": time.perf_counter() - self.started, "busy_s": self.busy_s, "steps": self.steps}
-        tmp = self.logs / ".learner-twin.json.tmp"
-        tmp.write_text(json.dumps(stats))
-        tmp.replace(self.logs / "learner-twin.json")
-
     def close(self) -> None:
-        self._write_stats()
+        pass

@@ -13,7 +13,7 @@ so each event costs O(log n) and a numpy pass over the GPUs.
 
 Only bench/cluster_twin.py chooses this backend (through STREAMRL_CLUSTER_TWIN): a
 recipe naming it is refused. The GPUs' busy seconds go to the run's logs
-(`engine-twin-<worker>.json`) for the bench.
+(`engine-twin-<seed>.jsonl`) for the bench.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import numpy as np
 from transformers import AutoTokenizer
 
 from streamrl.producers.inference import Completion, SamplingParams, register_inference_backend
-from streamrl.runtime.gpu_model import H100_HBM_BYTES_PER_S, TwinModel, prefill_s, response_lengths, twin_from_env
+from streamrl.runtime.gpu_model import TwinModel, decode_step_s, prefill_s, response_lengths, twin_from_env
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,8 @@ class ModelledGpus:
         return self.submit(prompt, params).result()
 
     def update_weights(self, model_path: str | Path, weight_version: int, broadcast=None, now: float | None = None) -> None:
-        """Every GPU pauses to take the version; running sequences go on with it."""
+        """Every GPU pauses to take the version (a broadcast one too: the same pause);
+        running sequences go on with it."""
         with self.cond:
             now = time.monotonic() if now is None else now
             self._advance(now)
@@ -135,17 +136,12 @@ class ModelledGpus:
         self._write_stats()
 
     # --- modelled time ------------------------------------------------------------------------------
-    def _step_s(self) -> np.ndarray:
-        model = self.model
-        read = model.weight_bytes + model.kv_bytes_per_token * self.context
-        return read / (H100_HBM_BYTES_PER_S * model.bandwidth_efficiency) / model.time_scale
-
     def _advance(self, now: float) -> None:
         """Move every GPU's clock from the last event to `now`."""
         running = self.running > 0
         decode_from = np.maximum(np.maximum(self.prefill_until, self.sync_until), self.last)
         decoding = np.where(running, np.maximum(now - decode_from, 0.0), 0.0)
-        self.clock += decoding / self._step_s()
+        self.clock += decoding / decode_step_s(self.model, self.context)
         self.decoding_s += decoding
         self.running_s += decoding * self.running
         self.last = now
@@ -190,7 +186,7 @@ class ModelledGpus:
         if not running.any():
             return np.inf
         decode_from = np.maximum(np.maximum(self.prefill_until, self.sync_until), now)
-        at = decode_from + (self.next_finish - self.clock) * self._step_s()
+        at = decode_from + (self.next_finish - self.clock) * decode_step_s(self.model, self.context)
         return float(at[running].min())
 
     def step(self, now: float) -> list[_Sequence]:
@@ -265,6 +261,6 @@ def modelled_backend(recipe, seed: int, settings=None, logs: Path | None = None)
     if model is None:
         raise ValueError("the modelled inference backend runs only under bench/cluster_twin.py (STREAMRL_CLUSTER_TWIN)")
     tokenizer = AutoTokenizer.from_pretrained(recipe.rollout_worker.model_path)
-    stats = logs / f"engine-twin-{seed}.jsonl" if logs is not None else None
+    stats = logs / f"engine-twin-{seed}.jsonl" if logs is not None else None  # one a worker: seeds differ
     log.warning("cluster twin: %d modelled inference GPUs (%s), no model is run", model.inference_gpus, model.to_env())
     return ModelledGpus(model, tokenizer, seed, stats)

@@ -43,6 +43,7 @@ from streamrl.runtime.chat_template import recipe_renderer
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.config_reads import unread_keys
 from streamrl.runtime.dead_letters import refused_event
+from streamrl.runtime.folders import run_logs
 from streamrl.runtime.gpu_model import twin_from_env
 from streamrl.runtime.plugins import load_class
 from streamrl.runtime.settings import Settings
@@ -159,7 +160,7 @@ class WorkerLoop:
         seed_offset = zlib.crc32(name.encode()) % 1000 if in_group else shard[0]
         # under the cluster twin (bench/cluster_twin.py) the GPUs are modelled, whatever the recipe says
         backend = INFERENCE_BACKENDS.get("modelled" if twin_from_env() else recipe.service.inference_service.backend)
-        self.engine = backend(recipe, recipe.trainer.seed + seed_offset, settings, settings.home / "runs" / run_id / "logs")
+        self.engine = backend(recipe, recipe.trainer.seed + seed_offset, settings, run_logs(settings.home, run_id))
         cfg = self.cfg
         client = InferenceClient(
             self.engine,

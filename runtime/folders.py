@@ -26,6 +26,12 @@ def write_folder(final: Path, fill) -> Path:
 LATEST_SNAPSHOT = "LATEST"
 
 
+def run_logs(home: Path, run_id: str) -> Path:
+    """Where a run's processes keep logs of their own (servers a backend starts, the
+    cluster twin's GPU time)."""
+    return home / "runs" / run_id / "logs"
+
+
 def run_dir(home: Path, run_id: str, configured: str) -> Path:
     """Where a run's checkpoints or weights live: the recipe's path (relative paths are
     under STREAMRL_HOME), one folder per run."""

@@ -51,12 +51,34 @@ class TwinModel:
     time_scale: float = 1.0  # > 1: every modelled duration divided by it (the event path carries that many times the stream)
     seed: int = 0
 
+    def __post_init__(self):
+        """A model that cannot be is refused by field, before a process starts on it."""
+        counts = ("inference_gpus", "learner_gpus", "max_running", "response_median", "response_max")
+        problems = [f"{name} must be >= 1" for name in counts if getattr(self, name) < 1]
+        problems += [
+            f"{name} must be in (0, 1]"
+            for name in ("bandwidth_efficiency", "prefill_mfu", "train_mfu")
+            if not 0 < getattr(self, name) <= 1
+        ]
+        low, high = self.prompt_tokens
+        if not 1 <= low <= high:
+            problems.append(f"prompt_tokens must be (low, high) with 1 <= low <= high, got {self.prompt_tokens}")
+        if self.params_b <= 0 or self.time_scale <= 0 or self.weight_sync_s < 0 or self.response_sigma < 0:
+            problems.append("params_b and time_scale must be > 0; weight_sync_s and response_sigma >= 0")
+        if problems:
+            raise ValueError(f"{TWIN_ENV}: {'; '.join(problems)}")
+
     def to_env(self) -> str:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, text: str) -> TwinModel:
-        fields = json.loads(text)
+        try:
+            fields = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{TWIN_ENV}: not JSON ({exc})") from None
+        if not isinstance(fields, dict):
+            raise ValueError(f"{TWIN_ENV}: expected a JSON object of TwinModel's fields")
         if "prompt_tokens" in fields:
             fields["prompt_tokens"] = tuple(fields["prompt_tokens"])
         unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
@@ -75,9 +97,10 @@ def twin_from_env() -> TwinModel | None:
     return TwinModel.from_json(text) if text else None
 
 
-def decode_step_s(model: TwinModel, running: int, context_tokens: float) -> float:
-    """One decode step of `running` sequences holding `context_tokens` tokens of KV cache
-    in all: the weights and the cache read once, at the reached bandwidth."""
+def decode_step_s(model: TwinModel, context_tokens):
+    """One decode step of sequences holding `context_tokens` tokens of KV cache in all
+    (a number, or an array of them, one a GPU): the weights and the cache read once, at
+    the reached bandwidth."""
     read = model.weight_bytes + model.kv_bytes_per_token * context_tokens
     return read / (H100_HBM_BYTES_PER_S * model.bandwidth_efficiency) / model.time_scale
 
@@ -110,7 +133,7 @@ def ideal_rollouts_per_s(model: TwinModel, group_size: int) -> dict[str, float]:
     prompt = sum(model.prompt_tokens) / 2
     response = mean_response(model)
     context = model.max_running * (prompt + response / 2)
-    per_gpu_tokens_s = model.max_running / decode_step_s(model, model.max_running, context)
+    per_gpu_tokens_s = model.max_running / decode_step_s(model, context)
     # a GPU's time per rollout: its share of decode steps, and its prompt's prefill shared by its group
     generate_s = response / per_gpu_tokens_s + prefill_s(model, int(prompt)) / group_size
     generation = model.inference_gpus / generate_s

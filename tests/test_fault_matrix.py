@@ -248,7 +248,6 @@ def test_fault_matrix_ends_with_the_ledger_of_a_fault_free_run(private_stack, tm
     others = [letter[1:] for letter in letters if letter[0] is None or bytes(letter[0]) != b"fault-matrix"]
     assert not others, f"dead letters of records this test did not write: {others}"
     assert len({letter[2:5] for letter in letters}) == len(letters) == bad, [letter[1:5] for letter in letters]
-    dead = [len(letters)]
     assert query(settings, "select count(*) from dead_letters where run_id = %s", "faults-reference")[0][0] == 0
     with db.connect(settings.database_url, autocommit=True) as conn:
         assert_ledger_consistent(conn, run_id, steps=STEPS, staleness_threshold=0)
@@ -256,6 +255,6 @@ def test_fault_matrix_ends_with_the_ledger_of_a_fault_free_run(private_stack, tm
         f"\nfault matrix: {len(injected) + 1} faults ({', '.join(f'{f} at step {s}' for f, s in injected)}, "
         f"broker restart at step {broker_restart_at}, topic windows then on the broker {windows_held}); "
         f"{got['trajectories']} trajectories, "
-        f"{len(got['sample ids'])} samples, {bad} bad records -> {dead[0]} dead letters; "
+        f"{len(got['sample ids'])} samples, {bad} bad records -> {len(letters)} dead letters; "
         f"lost 0, trained twice {got['trained twice']}"
     )

@@ -110,3 +110,20 @@ def test_a_recipe_cannot_choose_the_modelled_gpus(tmp_path):
         "service.inference_service.backend: inference backend 'modelled' is chosen by code, not by a recipe; "
         "a recipe may name: embedded, openai, sglang"
     ) in recipe_code_problems(load_recipe(recipe))
+
+
+def test_a_twin_model_that_cannot_be_is_refused_by_field(monkeypatch):
+    from streamrl.runtime.gpu_model import TWIN_ENV, twin_from_env
+
+    with pytest.raises(ValueError, match=r"inference_gpus must be >= 1; train_mfu must be in \(0, 1\]"):
+        TwinModel(inference_gpus=0, train_mfu=1.5)
+    with pytest.raises(ValueError, match=r"prompt_tokens must be \(low, high\)"):
+        TwinModel(prompt_tokens=(4096, 512))
+    monkeypatch.setenv(TWIN_ENV, "{not json")
+    with pytest.raises(ValueError, match="STREAMRL_CLUSTER_TWIN: not JSON"):
+        twin_from_env()
+    monkeypatch.setenv(TWIN_ENV, '{"gpus": 8}')
+    with pytest.raises(ValueError, match=r"STREAMRL_CLUSTER_TWIN: unknown fields \['gpus'\]"):
+        twin_from_env()
+    monkeypatch.setenv(TWIN_ENV, TwinModel(inference_gpus=3).to_env())
+    assert twin_from_env() == TwinModel(inference_gpus=3)
