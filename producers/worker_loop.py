@@ -3,8 +3,10 @@
 A thin loop around a `BaseRolloutWorker`: take up to `max_concurrent_tasks` tasks from
 this worker's partitions, make sure the engine holds a weight version the tasks allow,
 roll them out concurrently (the engine batches their completions), publish, and only
-then commit the tasks' offsets. A crash re-runs the uncommitted tasks; their events
-keep the same ids, and the processor and ledger keep the first copy.
+then commit the tasks' offsets. In sync and batch-async mode the tasks are taken a batch
+at a time; in fully-async mode as room frees (a record at a time, committed below the
+oldest one still rolling out). A crash re-runs the uncommitted tasks; their events keep
+the same ids, and the processor and ledger keep the first copy.
 
 Weight sync (`weight.sync_mode`):
     sync         tasks carry min_weight_version = the version they must be sampled by;
@@ -24,8 +26,8 @@ import os
 import threading
 import time
 import zlib
-from collections import Counter, deque
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from collections import Counter
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from pathlib import Path
 
 from kafka import TopicPartition
@@ -38,17 +40,18 @@ from streamrl.producers.evaluator import Evaluator
 from streamrl.producers.evaluator_builtins import make_evaluator as build_evaluator
 from streamrl.producers.inference import INFERENCE_BACKENDS, SamplingParams
 from streamrl.producers.rollout import ROLLOUT_WORKERS, BaseRolloutWorker, InferenceClient, make_worker
+from streamrl.producers.weight_watcher import WeightWatcher
 from streamrl.runtime.bus import EventPublisher, RunReader
 from streamrl.runtime.chat_template import recipe_renderer
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.config_reads import unread_keys
-from streamrl.runtime.dead_letters import refused_event
 from streamrl.runtime.folders import run_logs
 from streamrl.runtime.gpu_model import twin_from_env
 from streamrl.runtime.plugins import load_class
 from streamrl.runtime.settings import Settings
-from streamrl.runtime.weight_trust import VersionRules, VersionSequence, WeightVersionRefused, check_folder, known_total_steps
-from streamrl.schema.events import DeadLetter, RunEvent, Task, WeightVersion
+from streamrl.runtime.weight_trust import VersionRules, WeightVersionRefused, check_folder, known_total_steps
+from streamrl.schema.events import RunEvent, Task, WeightVersion
+from streamrl.schema.topics import event_key
 
 log = logging.getLogger("streamrl.worker")
 WORKER_GROUP = "streamrl-worker"
@@ -72,58 +75,6 @@ def worker_class(recipe: Recipe) -> type[BaseRolloutWorker]:
         return ROLLOUT_WORKERS.get(worker.type)
     except KeyError as exc:
         raise ValueError(f"rollout_worker.type: {exc} (or set custom_rollout_worker_module_path)") from None
-
-
-class WeightWatcher:
-    """Follows the run's weights topic; knows the newest version its learner announced.
-    A version that cannot be the learner's (runtime/weight_trust.py) is refused: kept in
-    `refused` as a dead letter for the worker to publish, and never loaded."""
-
-    def __init__(self, settings: Settings, run_id: str, rules: VersionRules):
-        self.reader = RunReader(settings, run_id, ["weights"], group_id=None, stage="worker")
-        self.sequence = VersionSequence(rules)
-        self.refused: deque[DeadLetter] = deque()  # appended by the thread that polls, taken by the worker's loop
-        # version -> where it was read and the version before it, for the accepted ones not yet loaded
-        self._read_at: dict[int, tuple[TopicPartition, int, WeightVersion | None]] = {}
-
-    def poll(self, timeout_ms: int = 0) -> WeightVersion | None:
-        events, dead = self.reader.poll(timeout_ms=timeout_ms)
-        self.refused.extend(dead)
-        for event, tp, offset in events:
-            if not isinstance(event, WeightVersion):
-                continue
-            before = self.sequence.accepted
-            try:
-                if self.sequence.offer(event):
-                    self._read_at[event.version] = (tp, offset, before)
-            except WeightVersionRefused as exc:
-                self.refused.append(refused_event(event, tp.topic, tp.partition, offset, str(exc), "worker"))
-        return self.sequence.accepted
-
-    def refuse(self, event: WeightVersion, reason: str) -> None:
-        """`event` failed its check at loading: a dead letter, and the version before it is
-        the newest again."""
-        tp, offset, before = self._read_at.pop(event.version)
-        self.refused.append(refused_event(event, tp.topic, tp.partition, offset, reason, "worker"))
-        self.sequence.withdraw(event, before)
-
-    def loaded(self, version: int) -> None:
-        """`version` is in the engine: it and the ones before it can no longer be refused."""
-        for number in [n for n in self._read_at if n <= version]:
-            del self._read_at[number]
-
-    def wait_for(self, version: int, stop: threading.Event) -> WeightVersion | None:
-        while not stop.is_set():
-            latest = self.poll(timeout_ms=100)
-            if latest is not None and latest.version >= version:
-                return latest
-        return None
-
-    def take_refused(self) -> list[DeadLetter]:
-        taken = []
-        while self.refused:
-            taken.append(self.refused.popleft())
-        return taken
 
 
 def run_worker(
@@ -227,6 +178,8 @@ class WorkerLoop:
             follower = WeightWatcher(self.settings, self.run_id, self.version_rules)
             self.followers.append(follower)
             threading.Thread(target=self._follow_weights, args=(follower,), name="weights", daemon=True).start()
+        if self.mode == "fully-async":
+            return self._run_continuous(idle_exit_s)
         done, last_work = 0, time.monotonic()
         try:
             while not self.stop.is_set():
@@ -259,6 +212,72 @@ class WorkerLoop:
             raise self.failures[0]
         return done
 
+    def _run_continuous(self, idle_exit_s: float | None) -> int:
+        """fully-async: tasks are taken as room frees, not a batch at a time. Each record
+        taken (a group's tasks) is rolled out on a thread of its own; as each finishes, its
+        events are published and the offsets below the oldest record still rolling out are
+        committed. So a long answer holds only its own group, never the worker's next tasks."""
+        limit, group_size = self.cfg.max_concurrent_tasks, self.cfg.rollout_repeat_n
+        rolling: dict[Future, tuple[TopicPartition, int, int]] = {}  # a record's rollout -> its coordinates, its tasks
+        unfinished: list[tuple[TopicPartition, int]] = []  # records taken that will not finish here: never committed
+        records = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="record")
+        done, last_work = 0, time.monotonic()
+        try:
+            while rolling or not self.stop.is_set():
+                room = limit - sum(tasks for _, _, tasks in rolling.values())
+                if not self.stop.is_set() and (room >= group_size or not rolling):
+                    events, dead = take_tasks(self.tasks, room, group_size, timeout_ms=0 if rolling else 100)
+                    self._send_now(dead + [d for w in self.followers for d in w.take_refused()])
+                    for (tp, offset), batch in by_record(events).items():
+                        if self.stop.is_set() or not self._weights_for(batch):  # stopped while waiting
+                            unfinished.append((tp, offset))
+                        else:
+                            rolling[records.submit(self._roll_out, batch)] = (tp, offset, len(batch))
+                    if events or dead:
+                        last_work = time.monotonic()
+                    if dead:
+                        self._commit_below(rolling, unfinished)
+                if not rolling:
+                    if idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s:
+                        break
+                    continue
+                finished, _ = wait(rolling, timeout=0.05, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    tp, offset, tasks = rolling.pop(future)
+                    if future.exception() is not None:  # rolled out again after a restart; the worker stops, loudly
+                        unfinished.append((tp, offset))
+                        self.failures.append(future.exception())  # type: ignore[arg-type]  # not None here
+                        self.stop.set()
+                    else:
+                        done += tasks
+                if finished:
+                    last_work = time.monotonic()
+                    self._commit_below(rolling, unfinished)
+                    if not self.unread_reported and done >= UNREAD_CHECK_ROLLOUTS:
+                        self.report_unread_keys()
+        finally:
+            records.shutdown(wait=True)
+            if done and not self.unread_reported:
+                self.report_unread_keys()
+            self.close()
+        if self.failures:
+            raise self.failures[0]
+        return done
+
+    def _commit_below(self, rolling: dict[Future, tuple[TopicPartition, int, int]], unfinished: list) -> None:
+        """Once what finished is published: every partition's offset up to its oldest
+        record not yet done (those after it are rolled out again after a crash, and keep
+        their events' ids, so the first copy wins)."""
+        self.publisher.flush(held=False)
+        pending = [(tp, offset) for tp, offset, _ in rolling.values()] + unfinished
+        self.tasks.commit(self.tasks.first_needed_offsets(pending))
+
+    def _send_now(self, events: list) -> None:
+        """Dead letters and refused versions, sent at once (not held with a group's events)."""
+        for event in events:
+            self.publisher.publish(event)
+            self.publisher.send_held(event_key(event))
+
     def report_unread_keys(self) -> None:
         """Once, after the first rollouts: the worker's own keys it never read
         (runtime/config_reads.py), in its log and in the ledger."""
@@ -272,16 +291,15 @@ class WorkerLoop:
             f"`config_keys = (...)` to have the others refused when the recipe is checked"
         )
         log.warning(message)
-        self.publisher.publish(
-            RunEvent(
-                run_id=self.run_id,
-                kind="config_unread",
-                name="rollout_worker",
-                message=message,
-                details={"section": "rollout_worker", "keys": unread},
-            )
+        unread_event = RunEvent(
+            run_id=self.run_id,
+            kind="config_unread",
+            name="rollout_worker",
+            message=message,
+            details={"section": "rollout_worker", "keys": unread},
         )
-        self.publisher.flush()
+        self._send_now([unread_event])
+        self.publisher.flush(held=False)
 
     def _weights_for(self, batch: list[Task]) -> bool:
         """The engine holds a version every task of `batch` allows (sync waits for it;
@@ -336,17 +354,26 @@ class WorkerLoop:
         self.engine.close()
 
 
-def take_tasks(tasks: RunReader, limit: int, group_size: int) -> tuple[list, list]:
+def take_tasks(tasks: RunReader, limit: int, group_size: int, timeout_ms: int = 100) -> tuple[list, list]:
     """Up to `limit` tasks from the tasks topic, where a record holds a whole group's
     tasks (the publisher bundles them) or one (a validation task): records are taken a
     few at a time while another group's bundle still fits."""
-    events, dead = tasks.poll(timeout_ms=100, max_records=max(1, limit // group_size))
+    events, dead = tasks.poll(timeout_ms=timeout_ms, max_records=max(1, limit // group_size))
     while (events or dead) and len(events) + group_size <= limit:
         more, more_dead = tasks.poll(timeout_ms=0, max_records=max(1, (limit - len(events)) // group_size))
         if not more and not more_dead:
             break
         events, dead = events + more, dead + more_dead
     return events, dead
+
+
+def by_record(events: list) -> dict[tuple[TopicPartition, int], list[Task]]:
+    """The tasks of each record taken (a bundle's tasks share its offset), in order."""
+    records: dict[tuple[TopicPartition, int], list[Task]] = {}
+    for task, tp, offset in events:
+        if isinstance(task, Task):
+            records.setdefault((tp, offset), []).append(task)
+    return records
 
 
 def _tp(letter) -> TopicPartition:

@@ -241,12 +241,14 @@ class EventPublisher:
             for value in codec.bundle(frames, self._settings.max_message_bytes - FRAME_OVERHEAD_BYTES):
                 self._send(topic, key, value)
 
-    def flush(self, timeout: float | None = None) -> None:
+    def flush(self, timeout: float | None = None, held: bool = True) -> None:
         """Wait for every event published since the last flush, and raise the first send
         that failed: callers commit their input offsets after a flush, so a send the
         broker never took (it was lost, say, and the client's retries ran out) must stop
-        them rather than be skipped."""
-        self.send_held()
+        them rather than be skipped. `held=False` leaves the held events held (a worker
+        whose other groups are still being rolled out)."""
+        if held:
+            self.send_held()
         self.producer.flush(timeout)
         with self._in_flight_lock:
             in_flight, self._in_flight = self._in_flight, []

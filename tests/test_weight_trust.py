@@ -111,7 +111,8 @@ def test_a_worker_loads_a_version_only_when_its_folder_holds_it_and_else_takes_t
 
     from kafka import TopicPartition
 
-    from streamrl.producers.worker_loop import WeightWatcher, WorkerLoop
+    from streamrl.producers.weight_watcher import WeightWatcher
+    from streamrl.producers.worker_loop import WorkerLoop
 
     folder = tmp_path / "weights" / "r" / "v000003"
     folder.mkdir(parents=True)

@@ -76,6 +76,31 @@ def test_a_worker_joins_mid_run_and_the_first_one_dies(stack, ledger, run_id, tm
     assert "worker-0 exited with signal 9; restarting it" in (tmp_path / "logs" / "supervisor.log").read_text()
 
 
+def test_a_fully_async_worker_killed_mid_run_leaves_an_exact_ledger(stack, ledger, run_id, tmp_path):
+    """fully-async: the worker takes tasks as room frees and commits below its oldest
+    record still rolling out, so a SIGKILL between its commits loses no task and trains
+    none twice (the restarted worker rolls out again what was not committed)."""
+    steps = 12
+    env = {**os.environ, **small_run_env(ARITH_STEPS=str(steps), ARITH_VALIDATE_EVERY="12")}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--out", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        stdout=open(tmp_path / "run.log", "wb"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_for(lambda: scalar(ledger, "select count(*) from train_steps where run_id = %s", run_id) >= 2, 300, what="step 2")
+        os.kill(pid_of(run_id, "worker", "--shard 0/1"), signal.SIGKILL)  # streamrl run restarts it
+        assert run.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    finally:
+        if run.poll() is None:
+            run.send_signal(signal.SIGTERM)
+            run.wait(timeout=60)
+    assert_ledger_consistent(ledger, run_id, steps=steps, staleness_threshold=1)
+    assert "worker-0 exited with signal 9; restarting it" in (tmp_path / "logs" / "supervisor.log").read_text()
+
+
 def test_a_process_that_would_share_partitions_another_way_than_the_run_is_refused(stack, run_id):
     """A run created as `streamrl run` creates it (fixed shards): a worker or processor in
     a consumer group would roll out or group what the shard owners already do."""
