@@ -143,6 +143,7 @@ class WorkerLoop:
         self.failures: list[BaseException] = []
         self.pool = ThreadPoolExecutor(max_workers=cfg.max_concurrent_tasks, thread_name_prefix="rollout")
         self.unread_reported = False
+        self.done = 0  # tasks rolled out
 
     def load(self, version: WeightVersion | None, watcher: WeightWatcher) -> None:
         """Load `version` into the engine if it is newer (applied before its next batch),
@@ -178,65 +179,57 @@ class WorkerLoop:
             follower = WeightWatcher(self.settings, self.run_id, self.version_rules)
             self.followers.append(follower)
             threading.Thread(target=self._follow_weights, args=(follower,), name="weights", daemon=True).start()
-        if self.mode == "fully-async":
-            return self._run_continuous(idle_exit_s)
-        done, last_work = 0, time.monotonic()
         try:
-            while not self.stop.is_set():
-                events, dead = take_tasks(self.tasks, self.cfg.max_concurrent_tasks, self.cfg.rollout_repeat_n)
-                letters = dead + [d for w in self.followers for d in w.take_refused()]
-                for letter in letters:
-                    self.publisher.publish(letter)
-                batch = [task for task, _, _ in events if isinstance(task, Task)]
-                if not batch and not dead:
-                    if letters:  # refused weight versions, while no task comes
-                        self.publisher.flush()
-                    if idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s:
-                        break
-                    continue
-                last_work = time.monotonic()
-                if batch:
-                    if not self._weights_for(batch):  # stopped while waiting: hand the tasks back uncommitted
-                        break
-                    self._roll_out(batch)
-                    done += len(batch)
-                    if not self.unread_reported and done >= UNREAD_CHECK_ROLLOUTS:
-                        self.report_unread_keys()
-                self.publisher.flush()
-                self._commit(events, dead)
+            if self.mode == "fully-async":
+                self._take_as_room_frees(idle_exit_s)
+            else:
+                self._take_in_batches(idle_exit_s)
         finally:
-            if done and not self.unread_reported:
+            if self.done and not self.unread_reported:
                 self.report_unread_keys()
             self.close()
         if self.failures:
             raise self.failures[0]
-        return done
+        return self.done
 
-    def _run_continuous(self, idle_exit_s: float | None) -> int:
+    def _take_in_batches(self, idle_exit_s: float | None) -> None:
+        """sync and batch-async: a batch of tasks, rolled out, published, committed; then
+        the next (a version is loaded between batches)."""
+        last_work = time.monotonic()
+        while not self.stop.is_set():
+            events, dead = take_tasks(self.tasks, self.cfg.max_concurrent_tasks, self.cfg.rollout_repeat_n)
+            letters = dead + [d for w in self.followers for d in w.take_refused()]
+            for letter in letters:
+                self.publisher.publish(letter)
+            batch = [task for task, _, _ in events if isinstance(task, Task)]
+            if not batch and not dead:
+                if letters:  # refused weight versions, while no task comes
+                    self.publisher.flush()
+                if idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s:
+                    break
+                continue
+            last_work = time.monotonic()
+            if batch:
+                if not self._weights_for(batch):  # stopped while waiting: hand the tasks back uncommitted
+                    break
+                self._roll_out(batch)
+                self._rolled_out(len(batch))
+            self.publisher.flush()
+            self._commit(events, dead)
+
+    def _take_as_room_frees(self, idle_exit_s: float | None) -> None:
         """fully-async: tasks are taken as room frees, not a batch at a time. Each record
         taken (a group's tasks) is rolled out on a thread of its own; as each finishes, its
         events are published and the offsets below the oldest record still rolling out are
         committed. So a long answer holds only its own group, never the worker's next tasks."""
-        limit, group_size = self.cfg.max_concurrent_tasks, self.cfg.rollout_repeat_n
         rolling: dict[Future, tuple[TopicPartition, int, int]] = {}  # a record's rollout -> its coordinates, its tasks
         unfinished: list[tuple[TopicPartition, int]] = []  # records taken that will not finish here: never committed
-        records = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="record")
-        done, last_work = 0, time.monotonic()
+        records = ThreadPoolExecutor(max_workers=self.cfg.max_concurrent_tasks, thread_name_prefix="record")
+        last_work = time.monotonic()
         try:
             while rolling or not self.stop.is_set():
-                room = limit - sum(tasks for _, _, tasks in rolling.values())
-                if not self.stop.is_set() and (room >= group_size or not rolling):
-                    events, dead = take_tasks(self.tasks, room, group_size, timeout_ms=0 if rolling else 100)
-                    self._send_now(dead + [d for w in self.followers for d in w.take_refused()])
-                    for (tp, offset), batch in by_record(events).items():
-                        if self.stop.is_set() or not self._weights_for(batch):  # stopped while waiting
-                            unfinished.append((tp, offset))
-                        else:
-                            rolling[records.submit(self._roll_out, batch)] = (tp, offset, len(batch))
-                    if events or dead:
-                        last_work = time.monotonic()
-                    if dead:
-                        self._commit_below(rolling, unfinished)
+                if self._admit(rolling, unfinished, records):
+                    last_work = time.monotonic()
                 if not rolling:
                     if idle_exit_s is not None and time.monotonic() - last_work > idle_exit_s:
                         break
@@ -249,20 +242,35 @@ class WorkerLoop:
                         self.failures.append(future.exception())  # type: ignore[arg-type]  # not None here
                         self.stop.set()
                     else:
-                        done += tasks
+                        self._rolled_out(tasks)
                 if finished:
                     last_work = time.monotonic()
                     self._commit_below(rolling, unfinished)
-                    if not self.unread_reported and done >= UNREAD_CHECK_ROLLOUTS:
-                        self.report_unread_keys()
         finally:
             records.shutdown(wait=True)
-            if done and not self.unread_reported:
-                self.report_unread_keys()
-            self.close()
-        if self.failures:
-            raise self.failures[0]
-        return done
+
+    def _admit(self, rolling: dict, unfinished: list, records: ThreadPoolExecutor) -> bool:
+        """Take what fits in the room left (a whole group, or anything when nothing is
+        rolling) and start each record; True when anything was taken."""
+        limit, group_size = self.cfg.max_concurrent_tasks, self.cfg.rollout_repeat_n
+        room = limit - sum(tasks for _, _, tasks in rolling.values())
+        if self.stop.is_set() or (room < group_size and rolling):
+            return False
+        events, dead = take_tasks(self.tasks, room, group_size, timeout_ms=0 if rolling else 100)
+        self._send_now(dead + [d for w in self.followers for d in w.take_refused()])
+        for (tp, offset), batch in by_record(events).items():
+            if self.stop.is_set() or not self._weights_for(batch):  # stopped while waiting
+                unfinished.append((tp, offset))
+            else:
+                rolling[records.submit(self._roll_out, batch)] = (tp, offset, len(batch))
+        if dead:
+            self._commit_below(rolling, unfinished)
+        return bool(events or dead)
+
+    def _rolled_out(self, tasks: int) -> None:
+        self.done += tasks
+        if not self.unread_reported and self.done >= UNREAD_CHECK_ROLLOUTS:
+            self.report_unread_keys()
 
     def _commit_below(self, rolling: dict[Future, tuple[TopicPartition, int, int]], unfinished: list) -> None:
         """Once what finished is published: every partition's offset up to its oldest
