@@ -79,11 +79,10 @@ run: $(STAMP)
 # The SGLang tests need the SGLang environment: built here when missing (unless
 # STREAMRL_SGLANG_PYTHON names one); if it cannot be built they say so and are skipped
 # (under CI they fail).
-# Two pytest-xdist workers, each taking whole modules (the module fixtures start services):
-# most tests wait on processes of ~1 core each, so two fill a 2-core machine. Then the
-# tests marked `alone` (long end-to-end runs, whose steps pass through several
-# processes in turn and slow several-fold beside another run: docs/benchmarks.md) run
-# one at a time with the machine to themselves. Both phases run; either failing fails.
+# Two pytest-xdist workers, each taking whole modules (the module fixtures start services),
+# the longest first (tests/conftest.py): most tests wait on processes of ~1 core each, so
+# two fill a 2-core machine. Long end-to-end runs no longer need the machine to themselves
+# once waiting torch threads sleep (OMP_WAIT_POLICY, docs/benchmarks.md "Waiting threads").
 TEST_WORKERS ?= 2
 
 test: $(STAMP) browser
@@ -96,13 +95,10 @@ endif
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) tools/typecheck.py
-	status=0; \
-	$(PY) -m pytest -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not alone" || status=$$?; \
-	$(PY) -m pytest -p no:cacheprovider --durations=10 -m alone || status=$$?; \
-	exit $$status
+	$(PY) -m pytest -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The tests that need no service (no broker, PostgreSQL, SGLang or browser): a few minutes.
-# Markers (pyproject.toml, --strict-markers): services, slow, learning, gpu, alone; e.g.
+# Markers (pyproject.toml, --strict-markers): services, slow, learning, gpu; e.g.
 # `.venv/bin/pytest -m learning` runs only the learning tests.
 test-fast: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) -m "not services"

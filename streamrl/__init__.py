@@ -12,6 +12,7 @@ returns when the run has finished. A recipe's own code imports from `streamrl.ap
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from streamrl.report import RunSummary
+
+# A run's processes share the machine's cores with each other (and a test suite's runs
+# with each other's). OpenMP threads that spin while they wait, libgomp's default, take
+# the cores the others need. Set before torch loads libgomp, which is when it is read;
+# the measurement is in docs/benchmarks.md ("Waiting threads").
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __all__ = ["TrainResult", "train"]
 

@@ -312,38 +312,42 @@ SERVICE_MODULES = {
 }
 
 
-# The modules of a minute or more, the longest first (their test-seconds in a CI
+# The modules of 40 s or more, the longest first (their test-seconds in a CI
 # rehearsal: docs/benchmarks.md). `make test`'s two pytest-xdist workers take whole
 # modules in this order (--no-loadscope-reorder keeps it), so the last to start are
 # short ones: a long module started last runs alone while the other worker idles.
 LONGEST_MODULES = (
-    "test_sglang",
     "test_rl_loop",
-    "test_agent_recipe",
+    "test_sglang",
     "test_replay",
-    "test_fault_matrix",
     "test_training_service",
-    "test_byo",
     "test_gsm8k_recipe",
-    "test_sglang_adapters",
-    "test_observability",
-    "test_weight_broadcast",
     "test_topic_retention",
-    "test_learner_parallel",
-    "test_wheel",
-    "test_seed_examples",
-    "test_tinker_cookbook",
+    "test_observability",
+    "test_sglang_adapters",
+    "test_shipped_tokenizers",
     "test_worker_group",
-    "test_shift_recipe",
+    "test_weight_broadcast",
+    "test_fault_matrix",
+    "test_byo",
+    "test_seed_examples",
+    "test_agent_recipe",
+    "test_wheel",
+    "test_learner_parallel",
+    "test_service_limits",
     "test_cluster_twin",
     "test_ledger_sink",
-    "test_reference_loop",
-    "test_service_limits",
-    "test_resume_after_broker_restart",
-    "test_recipe",
-    "test_sql_cli",
-    "test_group_wedge",
     "test_lora",
+    "test_tinker_cookbook",
+    "test_group_wedge",
+    "test_reference_loop",
+    "test_adversarial_service",
+    "test_recipe",
+    "test_resume_after_broker_restart",
+    "test_failure_budget",
+    "test_shift_recipe",
+    "test_bus_trust",
+    "test_sql_cli",
 )
 
 

@@ -15,7 +15,6 @@ RECIPE = str(REPO / "recipes" / "kv_agent" / "recipe.yaml")
 STEPS = 30
 
 
-@pytest.mark.alone  # a sync-mode run: several times slower beside another (docs/benchmarks.md)
 @pytest.mark.learning
 @pytest.mark.timeout(900)  # the run's own limit below (pytest's default is 600 s)
 def test_the_key_value_agent_recipe_learns_from_its_multi_turn_episodes(stack, ledger, run_id, tmp_path):

@@ -161,7 +161,6 @@ def ledger_facts(settings: Settings, run_id: str) -> dict:
     return facts
 
 
-@pytest.mark.alone  # a sync-mode run: several times slower beside another (docs/benchmarks.md)
 def test_fault_matrix_ends_with_the_ledger_of_a_fault_free_run(private_stack, tmp_path):
     settings = private_stack
     # sync mode: every step waits for its own rollouts, so the faults fall on several steps

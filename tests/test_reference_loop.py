@@ -52,7 +52,6 @@ def run(overrides: list[str], run_id: str, workers: int) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
-@pytest.mark.alone  # a sync-mode run: several times slower beside another (docs/benchmarks.md)
 def test_sync_run_equals_reference_loop(stack, ledger, tmp_path, monkeypatch):
     model = warm_model_folder(tmp_path / "model")
     for key, value in ENV.items():

@@ -344,7 +344,6 @@ def assert_the_warmed_model_learned(conn, run_id: str, steps: int) -> None:
     assert_learned(accuracy[0][0], accuracy[steps][0], 200, f"held-out accuracy after {steps} GRPO steps")
 
 
-@pytest.mark.alone  # a sync-mode run: several times slower beside another (docs/benchmarks.md)
 @pytest.mark.learning
 def test_grpo_raises_the_held_out_accuracy_of_the_warmed_model(stack, ledger, run_id, tmp_path):
     """60 sync-mode GRPO steps from the warmed model: held-out greedy accuracy on 200

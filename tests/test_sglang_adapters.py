@@ -69,7 +69,6 @@ def test_adapter_versions_load_switch_and_resync(engine, model_dir, tmp_path):
     assert again.logprobs == pytest.approx(scored(model, prompt, again.response_token_ids), abs=1e-4)
 
 
-@pytest.mark.alone  # a run on SGLang: several times slower beside another (docs/benchmarks.md)
 def test_the_sglang_recipe_trains_a_lora_adapter_served_as_adapters(stack, ledger, run_id, tmp_path, sglang_python):
     """`streamrl run` with trainer.lora versions adapter: each version is an adapter folder
     (megabytes), every one after 0 reaches the server through /load_lora_adapter, and the

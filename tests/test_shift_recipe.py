@@ -58,7 +58,6 @@ def test_the_evaluator_rewards_partial_credit_and_reports_exact_match():
 STEPS = 20
 
 
-@pytest.mark.alone  # a sync-mode run: several times slower beside another (docs/benchmarks.md)
 @pytest.mark.learning
 def test_grpo_raises_the_held_out_score_of_the_warmed_model_with_long_answers(stack, ledger, run_id, tmp_path):
     """20 sync-mode GRPO steps from the committed warmed model (tests/data/shift_warm:

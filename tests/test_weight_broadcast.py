@@ -92,7 +92,6 @@ def test_a_broadcast_that_cannot_form_falls_back_to_the_folder(engine, model_dir
     assert completion.logprobs == pytest.approx(scored(model, prompt, completion.response_token_ids), abs=1e-4)
 
 
-@pytest.mark.alone  # a run on SGLang: several times slower beside another (docs/benchmarks.md)
 def test_the_sglang_recipe_trains_on_broadcast_versions(stack, ledger, run_id, tmp_path, sglang_python):
     """`streamrl run` with weight.transport distributed: every version after 0 (which is
     loaded from its folder before any broadcast) reaches the server by broadcast, none
