@@ -65,6 +65,7 @@ def watch(run: subprocess.Popen, run_id: str) -> dict[str, float]:
 def pair(steps: int, cores: int, wait_policy: str, out: Path) -> list[dict]:
     """Two runs started together; each one's wall-clock and CPU by role."""
     results: list[dict] = [{}, {}]
+    failures: list[str] = []  # said from the main thread: an exception in a thread only ends it
 
     def one(index: int) -> None:
         run_id = f"threads-{uuid.uuid4().hex[:8]}"
@@ -78,7 +79,7 @@ def pair(steps: int, cores: int, wait_policy: str, out: Path) -> list[dict]:
         )
         cpu = watch(run, run_id)
         if run.returncode != 0:
-            raise SystemExit(f"{run_id} exited {run.returncode}: its logs are in {out / run_id / 'logs'}")
+            failures.append(f"{run_id} exited {run.returncode}: its logs are in {out / run_id / 'logs'}")
         results[index] = {"wall_s": time.perf_counter() - started, **cpu}
 
     threads = [threading.Thread(target=one, args=(i,)) for i in (0, 1)]
@@ -86,6 +87,8 @@ def pair(steps: int, cores: int, wait_policy: str, out: Path) -> list[dict]:
         thread.start()
     for thread in threads:
         thread.join()
+    if failures:
+        raise SystemExit("\n".join(failures))
     return results
 
 

@@ -46,7 +46,6 @@ def child_env(settings: Settings) -> dict:
     # Several torch processes on 2 cores stall each other unless each keeps to one thread.
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MKL_NUM_THREADS", "1")
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # waiting threads sleep: streamrl/__init__.py
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     return env
 
