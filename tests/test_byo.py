@@ -136,3 +136,45 @@ def test_filter_overlong_prompts_leaves_out_the_training_rows_over_the_limit_and
     assert recipe.data.skip_rows == [1, 3] and recipe.to_dict()["data"]["skip_rows"] == [1, 3]  # recorded with the run
     assert [r["reward_model"]["ground_truth"] for r in training_rows(recipe.data)] == ["2", "4", "6"]
     assert total_train_steps(recipe) == 6  # 2 epochs of the 3 rows kept, one a step
+
+
+LENGTHS = """
+import json, sys
+from streamrl.runtime.dataset import read_rows
+from streamrl.runtime.prompt_lengths import prompt_lengths
+from streamrl.runtime.recipe import prepare_recipe
+recipe = prepare_recipe(sys.argv[1], overrides=sys.argv[2:])
+rows = read_rows(recipe.data.data_files, recipe.data.type, prompt_keys=(recipe.data.prompt_key,))
+print(json.dumps({"lengths": prompt_lengths(recipe, rows, recipe.data.prompt_key), "rendered": "transformers" in sys.modules}))
+"""
+
+
+def test_prompt_lengths_are_rendered_once_and_again_when_the_template_or_tokenizer_files_change(tmp_path):
+    """A run checks its prompts' lengths before it starts: the same rows, tokenizer files and
+    template are read from STREAMRL_HOME's cache (without importing transformers), and a
+    changed template or tokenizer file renders them again."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    overrides = write_dataset(tmp_path)
+    env = {"STREAMRL_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
+
+    def lengths(*more: str) -> dict:
+        args = [sys.executable, "-c", LENGTHS, str(RECIPE / "recipe.yaml"), *overrides, *more]
+        done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.splitlines()[-1])
+
+    first, second = lengths(), lengths()
+    assert first["rendered"] and not second["rendered"]
+    assert first["lengths"] == second["lengths"] and set(first["lengths"]) == {71}  # the validation test's 71 tokens
+    (tmp_path / "wordy.jinja").write_text("{% for m in messages %}Said: {{ m['content'] }}\n{% endfor %}")
+    templated = lengths(f"data.chat_template={tmp_path / 'wordy.jinja'}")
+    assert templated["rendered"] and set(templated["lengths"]) != {71}
+    model = tmp_path / "model"
+    shutil.copytree(REPO / "recipes" / "byo_math" / "generated" / "model", model)
+    (model / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    changed = lengths(f"rollout_worker.model_path={model}")
+    assert changed["rendered"] and set(changed["lengths"]) != {71}
