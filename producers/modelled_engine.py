@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from transformers import AutoTokenizer
 
 from streamrl.producers.inference import Completion, SamplingParams, register_inference_backend
 from streamrl.runtime.gpu_model import TwinModel, decode_step_s, prefill_s, response_lengths, twin_from_env
@@ -260,6 +259,8 @@ def modelled_backend(recipe, seed: int, settings=None, logs: Path | None = None)
     model = twin_from_env()
     if model is None:
         raise ValueError("the modelled inference backend runs only under bench/cluster_twin.py (STREAMRL_CLUSTER_TWIN)")
+    from transformers import AutoTokenizer  # here: `run`'s recipe check imports this module, not transformers
+
     tokenizer = AutoTokenizer.from_pretrained(recipe.rollout_worker.model_path)
     stats = logs / f"engine-twin-{seed}.jsonl" if logs is not None else None  # one a worker: seeds differ
     log.warning("cluster twin: %d modelled inference GPUs (%s), no model is run", model.inference_gpus, model.to_env())
