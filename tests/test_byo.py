@@ -143,16 +143,20 @@ import json, sys
 from streamrl.runtime.dataset import read_rows
 from streamrl.runtime.prompt_lengths import prompt_lengths
 from streamrl.runtime.recipe import prepare_recipe
+from streamrl.checks import recipe_code_problems
 recipe = prepare_recipe(sys.argv[1], overrides=sys.argv[2:])
 rows = read_rows(recipe.data.data_files, recipe.data.type, prompt_keys=(recipe.data.prompt_key,))
-print(json.dumps({"lengths": prompt_lengths(recipe, rows, recipe.data.prompt_key), "rendered": "transformers" in sys.modules}))
+lengths = prompt_lengths(recipe, rows, recipe.data.prompt_key)
+assert recipe_code_problems(recipe) == [], recipe_code_problems(recipe)  # the whole check `run` makes
+print(json.dumps({"lengths": lengths, "rendered": "transformers" in sys.modules}))
 """
 
 
 def test_prompt_lengths_are_rendered_once_and_again_when_the_template_or_tokenizer_files_change(tmp_path):
     """A run checks its prompts' lengths before it starts: the same rows, tokenizer files and
-    template are read from STREAMRL_HOME's cache (without importing transformers), and a
-    changed template or tokenizer file renders them again."""
+    template are read from STREAMRL_HOME's cache, so that the whole check (`run`'s, before
+    it starts the run) does not import transformers; a changed template or tokenizer file
+    renders them again."""
     import json
     import shutil
     import subprocess
