@@ -59,7 +59,7 @@ def lengths_key(recipe, rows: list[dict], prompt_key: str) -> str:
     rows."""
     data = recipe.data
     digest = hashlib.sha256()
-    template = [data.apply_chat_template, data.chat_template, data.chat_template_kwargs]
+    template = [data.apply_chat_template, data.chat_template, data.chat_template_kwargs]  # a template file's text, read
     date = data.template_date or datetime.date.today().isoformat()
     versions = [metadata.version(name) for name in ("transformers", "tokenizers", "jinja2", "streamrl")]
     digest.update(json.dumps([template, date, versions, prompt_key], sort_keys=True, default=str).encode())

@@ -177,6 +177,9 @@ def test_prompt_lengths_are_rendered_once_and_again_when_the_template_or_tokeniz
     (tmp_path / "wordy.jinja").write_text("{% for m in messages %}Said: {{ m['content'] }}\n{% endfor %}")
     templated = lengths(f"data.chat_template={tmp_path / 'wordy.jinja'}")
     assert templated["rendered"] and set(templated["lengths"]) != {71}
+    (tmp_path / "wordy.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")  # the same path
+    rewritten = lengths(f"data.chat_template={tmp_path / 'wordy.jinja'}")
+    assert rewritten["rendered"] and set(rewritten["lengths"]) != set(templated["lengths"])
     model = tmp_path / "model"
     shutil.copytree(REPO / "recipes" / "byo_math" / "generated" / "model", model)
     (model / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
