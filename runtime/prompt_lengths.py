@@ -34,7 +34,9 @@ def prompt_lengths(recipe, rows: list[dict], prompt_key: str) -> list[int | str]
     importing transformers to render them is most of that check's time)."""
     cache = Settings.from_env().home / "cache" / "prompt-lengths" / f"{lengths_key(recipe, rows, prompt_key)}.json"
     try:
-        return json.loads(cache.read_text())
+        kept = json.loads(cache.read_text())
+        if isinstance(kept, list) and len(kept) == len(rows):  # anything else (an edited file): render again
+            return kept
     except (OSError, ValueError):
         pass
     lengths = rendered_lengths(recipe, rows, prompt_key)
