@@ -63,11 +63,12 @@ def insert_events(conn: psycopg.Connection, placed: list[Placed]) -> list[Placed
         by_type.setdefault(type(p.event), []).append(p)
     conflicting: set[tuple] = set()  # (event id, topic, partition, offset)
     with conn.cursor() as cur:
+        # first: a new run's row brings its rollout tables (migration 0019's trigger)
+        run_ids = sorted({p.event.run_id for p in placed})
+        cur.executemany("insert into runs (run_id) values (%s) on conflict (run_id) do nothing", [(r,) for r in run_ids])
         for event_type, group in by_type.items():
             writer = WRITERS[event_type]
             conflicting |= writer.write(cur, [writer.params(event_row(p.event, p.topic, p.partition, p.offset)) for p in group])
-        run_ids = sorted({p.event.run_id for p in placed})
-        cur.executemany("insert into runs (run_id) values (%s) on conflict (run_id) do nothing", [(r,) for r in run_ids])
         for p in placed:
             if isinstance(p.event, RunEvent) and p.key not in conflicting:
                 apply_run_event(cur, p.event)

@@ -11,6 +11,8 @@ import psycopg
 from sqlalchemy import ARRAY, Table, Text
 from sqlalchemy.dialects.postgresql import JSONB
 
+from streamrl.schema.ledger import unique_event_key
+
 # What differs between two copies of one event sent twice: where and when.
 UNSTATED_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset", "created_at")
 
@@ -67,8 +69,8 @@ class TableWriter:
     straight into the table inside a savepoint. Only when a row repeats an event_id the
     table already has (an event published twice, a batch read again after a crash) is
     the savepoint rolled back and the batch COPYed into a session-private staging table
-    and moved with `INSERT ... SELECT ... ON CONFLICT (event_id) DO NOTHING`, which keeps
-    the first copy. Repeats are rare, so most batches cost one COPY; the staged path
+    and moved with `INSERT ... SELECT ... ON CONFLICT (event_id) DO NOTHING` (`(run_id,
+    event_id)` in the tables partitioned by run), which keeps the first copy. Repeats are rare, so most batches cost one COPY; the staged path
     cost a second write of every row and a truncate (docs/decisions.md)."""
 
     def __init__(self, table: Table, stated_once: bool = False):
@@ -95,13 +97,16 @@ class TableWriter:
         self.create_stage_sql = f"create temp table if not exists {self.stage} as select {names} from {table.name} with no data"
         self.direct_copy_sql = f"copy {table.name} ({names}) from stdin (format binary)"
         self.stage_copy_sql = f"copy {self.stage} ({names}) from stdin (format binary)"
-        self.move_sql = f"insert into {table.name} ({names}) select {names} from {self.stage} on conflict (event_id) do nothing"
+        key = [c.name for c in unique_event_key(table)]
+        self.move_sql = (
+            f"insert into {table.name} ({names}) select {names} from {self.stage} on conflict ({', '.join(key)}) do nothing"
+        )
         self.clear_sql = f"truncate {self.stage}"
         # a copy sent again (a restart, a re-announcement) differs in where and when it was sent only
         content = [name for name in self.columns if name not in UNSTATED_COLUMNS]
         self.conflicts_sql = (
             "select s.event_id, s.kafka_topic, s.kafka_partition, s.kafka_offset "
-            f"from {self.stage} s join {table.name} t on t.event_id = s.event_id "
+            f"from {self.stage} s join {table.name} t on {' and '.join(f't.{c} = s.{c}' for c in key)} "
             f"where ({', '.join('s.' + c for c in content)}) is distinct from ({', '.join('t.' + c for c in content)})"
             if stated_once
             else None

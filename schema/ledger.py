@@ -26,8 +26,10 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    PrimaryKeyConstraint,
     Table,
     Text,
+    UniqueConstraint,
     func,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -55,6 +57,33 @@ def _event_columns() -> list[Column[Any]]:
         Column("id", BigInteger, primary_key=True, autoincrement=True),
         Column("event_id", Text, nullable=False, unique=True),
         Column("run_id", Text, nullable=False),
+        *_event_tail(),
+    ]
+
+
+ROLLOUT_TABLE_NAMES = ("tasks", "trajectories", "evaluations", "samples", "filtered_groups")
+
+
+def _rollout_columns(table_name: str) -> list[Any]:
+    """A rollout table's event columns: partitioned by run (migration 0019), so its keys
+    hold `run_id` and a run's rows can be dropped with its tables."""
+    return [
+        Column("id", BigInteger, autoincrement=True),
+        Column("event_id", Text, nullable=False),
+        Column("run_id", Text, nullable=False),
+        *_event_tail(),
+        PrimaryKeyConstraint("run_id", "id", name=f"{table_name}_pkey"),
+        UniqueConstraint("run_id", "event_id", name=f"uq_{table_name}_run_event"),
+    ]
+
+
+def unique_event_key(table: Table) -> list[Column[Any]]:
+    """The columns an event's row is unique on, which `ON CONFLICT` names."""
+    return [table.c.run_id, table.c.event_id] if table.name in ROLLOUT_TABLE_NAMES else [table.c.event_id]
+
+
+def _event_tail() -> list[Column[Any]]:
+    return [
         Column("schema_version", Integer, nullable=False),
         Column("created_at", DateTime(timezone=True), nullable=False),
         Column("ingested_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
@@ -93,7 +122,7 @@ run_events = Table(
 tasks = Table(
     "tasks",
     metadata,
-    *_event_columns(),
+    *_rollout_columns("tasks"),
     Column("task_id", Text, nullable=False),
     Column("group_id", Text, nullable=False),
     Column("sample_index", Integer, nullable=False),
@@ -106,12 +135,13 @@ tasks = Table(
     Index("ix_tasks_run_step", "run_id", "step"),
     Index("ix_tasks_run_group", "run_id", "group_id"),
     Index("ix_tasks_task", "run_id", "task_id"),
+    postgresql_partition_by="LIST (run_id)",
 )
 
 trajectories = Table(
     "trajectories",
     metadata,
-    *_event_columns(),
+    *_rollout_columns("trajectories"),
     Column("trajectory_id", Text, nullable=False),
     Column("task_id", Text, nullable=False),
     Column("group_id", Text, nullable=False),
@@ -142,12 +172,13 @@ trajectories = Table(
     Index("ix_trajectories_run_version", "run_id", "weight_version"),
     Index("ix_trajectories_traj", "run_id", "trajectory_id"),
     Index("ix_trajectories_run_id_id", "run_id", "id"),  # keyset pages of one run (migration 0011)
+    postgresql_partition_by="LIST (run_id)",
 )
 
 evaluations = Table(
     "evaluations",
     metadata,
-    *_event_columns(),
+    *_rollout_columns("evaluations"),
     Column("trajectory_id", Text, nullable=False),
     Column("task_id", Text),
     Column("group_id", Text, nullable=False),
@@ -163,12 +194,13 @@ evaluations = Table(
     Index("ix_evaluations_run_step", "run_id", "step"),
     Index("ix_evaluations_run_group", "run_id", "group_id"),
     Index("ix_evaluations_traj", "run_id", "trajectory_id"),
+    postgresql_partition_by="LIST (run_id)",
 )
 
 samples = Table(
     "samples",
     metadata,
-    *_event_columns(),
+    *_rollout_columns("samples"),
     Column("trajectory_id", Text, nullable=False),
     Column("group_id", Text, nullable=False),
     Column("advantage", Float, nullable=False),
@@ -189,12 +221,13 @@ samples = Table(
     Index("ix_samples_run_group", "run_id", "group_id"),
     Index("ix_samples_run_version", "run_id", "weight_version"),
     Index("ix_samples_traj", "run_id", "trajectory_id"),
+    postgresql_partition_by="LIST (run_id)",
 )
 
 filtered_groups = Table(
     "filtered_groups",
     metadata,
-    *_event_columns(),
+    *_rollout_columns("filtered_groups"),
     Column("group_id", Text, nullable=False),
     Column("reason", Text, nullable=False),
     Column("step", Integer, nullable=False),
@@ -203,6 +236,7 @@ filtered_groups = Table(
     Column("rewards", ARRAY(Float)),
     Column("trajectory_ids", ARRAY(Text)),
     Index("ix_filtered_groups_run_step", "run_id", "step"),
+    postgresql_partition_by="LIST (run_id)",
 )
 
 train_steps = Table(

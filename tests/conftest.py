@@ -196,9 +196,9 @@ def fresh_database(settings, prefix: str) -> str:
 
 
 @contextlib.contextmanager
-def external_ledger(prefix: str):
-    """The URL of a new, migrated database on the machine's PostgreSQL
-    (STREAMRL_TEST_EXTERNAL_DATABASE_URL, which CI sets), dropped afterwards."""
+def external_ledger(prefix: str, revision: str = "head"):
+    """The URL of a new database on the machine's PostgreSQL (STREAMRL_TEST_EXTERNAL_DATABASE_URL,
+    which CI sets), migrated to `revision`, dropped afterwards."""
     from urllib.parse import urlsplit, urlunsplit
 
     owner = db.psycopg_url(os.environ["STREAMRL_TEST_EXTERNAL_DATABASE_URL"])
@@ -206,7 +206,7 @@ def external_ledger(prefix: str):
     with db.connect(owner, autocommit=True) as conn:
         conn.execute(f'create database "{name}"')
     url = urlunsplit(urlsplit(owner)._replace(path=f"/{name}"))
-    db.upgrade(url)
+    db.upgrade(url, revision)
     try:
         yield url
     finally:

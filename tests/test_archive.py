@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow.parquet as pq
+import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
@@ -98,6 +99,14 @@ def fingerprint(conn, run_id: str) -> dict[str, tuple[int, str]]:
     }
 
 
+def own_tables(conn, run_id: str) -> dict[str, bool]:
+    """Whether each rollout table has the run's own partition now."""
+    return {
+        table: conn.execute("select to_regclass(streamrl_partition_name(%s, %s)) is not null", (table, run_id)).fetchone()[0]
+        for table in TABLES
+    }
+
+
 def test_a_runs_rollouts_go_to_parquet_and_come_back_as_they_were(ledger_url, tmp_path):
     run_id, other = f"arch-{uuid.uuid4().hex[:8]}", f"keep-{uuid.uuid4().hex[:8]}"
     with db.connect(ledger_url, autocommit=True) as conn:
@@ -112,7 +121,9 @@ def test_a_runs_rollouts_go_to_parquet_and_come_back_as_they_were(ledger_url, tm
     folder = tmp_path / "archive" / run_id
     with db.connect(ledger_url, autocommit=True) as conn:
         assert {table: rows for table, (rows, _) in fingerprint(conn, run_id).items()} == dict.fromkeys(TABLES, 0)
+        assert own_tables(conn, run_id) == dict.fromkeys(TABLES, False)  # dropped, not emptied row by row
         assert fingerprint(conn, other) == others  # another run is untouched
+        assert own_tables(conn, other) == dict.fromkeys(TABLES, True)
     # plain Parquet: the columns as the table's, JSON as text, packed arrays as bytes
     trajectories = pq.read_table(folder / "trajectories.parquet").to_pylist()
     assert len(trajectories) == 12 and trajectories[0]["error"] == "ValueError: boom"
@@ -130,6 +141,7 @@ def test_a_runs_rollouts_go_to_parquet_and_come_back_as_they_were(ledger_url, tm
     assert restored.returncode == 0, restored.stderr
     with db.connect(ledger_url, autocommit=True) as conn:
         assert fingerprint(conn, run_id) == before  # every column of every row, ids included
+        assert own_tables(conn, run_id) == dict.fromkeys(TABLES, True)
 
 
 def test_a_running_run_is_not_archived(ledger_url, tmp_path):
@@ -140,3 +152,45 @@ def test_a_running_run_is_not_archived(ledger_url, tmp_path):
     refused = run_cli("archive", run_id, "--to", str(tmp_path / "archive"), env=env)
     assert refused.returncode != 0 and "is running: archive a finished or failed run" in " ".join(refused.stderr.split())
     assert not (tmp_path / "archive" / run_id).exists()
+
+
+def test_a_query_naming_its_run_reads_only_that_runs_tables(ledger_url):
+    run_id, other = f"read-{uuid.uuid4().hex[:8]}", f"else-{uuid.uuid4().hex[:8]}"
+    with db.connect(ledger_url, autocommit=True) as conn:
+        fill(conn, run_id, groups=1)
+        fill(conn, other, groups=1)
+        plan = "\n".join(r[0] for r in conn.execute("explain select * from trajectories where run_id = %s", (run_id,)))
+        mine = conn.execute("select streamrl_partition_name('trajectories', %s)", (run_id,)).fetchone()[0]
+        theirs = conn.execute("select streamrl_partition_name('trajectories', %s)", (other,)).fetchone()[0]
+    assert mine in plan and theirs not in plan, plan
+
+
+def test_migrating_to_tables_partitioned_by_run_keeps_every_row_and_view_and_goes_back():
+    """Migration 0019 on a ledger that already holds runs, and its downgrade."""
+    from alembic import command
+
+    with external_ledger("streamrl_partitions", revision="0018") as url:
+        runs = [f"old-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+        views = "select table_name, view_definition from information_schema.views where table_schema = 'public' order by 1"
+        with db.connect(url, autocommit=True) as conn:
+            for run_id in runs:
+                fill(conn, run_id)
+            before, views_before = [fingerprint(conn, r) for r in runs], conn.execute(views).fetchall()
+        db.upgrade(url)
+        with db.connect(url, autocommit=True) as conn:
+            assert [fingerprint(conn, r) for r in runs] == before
+            assert conn.execute(views).fetchall() == views_before  # dropped and created again as they were
+            assert all(own_tables(conn, r) == dict.fromkeys(TABLES, True) for r in runs)
+            fill(conn, "new-run")  # a run created after the migration gets its tables from its runs row
+            assert own_tables(conn, "new-run") == dict.fromkeys(TABLES, True)
+            with pytest.raises(psycopg.errors.UniqueViolation):  # an event id is still a row once
+                conn.execute(
+                    "insert into evaluations (event_id, run_id, schema_version, created_at, trajectory_id, group_id,"
+                    " reward, is_val, step) values (%s, %s, 1, now(), 't', 'g', 0, false, 1)",
+                    (f"{runs[0]}-eval-0", runs[0]),
+                )
+        command.downgrade(db.alembic_config(url), "0018")
+        with db.connect(url, autocommit=True) as conn:
+            assert [fingerprint(conn, r) for r in runs] == before
+            assert conn.execute(views).fetchall() == views_before
+            assert conn.execute("select count(*) from pg_inherits").fetchone()[0] == 0
