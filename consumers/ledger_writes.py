@@ -147,13 +147,20 @@ def write_batch(
                         source_partition=p.partition,
                         source_offset=p.offset,
                         raw=b"",
-                        error=f"ledger rejected {type(p.event).__name__} {p.event.event_id}: {exc}".strip(),
+                        error=f"ledger rejected {type(p.event).__name__} {p.event.event_id}: {exc}{hint(exc)}".strip(),
                         stage=SINK_STAGE,
                     )
                 )
         insert_events(conn, as_placed(dead))
         save_offsets(conn, consumer, next_offsets)
     return dead
+
+
+def hint(exc: psycopg.Error) -> str:
+    """What a rejection means where the database cannot say it."""
+    if isinstance(exc, psycopg.errors.CheckViolation) and "no partition" in str(exc):
+        return " (the run's rollout tables are gone: it was archived; `streamrl restore RUN` brings them back)"
+    return ""
 
 
 def as_placed(dead: list[DeadLetter]) -> list[Placed]:

@@ -70,8 +70,9 @@ class TableWriter:
     table already has (an event published twice, a batch read again after a crash) is
     the savepoint rolled back and the batch COPYed into a session-private staging table
     and moved with `INSERT ... SELECT ... ON CONFLICT (event_id) DO NOTHING` (`(run_id,
-    event_id)` in the tables partitioned by run), which keeps the first copy. Repeats are rare, so most batches cost one COPY; the staged path
-    cost a second write of every row and a truncate (docs/decisions.md)."""
+    event_id)` in the tables partitioned by run), which keeps the first copy. Repeats
+    are rare, so most batches cost one COPY; the staged path cost a second write of
+    every row and a truncate (docs/decisions.md)."""
 
     def __init__(self, table: Table, stated_once: bool = False):
         """`stated_once`: the table's events are facts a writer states once (a run's life,

@@ -121,6 +121,8 @@ def run_table(conn, parent: str, run_id: str) -> str | None:
         (parent, run_id),
     ).fetchone()
     return row[0] if row else None
+
+
 def write_table(conn, table: Table, run_id: str, path: Path) -> int:
     schema = arrow_schema(table)
     names = [c.name for c in table.columns]

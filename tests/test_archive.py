@@ -10,8 +10,8 @@ import uuid
 from datetime import UTC, datetime
 
 import numpy as np
-import pyarrow.parquet as pq
 import psycopg
+import pyarrow.parquet as pq
 import pytest
 from psycopg.types.json import Jsonb
 
@@ -194,3 +194,25 @@ def test_migrating_to_tables_partitioned_by_run_keeps_every_row_and_view_and_goe
             assert [fingerprint(conn, r) for r in runs] == before
             assert conn.execute(views).fetchall() == views_before
             assert conn.execute("select count(*) from pg_inherits").fetchone()[0] == 0
+
+
+def test_a_rollout_of_an_archived_run_becomes_a_dead_letter_that_says_so(ledger_url, tmp_path):
+    """A late or forged record of an archived run has no table to go to: the sink keeps
+    its partition moving and records why."""
+    from kafka import TopicPartition
+
+    from streamrl.archive import archive_run
+    from streamrl.consumers.ledger_writes import Placed, create_staging_tables, write_batch
+    from streamrl.producers.synthetic import synthetic_events
+
+    run_id = f"late-{uuid.uuid4().hex[:8]}"
+    with db.connect(ledger_url, autocommit=True) as conn:
+        fill(conn, run_id, groups=1)
+    archive_run(ledger_url, run_id, tmp_path)
+    late = next(synthetic_events(run_id, 1, ["Trajectory"]))
+    with db.connect(ledger_url, autocommit=True) as conn:
+        create_staging_tables(conn)
+        dead = write_batch(conn, [Placed(late, "t", 0, 7)], [], "test-sink", {TopicPartition("t", 0): 8})
+        letters = conn.execute("select error from dead_letters where run_id = %s", (run_id,)).fetchall()
+    assert [d.source_offset for d in dead] == [7]
+    assert len(letters) == 1 and "it was archived; `streamrl restore RUN` brings them back" in letters[0][0], letters
