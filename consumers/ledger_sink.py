@@ -33,6 +33,7 @@ from kafka import OffsetAndMetadata, TopicPartition
 from kafka.errors import KafkaError
 
 from streamrl.consumers.ledger_writes import SINK_STAGE, Placed, create_staging_tables, load_offsets, write_batch
+from streamrl.consumers.sample_arrays import TrajectoryArrays
 from streamrl.runtime.backoff import backoff_delay
 from streamrl.runtime.blobs import BlobMissing, PostgresBlobStore
 from streamrl.runtime.bus import IDLE_FETCH_WAIT_MS, EventPublisher, make_consumer, open_frame
@@ -108,6 +109,7 @@ class LedgerSink:
         self._connect()
         self.consumer = make_consumer(settings, group_id, fetch_max_wait_ms=IDLE_FETCH_WAIT_MS)  # the ledger can wait
         self.publisher = EventPublisher(settings, stage="sink")
+        self.arrays = TrajectoryArrays()  # whose samples are stored without their arrays
         self.stop_requested = stop or threading.Event()
         self.outage = PostgresOutage(settings, run_id, self.stop_requested)
         self.broker_watch = BrokerWatch(settings, self.consumer, run_id)
@@ -187,7 +189,7 @@ class LedgerSink:
                         placed.append(Placed(event, record.topic, record.partition, record.offset))
                 dead += bad
             next_offsets[tp] = records[-1].offset + 1
-        dead = write_batch(self.connection, placed, dead, self.group_id, next_offsets)
+        dead = write_batch(self.connection, placed, dead, self.group_id, next_offsets, self.arrays)
         self.positions.update(next_offsets)
         self._publish_dead_letters(dead)
         try:

@@ -11,10 +11,11 @@ import psycopg
 from kafka import TopicPartition
 from psycopg.types.json import Jsonb, set_json_dumps
 
+from streamrl.consumers.sample_arrays import TrajectoryArrays
 from streamrl.consumers.table_writer import TableWriter, json_dumps
 from streamrl.runtime.dead_letters import refused_event
-from streamrl.schema.events import DeadLetter, Event, RunEvent, WeightVersion
-from streamrl.schema.ledger import TABLE_BY_EVENT, event_row
+from streamrl.schema.events import DeadLetter, Event, RunEvent, Sample, Trajectory, WeightVersion
+from streamrl.schema.ledger import SAMPLE_ARRAYS, TABLE_BY_EVENT, event_row
 
 log = logging.getLogger("streamrl.ledger_sink")
 SINK_STAGE = "ledger-sink"
@@ -54,10 +55,16 @@ class Placed:
         return (self.event.event_id, self.topic, self.partition, self.offset)
 
 
-def insert_events(conn: psycopg.Connection, placed: list[Placed]) -> list[Placed]:
+def insert_events(
+    conn: psycopg.Connection, placed: list[Placed], arrays: TrajectoryArrays | None = None, written_whole: list | None = None
+) -> list[Placed]:
     """Insert one batch (inside the caller's transaction), grouped by table; returns the
     events whose id the ledger already held with other content (not inserted). The
-    session must have its staging tables (`create_staging_tables`)."""
+    session must have its staging tables (`create_staging_tables`).
+
+    `arrays`: the trajectories known to be in the ledger, whose samples are stored without
+    their arrays; `written_whole`: gets the trajectories this batch wrote as they are (to
+    remember once the transaction commits)."""
     by_type: dict[type, list[Placed]] = {}
     for p in placed:
         by_type.setdefault(type(p.event), []).append(p)
@@ -68,11 +75,20 @@ def insert_events(conn: psycopg.Connection, placed: list[Placed]) -> list[Placed
         cur.executemany("insert into runs (run_id) values (%s) on conflict (run_id) do nothing", [(r,) for r in run_ids])
         for event_type, group in by_type.items():
             writer = WRITERS[event_type]
-            conflicting |= writer.write(cur, [writer.params(event_row(p.event, p.topic, p.partition, p.offset)) for p in group])
+            conflicting |= writer.write(cur, [writer.params(ledger_row(p, arrays)) for p in group])
+            if event_type is Trajectory and written_whole is not None and not writer.last_batch_staged:
+                written_whole.extend(p.event for p in group)
         for p in placed:
             if isinstance(p.event, RunEvent) and p.key not in conflicting:
                 apply_run_event(cur, p.event)
     return [p for p in placed if p.key in conflicting]
+
+
+def ledger_row(p: Placed, arrays: TrajectoryArrays | None) -> dict:
+    row = event_row(p.event, p.topic, p.partition, p.offset)
+    if arrays is not None and isinstance(p.event, Sample) and arrays.held(p.event):
+        row.update(dict.fromkeys(SAMPLE_ARRAYS), arrays_in_trajectory=True)
+    return row
 
 
 def conflict_letter(p: Placed) -> DeadLetter:
@@ -119,17 +135,25 @@ def load_offsets(conn: psycopg.Connection, consumer: str) -> dict[TopicPartition
 
 
 def write_batch(
-    conn: psycopg.Connection, placed: list[Placed], dead: list[DeadLetter], consumer: str, next_offsets: dict[TopicPartition, int]
+    conn: psycopg.Connection,
+    placed: list[Placed],
+    dead: list[DeadLetter],
+    consumer: str,
+    next_offsets: dict[TopicPartition, int],
+    arrays: TrajectoryArrays | None = None,
 ) -> list[DeadLetter]:
     """Write a batch and the offsets after it in one transaction. A row the database
     rejects (say, a NUL byte in a text field) does not block the partition: the batch is
     retried event by event and the rejected ones become dead letters. Returns all dead
-    letters written."""
+    letters written. `arrays`: see `insert_events`; only a batch written whole adds to it."""
     try:
+        written_whole: list[Trajectory] = []
         with conn.transaction():
-            conflicts = [conflict_letter(p) for p in insert_events(conn, placed + as_placed(dead))]
+            conflicts = [conflict_letter(p) for p in insert_events(conn, placed + as_placed(dead), arrays, written_whole)]
             insert_events(conn, as_placed(conflicts))
             save_offsets(conn, consumer, next_offsets)
+        if arrays is not None:
+            arrays.remember(written_whole)
         return dead + conflicts
     except (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError) as batch_error:
         log.warning("batch rejected (%s); retrying event by event", batch_error)
@@ -138,7 +162,7 @@ def write_batch(
         for p in placed:
             try:
                 with conn.transaction():  # a savepoint
-                    dead += [conflict_letter(c) for c in insert_events(conn, [p])]
+                    dead += [conflict_letter(c) for c in insert_events(conn, [p], arrays)]
             except (psycopg.DataError, psycopg.IntegrityError, psycopg.ProgrammingError) as exc:
                 dead.append(
                     DeadLetter(

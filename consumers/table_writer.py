@@ -79,6 +79,7 @@ class TableWriter:
         its weight versions): a second copy of an id with other content is reported by
         `write`, not kept silently."""
         self.table = table
+        self.last_batch_staged = False  # whether `write`'s last batch took the staged path
         columns = [c for c in table.columns if c.name not in ("id", "ingested_at")]
         self.columns = [c.name for c in columns]
         self.types = [pg_type_name(c) for c in columns]
@@ -134,12 +135,14 @@ class TableWriter:
     def write(self, cur: psycopg.Cursor, rows: list[tuple]) -> set[tuple]:
         """Insert `rows`; (event id, topic, partition, offset) of each the ledger already
         held with other content (a `stated_once` table's; the first copy is kept)."""
+        self.last_batch_staged = False
         try:
             with cur.connection.transaction():  # a savepoint inside the batch's transaction
                 self._copy(cur, self.direct_copy_sql, rows)
             return set()
         except psycopg.errors.UniqueViolation:
             pass  # an event the ledger already holds: keep its first copy
+        self.last_batch_staged = True  # which rows went in, and which copies stayed, is the table's to say
         self._copy(cur, self.stage_copy_sql, rows)
         conflicts = set(cur.execute(self.conflicts_sql).fetchall()) if self.conflicts_sql else set()
         cur.execute(self.move_sql)

@@ -30,6 +30,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     func,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -212,11 +213,13 @@ samples = Table(
     Column("estimator", Text),
     Column("weight_version", Integer, nullable=False),
     Column("step", Integer, nullable=False),
-    Column("tokens", LargeBinary, nullable=False),
-    Column("loss_mask", LargeBinary, nullable=False),
-    Column("logprobs", LargeBinary, nullable=False),
+    # NULL where `arrays_in_trajectory`: the same bytes as the trajectory's (migration 0020)
+    Column("tokens", LargeBinary),
+    Column("loss_mask", LargeBinary),
+    Column("logprobs", LargeBinary),
     Column("token_versions", LargeBinary),
     Column("num_tokens", Integer, nullable=False),
+    Column("arrays_in_trajectory", Boolean, nullable=False, server_default=false()),
     Index("ix_samples_run_step", "run_id", "step"),
     Index("ix_samples_run_group", "run_id", "group_id"),
     Index("ix_samples_run_version", "run_id", "weight_version"),
@@ -323,11 +326,18 @@ _DERIVED: dict[type[Event], Callable[[Any], dict[str, Any]]] = {
         "num_trained_tokens": int(unpack_mask(e.loss_mask).sum()) if e.loss_mask else 0,
         "newest_weight_version": int(unpack_int32(e.token_versions).max()) if e.token_versions else e.weight_version,
     },
-    Sample: lambda e: {"num_tokens": len(e.tokens) // 4},
+    Sample: lambda e: {"num_tokens": len(e.tokens) // 4, "arrays_in_trajectory": False},
 }
 
 
-DERIVED_COLUMNS = {"trajectories": ("num_tokens", "num_trained_tokens", "newest_weight_version"), "samples": ("num_tokens",)}
+DERIVED_COLUMNS = {
+    "trajectories": ("num_tokens", "num_trained_tokens", "newest_weight_version"),
+    "samples": ("num_tokens", "arrays_in_trajectory"),
+}
+
+# A sample's packed arrays, which the ledger keeps once, in its trajectory's row, where
+# they are the same bytes (the sink checks; `arrays_in_trajectory` says so).
+SAMPLE_ARRAYS = ("tokens", "loss_mask", "logprobs", "token_versions")
 
 
 def field_column_mismatches(event_type: type[Event], table: Table) -> list[str]:

@@ -44,6 +44,10 @@ class Rebuilt:
     events: int = 0
 
 
+# whole samples: a sample stored once keeps its arrays in its trajectory's row (migration 0020)
+SAMPLES_OF_GROUPS = "select * from samples_with_arrays where run_id = %s and group_id = any(%s)"
+
+
 def run_topics_intact(settings: Settings, run_id: str) -> bool:
     """Whether the broker still holds the run's topics with their events: its runs topic
     exists and is not empty (it begins with the run's `created` event). An empty one was
@@ -122,7 +126,7 @@ def rebuild_from_ledger(settings: Settings, run_id: str, trained_step: int) -> R
                     "select * from filtered_groups where run_id = %s and group_id = any(%s) and reason <> 'late'",
                     chosen["filtered"],
                 ),
-                (Sample, "select * from samples where run_id = %s and group_id = any(%s)", chosen["samples"]),
+                (Sample, SAMPLES_OF_GROUPS, chosen["samples"]),
                 (
                     Trajectory,
                     "select t.* from trajectories t join evaluations e on e.run_id = t.run_id "

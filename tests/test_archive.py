@@ -176,7 +176,7 @@ def test_migrating_to_tables_partitioned_by_run_keeps_every_row_and_view_and_goe
             for run_id in runs:
                 fill(conn, run_id)
             before, views_before = [fingerprint(conn, r) for r in runs], conn.execute(views).fetchall()
-        db.upgrade(url)
+        db.upgrade(url, "0019")
         with db.connect(url, autocommit=True) as conn:
             assert [fingerprint(conn, r) for r in runs] == before
             assert conn.execute(views).fetchall() == views_before  # dropped and created again as they were
