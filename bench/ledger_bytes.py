@@ -7,7 +7,9 @@ prompt of 512-4,096 tokens, a response drawn from a long-tailed (log-normal) dis
 of mean ~2,000 tokens capped at 16,384, ids from a 151,936-token vocabulary (Qwen's),
 logprobs as a sampler's (mostly near 0), per-token weight versions; each trajectory with
 its evaluation and its sample (which carries the tokens again, as the learner reads it).
-The baseline in the same run is the raw size of the events' packed arrays.
+The baseline in the same run is the raw size of the events' packed arrays, and the rows
+without ", once" (the sink storing a sample's arrays as well as its trajectory's).
+"write (ms)" is the sink's inserts and commits per rollout.
 
     python bench/ledger_bytes.py [--rollouts 1000] [--rate 50]
 
@@ -29,8 +31,10 @@ import numpy as np
 from common import bench_settings, drop_database, fresh_database
 
 from streamrl.consumers.ledger_writes import Placed, create_staging_tables, insert_events
+from streamrl.consumers.sample_arrays import TrajectoryArrays
 from streamrl.runtime.db import connect
 from streamrl.schema.events import Evaluation, Sample, Trajectory, pack_float32, pack_int32, pack_mask
+from streamrl.schema.ledger import SAMPLE_ARRAYS
 
 VOCAB = 151_936
 PACKED = {
@@ -101,9 +105,12 @@ def stored_bytes_sql() -> str:
     )
 
 
-def measure(settings, compression: str, count: int, seed: int) -> tuple[dict[str, float], float, float, float]:
+def measure(settings, compression: str, count: int, seed: int, once: bool) -> tuple[dict[str, float], float, float, float]:
     """(stored bytes per rollout by table, raw packed bytes per rollout, tokens per rollout,
-    seconds of writing per rollout: the sink's inserts and their commits)."""
+    seconds of writing per rollout: the sink's inserts and their commits). Each batch's
+    samples are written after its trajectories, as the sink reads them (the processor
+    makes a sample from a trajectory it has read); `once`: the sink keeps a sample's
+    arrays only in its trajectory's row (consumers/sample_arrays.py)."""
     fresh = fresh_database(settings, f"streamrl_ledger_bytes_{compression}")
     try:
         with connect(fresh.database_url, autocommit=True) as conn:
@@ -111,18 +118,24 @@ def measure(settings, compression: str, count: int, seed: int) -> tuple[dict[str
                 for column in columns:
                     conn.execute(f"alter table {table} alter column {column} set compression {compression}")
             create_staging_tables(conn)
+            arrays = TrajectoryArrays() if once else None
             rng, raw, tokens, offset, writing = np.random.default_rng(seed), 0, 0, 0, 0.0
             for start in range(0, count, 100):
-                placed = []
+                rollouts, samples = [], []
                 for index in range(start, min(count, start + 100)):
-                    for event in rollout("bytes", index, rng):
-                        placed.append(Placed(event, "bench", 0, offset))
-                        offset += 1
-                    raw += 2 * (len(event.tokens) + len(event.loss_mask) + len(event.logprobs) + len(event.token_versions))
-                    tokens += len(event.tokens) // 4
+                    trajectory, evaluation, sample = rollout("bytes", index, rng)
+                    rollouts += [Placed(trajectory, "bench", 0, offset), Placed(evaluation, "bench", 0, offset + 1)]
+                    samples.append(Placed(sample, "bench", 0, offset + 2))
+                    offset += 3
+                    raw += 2 * sum(len(getattr(sample, name)) for name in SAMPLE_ARRAYS)
+                    tokens += len(sample.tokens) // 4
                 started = time.perf_counter()
-                with conn.transaction():
-                    insert_events(conn, placed)
+                for batch in (rollouts, samples):
+                    written: list = []
+                    with conn.transaction():
+                        insert_events(conn, batch, arrays, written)
+                    if arrays is not None:
+                        arrays.remember(written)
                 writing += time.perf_counter() - started
             conn.execute("vacuum analyze")
             stored = {table: int(conn.execute(stored_bytes_sql(), {"table": table}).fetchone()[0]) / count for table in TABLES}
@@ -144,21 +157,22 @@ def main() -> None:
     print(
         f"{'compression':<12}{'tokens/rollout':>16}{'raw arrays (KB)':>17}"
         + "".join(f"{t + ' (KB)':>20}" for t in TABLES)
-        + f"{'total (KB)':>12}{'ratio':>8}{'TB/day':>9}"
+        + f"{'total (KB)':>12}{'ratio':>8}{'TB/day':>9}{'write (ms)':>12}"
     )
-    for compression in ("pglz", "lz4"):
+    for compression, once in (("pglz", False), ("lz4", False), ("pglz", True), ("lz4", True)):
         started = time.perf_counter()
+        label = f"{compression}{', once' if once else ''}"
         try:
-            stored, raw, tokens, writing = measure(settings, compression, args.rollouts, args.seed)
+            stored, raw, tokens, writing = measure(settings, compression, args.rollouts, args.seed, once)
         except Exception as exc:  # a server built without lz4 says so
-            print(f"{compression:<12}not measured: {str(exc).splitlines()[0]}")
+            print(f"{label:<12}not measured: {str(exc).splitlines()[0]}")
             continue
         total = sum(stored.values())
         per_day = total * args.rate * 86_400 / 1e12
         print(
-            f"{compression:<12}{tokens:>16,.0f}{raw / 1024:>17,.1f}"
+            f"{label:<12}{tokens:>16,.0f}{raw / 1024:>17,.1f}"
             + "".join(f"{stored[t] / 1024:>20,.1f}" for t in TABLES)
-            + f"{total / 1024:>12,.1f}{total / raw:>8.2f}{per_day:>9.2f}{writing * 1000:>10.2f}"
+            + f"{total / 1024:>12,.1f}{total / raw:>8.2f}{per_day:>9.2f}{writing * 1000:>12.2f}"
             + f"   ({time.perf_counter() - started:.0f} s)",
             flush=True,
         )
