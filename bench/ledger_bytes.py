@@ -131,7 +131,7 @@ def measure(settings, compression: str, count: int, seed: int, once: bool) -> tu
                     tokens += len(sample.tokens) // 4
                 started = time.perf_counter()
                 for batch in (rollouts, samples):
-                    written: list = []
+                    written: dict = {}
                     with conn.transaction():
                         insert_events(conn, batch, arrays, written)
                     if arrays is not None:

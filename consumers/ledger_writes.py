@@ -11,7 +11,7 @@ import psycopg
 from kafka import TopicPartition
 from psycopg.types.json import Jsonb, set_json_dumps
 
-from streamrl.consumers.sample_arrays import TrajectoryArrays
+from streamrl.consumers.sample_arrays import TrajectoryArrays, digests
 from streamrl.consumers.table_writer import TableWriter, json_dumps
 from streamrl.runtime.dead_letters import refused_event
 from streamrl.schema.events import DeadLetter, Event, RunEvent, Sample, Trajectory, WeightVersion
@@ -56,37 +56,40 @@ class Placed:
 
 
 def insert_events(
-    conn: psycopg.Connection, placed: list[Placed], arrays: TrajectoryArrays | None = None, written_whole: list | None = None
+    conn: psycopg.Connection, placed: list[Placed], arrays: TrajectoryArrays | None = None, written_whole: dict | None = None
 ) -> list[Placed]:
     """Insert one batch (inside the caller's transaction), grouped by table; returns the
     events whose id the ledger already held with other content (not inserted). The
     session must have its staging tables (`create_staging_tables`).
 
     `arrays`: the trajectories known to be in the ledger, whose samples are stored without
-    their arrays; `written_whole`: gets the trajectories this batch wrote as they are (to
-    remember once the transaction commits)."""
+    their arrays (as are those of trajectories this call writes whole); `written_whole`:
+    gets the digests of the trajectories written whole (to remember once committed)."""
     by_type: dict[type, list[Placed]] = {}
-    for p in placed:
+    for p in sorted(placed, key=lambda p: not isinstance(p.event, Trajectory)):  # a sample's trajectory before it
         by_type.setdefault(type(p.event), []).append(p)
     conflicting: set[tuple] = set()  # (event id, topic, partition, offset)
+    in_batch: dict[tuple[str, str], bytes] = {}
     with conn.cursor() as cur:
         # first: a new run's row brings its rollout tables (migration 0019's trigger)
         run_ids = sorted({p.event.run_id for p in placed})
         cur.executemany("insert into runs (run_id) values (%s) on conflict (run_id) do nothing", [(r,) for r in run_ids])
         for event_type, group in by_type.items():
             writer = WRITERS[event_type]
-            conflicting |= writer.write(cur, [writer.params(ledger_row(p, arrays)) for p in group])
-            if event_type is Trajectory and written_whole is not None and not writer.last_batch_staged:
-                written_whole.extend(p.event for p in group)
+            conflicting |= writer.write(cur, [writer.params(ledger_row(p, arrays, in_batch)) for p in group])
+            if event_type is Trajectory and arrays is not None and not writer.last_batch_staged:
+                in_batch = digests([p.event for p in group if isinstance(p.event, Trajectory)])
+                if written_whole is not None:
+                    written_whole.update(in_batch)
         for p in placed:
             if isinstance(p.event, RunEvent) and p.key not in conflicting:
                 apply_run_event(cur, p.event)
     return [p for p in placed if p.key in conflicting]
 
 
-def ledger_row(p: Placed, arrays: TrajectoryArrays | None) -> dict:
+def ledger_row(p: Placed, arrays: TrajectoryArrays | None, in_batch: dict[tuple[str, str], bytes]) -> dict:
     row = event_row(p.event, p.topic, p.partition, p.offset)
-    if arrays is not None and isinstance(p.event, Sample) and arrays.held(p.event):
+    if arrays is not None and isinstance(p.event, Sample) and arrays.held(p.event, in_batch):
         row.update(dict.fromkeys(SAMPLE_ARRAYS), arrays_in_trajectory=True)
     return row
 
@@ -147,7 +150,7 @@ def write_batch(
     retried event by event and the rejected ones become dead letters. Returns all dead
     letters written. `arrays`: see `insert_events`; only a batch written whole adds to it."""
     try:
-        written_whole: list[Trajectory] = []
+        written_whole: dict[tuple[str, str], bytes] = {}
         with conn.transaction():
             conflicts = [conflict_letter(p) for p in insert_events(conn, placed + as_placed(dead), arrays, written_whole)]
             insert_events(conn, as_placed(conflicts))

@@ -96,14 +96,15 @@ def test_a_sample_whose_arrays_differ_from_its_trajectorys_keeps_its_own(ledger_
         assert same(read_back(conn, run_id)[sample.trajectory_id], forged)
 
 
-def test_samples_keep_their_arrays_until_their_trajectory_is_committed_as_written(ledger_url):
-    """In the trajectory's own batch (not yet committed), unseen by this sink (written
-    before a restart), or written through the staged path (a repeat: the ledger kept the
-    first copy, which may differ): the sample keeps its own arrays."""
+def test_samples_keep_their_arrays_unless_their_trajectory_is_written_as_it_is(ledger_url):
+    """A trajectory unseen by this sink (written before a restart), or written through the
+    staged path (a repeat: the ledger kept the first copy, which may differ): its sample
+    keeps its own arrays. In the same batch, the sample before its trajectory, it does
+    not: they commit together."""
     run_id = f"kept-{uuid.uuid4().hex[:8]}"
     with db.connect(ledger_url, autocommit=True) as conn:
         sink = Sink(conn)
-        sink.write(synthetic_trajectory(run_id, 0), synthetic_sample(run_id, 0))  # one batch
+        sink.write(synthetic_sample(run_id, 0), synthetic_trajectory(run_id, 0))  # one batch
         sink.write(synthetic_trajectory(run_id, 1))
         restarted = Sink(conn)
         restarted.write(synthetic_sample(run_id, 1))
@@ -115,7 +116,9 @@ def test_samples_keep_their_arrays_until_their_trajectory_is_committed_as_writte
         restarted.write(synthetic_sample(run_id, 4))
         kept = stored(conn, run_id)
         back = read_back(conn, run_id)
-    assert kept == dict.fromkeys(kept, (False, False)) and len(kept) == 4
+    once = synthetic_sample(run_id, 0).trajectory_id
+    assert kept.pop(once) == (True, True)
+    assert kept == dict.fromkeys(kept, (False, False)) and len(kept) == 3
     assert unpack_float32(back[first.trajectory_id].logprobs).tolist() == unpack_float32(again.logprobs).tolist()
 
 
