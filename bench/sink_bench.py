@@ -44,6 +44,15 @@ def sink_round(settings, bundle: bool = False) -> tuple[float, int]:
     return elapsed, len(events)
 
 
+def new_run(settings, prefix: str) -> str:
+    """A run id with its `runs` row, so its rollout tables exist (migration 0019): the
+    sink makes the row in its first batch; the raw rounds make it before their clock."""
+    run_id = fresh_run_id(prefix)
+    with connect(settings.database_url, autocommit=True) as conn:
+        conn.execute("insert into runs (run_id) values (%s)", (run_id,))
+    return run_id
+
+
 def raw_rows(run_id: str) -> list[tuple]:
     writer = WRITERS[Trajectory]
     return [writer.params(event_row(e, "bench", 0, i)) for i, e in enumerate(trajectories(run_id))]
@@ -60,7 +69,7 @@ def wrapped(rows: list[tuple]) -> list[tuple]:
 def raw_copy_round(settings, table: str, binary: bool) -> tuple[float, int]:
     """The same rows COPYed straight into the table, in the same batches (binary: with
     the column types set, as the sink does; text: PostgreSQL's text format)."""
-    rows = raw_rows(fresh_run_id("rawcopy"))
+    rows = raw_rows(new_run(settings, "rawcopy"))
     rows = rows if binary else wrapped(rows)
     writer = WRITERS[Trajectory]
     sql = f"copy {table} ({', '.join(writer.columns)}) from stdin" + (" (format binary)" if binary else "")
@@ -78,11 +87,11 @@ def raw_copy_round(settings, table: str, binary: bool) -> tuple[float, int]:
 
 def raw_executemany_round(settings, table: str) -> tuple[float, int]:
     """The same rows, one prepared INSERT each, pipelined with executemany."""
-    rows = wrapped(raw_rows(fresh_run_id("rawmany")))
+    rows = wrapped(raw_rows(new_run(settings, "rawmany")))
     columns = WRITERS[Trajectory].columns
     sql = (
         f"insert into {table} ({', '.join(columns)}) values ({', '.join(['%s'] * len(columns))}) "
-        "on conflict (event_id) do nothing"
+        "on conflict (run_id, event_id) do nothing"
     )
     with connect(settings.database_url, autocommit=True) as conn:
         start = time.perf_counter()
