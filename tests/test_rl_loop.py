@@ -399,7 +399,7 @@ def test_a_batch_scope_estimator_trains_end_to_end_and_records_its_advantages(st
         select ts.step, a.advantage, s.loss_mask
         from train_steps ts
         cross join unnest(ts.sample_ids, ts.trained_advantages) as a(trajectory_id, advantage)
-        join samples s on s.run_id = ts.run_id and s.trajectory_id = a.trajectory_id
+        join samples_with_arrays s on s.run_id = ts.run_id and s.trajectory_id = a.trajectory_id
         where ts.run_id = %s""",
         (run_id,),
     ).fetchall()
