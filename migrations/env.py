@@ -7,13 +7,14 @@ import re
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
+from streamrl.schema.ledger import ROLLOUT_TABLE_NAMES
 from streamrl.schema.ledger import metadata as ledger_metadata
 from streamrl.schema.service import service_metadata
 
 metadata = [ledger_metadata, service_metadata]
 
 config = context.config
-RUN_PARTITION = re.compile(r"(tasks|trajectories|evaluations|samples|filtered_groups)_r_[0-9a-f]{16}")
+RUN_PARTITION = re.compile(rf"({'|'.join(ROLLOUT_TABLE_NAMES)})_r_[0-9a-f]{{16}}")
 
 
 def include_name(name, type_, parent_names) -> bool:
