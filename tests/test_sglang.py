@@ -288,6 +288,7 @@ def test_the_agent_recipe_runs_its_episodes_on_sglang(stack, ledger, run_id, tmp
     assert max(g for g in lag0 if g is not None) < 1e-3
 
 
+@pytest.mark.timeout(1500)  # a hang guard: 168-285 s alone, past 600 s beside a second suite (docs/benchmarks.md)
 def test_the_sglang_recipe_survives_its_server_being_killed(stack, ledger, run_id, tmp_path, sglang_python):
     """14 fully-async steps on a managed server, SIGKILLed (its whole process group) after
     step 4: the worker restarts it, re-syncs the current version, and the run finishes

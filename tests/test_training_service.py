@@ -215,6 +215,7 @@ STEPS = 16
 WARMUP = 650
 
 
+@pytest.mark.timeout(1500)  # a hang guard: up to 299 s alone, over 400 s to step 6 beside a second suite (docs/benchmarks.md)
 def test_the_built_in_recipe_learns_through_the_service_killed_mid_run(stack, service, models, api_key, ledger, run_id, tmp_path):
     """remote_api_grpo against serve-training, full fine-tuning (lora_rank 0): the recipe's
     cross-entropy warm-up and its GRPO steps run on the service, which is SIGKILLed after
@@ -261,10 +262,10 @@ def test_the_built_in_recipe_learns_through_the_service_killed_mid_run(stack, se
         text=True,
     )
     try:
-        deadline = time.monotonic() + 400
+        # on the run's progress, not a fixed time (its start took over 400 s with a second
+        # copy of the suite beside it): the test's own timeout is the hang guard
         while scalar(ledger, "select count(*) from train_steps where run_id = %s", run_id) < 6:
             assert run.poll() is None, run.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "no 6 steps within 400 s"
             time.sleep(0.5)
         service["process"].send_signal(signal.SIGKILL)
         service["process"].wait()
@@ -272,7 +273,7 @@ def test_the_built_in_recipe_learns_through_the_service_killed_mid_run(stack, se
         # then the remote trainer: `streamrl run` restarts it, and it resumes from its last
         # checkpoint's service state
         while scalar(ledger, "select count(*) from train_steps where run_id = %s", run_id) < 10:
-            assert run.poll() is None and time.monotonic() < deadline + 200
+            assert run.poll() is None, run.stdout.read()[-3000:]
             time.sleep(0.5)
         trainer = subprocess.run(["pgrep", "-f", f"streamrl.cli learner {run_id}"], capture_output=True, text=True)
         os.kill(int(trainer.stdout.split()[0]), signal.SIGKILL)

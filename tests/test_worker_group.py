@@ -1,12 +1,13 @@
 """Rollout workers in the run's consumer group: `streamrl run --workers 1` started with
 STREAMRL_PARTITION_ASSIGNMENT=group (alone, `streamrl run` gives its processes fixed
-shards), a second worker started by hand mid-run (`streamrl worker RUN --name extra`),
-then the first one SIGKILLed. The group hands the partitions around; the run finishes
+shards), the first worker stopped (SIGSTOP) after step 1, a second started by hand
+(`streamrl worker RUN --name extra`), then the first one SIGKILLed. The group hands the partitions around; the run finishes
 with an exact ledger, and the ledger shows tasks rolled out by both workers. A worker
 or processor that would share a run's partitions another way is refused."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from streamrl.runtime.recipe import prepare_recipe
 from tests.conftest import REPO, command_lines, run_cli, wait_for
 from tests.test_rl_loop import RECIPE, assert_ledger_consistent, scalar, small_run_env
 
-STEPS = 24  # sync mode: long enough for a worker started mid-run (~30 s to its first rollout here) to take part
+STEPS = 8  # sync mode; the first worker is stopped after step 1, so the rest wait for the one started by hand
 
 
 def pid_of(run_id: str, *needles: str) -> int | None:
@@ -32,7 +33,7 @@ def pid_of(run_id: str, *needles: str) -> int | None:
 def test_a_worker_joins_mid_run_and_the_first_one_dies(stack, ledger, run_id, tmp_path):
     env = {
         **os.environ,
-        **small_run_env(ARITH_STEPS=str(STEPS), ARITH_SYNC_MODE="sync", ARITH_VALIDATE_EVERY="12"),
+        **small_run_env(ARITH_STEPS=str(STEPS), ARITH_SYNC_MODE="sync", ARITH_VALIDATE_EVERY=str(STEPS)),
         "STREAMRL_PARTITION_ASSIGNMENT": "group",
     }
     run = subprocess.Popen(
@@ -42,10 +43,16 @@ def test_a_worker_joins_mid_run_and_the_first_one_dies(stack, ledger, run_id, tm
         stdout=open(tmp_path / "run.log", "wb"),
         stderr=subprocess.STDOUT,
     )
-    extra = None
+    extra = first = None
     try:
         steps = lambda: scalar(ledger, "select count(*) from train_steps where run_id = %s", run_id)  # noqa: E731
         wait_for(lambda: steps() >= 1, 300, what="step 1")
+        # worker-0 stops (SIGSTOP) after step 1: its heartbeats stop, the group drops it
+        # (session timeout), and the run's remaining steps wait for the worker started by
+        # hand, however long the machine's load makes its start
+        first = pid_of(run_id, "worker", "--name worker-0")
+        assert first is not None, "no worker-0 process"
+        os.kill(first, signal.SIGSTOP)
         extra = subprocess.Popen(
             [sys.executable, "-m", "streamrl.cli", "worker", run_id, "--name", "extra"],
             cwd=REPO,
@@ -55,14 +62,14 @@ def test_a_worker_joins_mid_run_and_the_first_one_dies(stack, ledger, run_id, tm
         )
         # a training rollout, as the end asserts (its first may be a validation task)
         by_extra = "select count(*) from trajectories where run_id = %s and not is_val and worker_id like '%%-extra'"
-        # On the run's progress, not a fixed time: the hand-started worker's start and the
-        # group's rebalance take as long as the machine's load makes them; what must hold
-        # is that it rolls out a task while the run still has steps to give it.
         wait_for(lambda: scalar(ledger, by_extra, run_id) or run.poll() is not None, 600, what="the extra worker's first task")
         assert scalar(ledger, by_extra, run_id), "the run ended before the worker started by hand rolled out a task"
-        os.kill(pid_of(run_id, "worker", "--name worker-0"), signal.SIGKILL)  # streamrl run restarts it
+        os.kill(first, signal.SIGKILL)  # streamrl run restarts it
         assert run.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-3000:]
     finally:
+        if first is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(first, signal.SIGCONT)  # a stopped process would not take the SIGTERM below
         for process in (run, extra):
             if process is not None and process.poll() is None:
                 process.send_signal(signal.SIGTERM)
