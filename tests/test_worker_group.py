@@ -1,9 +1,10 @@
 """Rollout workers in the run's consumer group: `streamrl run --workers 1` started with
 STREAMRL_PARTITION_ASSIGNMENT=group (alone, `streamrl run` gives its processes fixed
 shards), the first worker stopped (SIGSTOP) after step 1, a second started by hand
-(`streamrl worker RUN --name extra`), then the first one SIGKILLed. The group hands the partitions around; the run finishes
-with an exact ledger, and the ledger shows tasks rolled out by both workers. A worker
-or processor that would share a run's partitions another way is refused."""
+(`streamrl worker RUN --name extra`), then the first one SIGKILLed. The group hands the
+partitions around; the run finishes with an exact ledger, and the ledger shows tasks
+rolled out by both workers. A worker or processor that would share a run's partitions
+another way is refused."""
 
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ def test_a_worker_joins_mid_run_and_the_first_one_dies(stack, ledger, run_id, tm
         wait_for(lambda: scalar(ledger, by_extra, run_id) or run.poll() is not None, 600, what="the extra worker's first task")
         assert scalar(ledger, by_extra, run_id), "the run ended before the worker started by hand rolled out a task"
         os.kill(first, signal.SIGKILL)  # streamrl run restarts it
+        first = None  # gone: its pid is not signalled again below
         assert run.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-3000:]
     finally:
         if first is not None:
