@@ -19,6 +19,7 @@ Anything else is not a StreamRL event and `decode` raises `CodecError` saying wh
 from __future__ import annotations
 
 import hashlib
+import threading
 import typing
 from collections.abc import Sequence
 
@@ -42,8 +43,23 @@ MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(typing.Union[ALL_EVENT_TYPES])  # noqa: UP007 (a tuple of types, unpacked by Union[])
-_zstd_compressor = zstandard.ZstdCompressor(level=3)
-_zstd_decompressor = zstandard.ZstdDecompressor()
+# zstandard's contexts are not thread safe (its documentation: "assume instances are not
+# thread safe"), and a worker encodes from several threads: one pair a thread.
+_zstd = threading.local()
+
+
+def _zstd_compressor() -> zstandard.ZstdCompressor:
+    compressor: zstandard.ZstdCompressor | None = getattr(_zstd, "compressor", None)
+    if compressor is None:
+        compressor = _zstd.compressor = zstandard.ZstdCompressor(level=3)
+    return compressor
+
+
+def _zstd_decompressor() -> zstandard.ZstdDecompressor:
+    decompressor: zstandard.ZstdDecompressor | None = getattr(_zstd, "decompressor", None)
+    if decompressor is None:
+        decompressor = _zstd.decompressor = zstandard.ZstdDecompressor()
+    return decompressor
 
 
 class CodecError(ValueError):
@@ -95,7 +111,7 @@ def split_bundle(data: bytes | None) -> Sequence[bytes | None]:
 def encode(event: Event, compress_over: int = DEFAULT_COMPRESS_OVER) -> bytes:
     payload = _encoder.encode(event)
     if len(payload) > compress_over:
-        return bytes([FRAME_ZSTD]) + _zstd_compressor.compress(payload)
+        return bytes([FRAME_ZSTD]) + _zstd_compressor().compress(payload)
     return bytes([FRAME_PLAIN]) + payload
 
 
@@ -126,7 +142,7 @@ def decode(data: bytes | None) -> Event:
             size = zstandard.frame_content_size(body)
             if size > MAX_DECOMPRESSED_BYTES:
                 raise CodecError(f"zstd frame would expand to {size} bytes, over the limit of {MAX_DECOMPRESSED_BYTES}")
-            body = _zstd_decompressor.decompress(body, max_output_size=MAX_DECOMPRESSED_BYTES)
+            body = _zstd_decompressor().decompress(body, max_output_size=MAX_DECOMPRESSED_BYTES)
         except zstandard.ZstdError as exc:
             raise CodecError(f"zstd frame does not decompress: {exc}") from None
     elif frame == FRAME_REFERENCE:

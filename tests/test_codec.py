@@ -237,3 +237,41 @@ def test_a_bundle_carries_events_and_malformed_bundles_are_refused():
         codec.split_bundle(bytes([codec.FRAME_BUNDLE]) + msgspec.msgpack.encode([]))
     with pytest.raises(CodecError, match="bundles do not nest"):
         codec.decode(value)
+
+
+def test_threads_encode_and_decode_large_events_at_once():
+    """A worker publishes from several threads at once. zstandard's compressor and
+    decompressor objects are not thread safe (its documentation), and one shared by the
+    module's threads failed under the cluster twin ("cannot compress: Src size is
+    incorrect", a worker crash): every thread must get its events back intact."""
+    import threading
+
+    from streamrl.schema.events import Trajectory, pack_int32
+
+    rng = np.random.default_rng(0)
+    events = [
+        Trajectory(
+            run_id="r",
+            trajectory_id=f"t{i}",
+            task_id=f"t{i}",
+            group_id="g",
+            tokens=pack_int32(rng.integers(0, 150_000, 100_000 + i)),
+        )
+        for i in range(8)
+    ]
+    failures: list[BaseException] = []
+
+    def round_trips():
+        try:
+            for _ in range(40):
+                for event in events:
+                    assert codec.decode(codec.encode(event)) == event
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=round_trips) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
