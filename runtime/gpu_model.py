@@ -126,16 +126,29 @@ def mean_response(model: TwinModel) -> float:
     return float(response_lengths(model, np.random.default_rng(12345), 200_000).mean())
 
 
-def ideal_rollouts_per_s(model: TwinModel, group_size: int) -> dict[str, float]:
+def mean_decode_context(model: TwinModel) -> float:
+    """The KV cache one generated token reads, on average over every token generated: its
+    prompt and the answer before it. An answer of L tokens reads prompt + 0, 1, ..., L - 1,
+    so per token this is prompt + E[L(L - 1)] / (2 E[L]), not prompt + E[L] / 2: the long
+    answers hold most of the tokens (with sigma 0.8, about prompt + 0.95 E[L])."""
+    lengths = response_lengths(model, np.random.default_rng(12345), 200_000).astype(np.float64)
+    return sum(model.prompt_tokens) / 2 + float((lengths * (lengths - 1)).mean() / (2 * lengths.mean()))
+
+
+def ideal_rollouts_per_s(model: TwinModel, group_size: int, rollouts_per_step: int) -> dict[str, float]:
     """The schedule-free bounds: generation with every inference GPU decoding full
-    batches of average sequences, training at its modelled rate, and the sync schedule
-    (the two one after the other, no overlap)."""
+    batches, each sequence holding the context a generated token reads on average (so the
+    decode work is what the answers' lengths make it, whatever the order), and pausing
+    for a weight version every step of `rollouts_per_step`; training at its modelled
+    rate; and the sync schedule (the two one after the other, no overlap)."""
     prompt = sum(model.prompt_tokens) / 2
     response = mean_response(model)
-    context = model.max_running * (prompt + response / 2)
+    context = model.max_running * mean_decode_context(model)
     per_gpu_tokens_s = model.max_running / decode_step_s(model, context)
-    # a GPU's time per rollout: its share of decode steps, and its prompt's prefill shared by its group
-    generate_s = response / per_gpu_tokens_s + prefill_s(model, int(prompt)) / group_size
+    # a GPU's time per rollout: its share of decode steps, its prompt's prefill shared by
+    # its group, and its share of the step's weight-sync pause
+    pause_s = model.weight_sync_s / model.time_scale * model.inference_gpus / rollouts_per_step
+    generate_s = response / per_gpu_tokens_s + prefill_s(model, int(prompt)) / group_size + pause_s
     generation = model.inference_gpus / generate_s
     training = 1 / train_s(model, int(prompt + response))
     return {

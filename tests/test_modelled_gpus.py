@@ -95,7 +95,7 @@ def test_a_full_gpu_makes_requests_wait():
 
 
 def test_the_ideal_schedule_is_the_slower_side_and_sync_their_sum():
-    ideal = ideal_rollouts_per_s(TwinModel(), group_size=8)
+    ideal = ideal_rollouts_per_s(TwinModel(), group_size=8, rollouts_per_step=512)
     assert ideal["async"] == min(ideal["generation"], ideal["training"])
     assert 1 / ideal["sync"] == pytest.approx(1 / ideal["generation"] + 1 / ideal["training"])
 
@@ -127,3 +127,20 @@ def test_a_twin_model_that_cannot_be_is_refused_by_field(monkeypatch):
         twin_from_env()
     monkeypatch.setenv(TWIN_ENV, TwinModel(inference_gpus=3).to_env())
     assert twin_from_env() == TwinModel(inference_gpus=3)
+
+
+def test_the_ideal_counts_the_context_each_generated_token_reads():
+    """By hand: answers of exactly 1,001 tokens (sigma 0) after prompts of 1,000: token i
+    of an answer reads 1,000 + i tokens of cache, 1,500 on average. A decode step of 32
+    such sequences reads 16 GB of weights and 32 x 1,500 x 131,072 bytes of cache at 60%
+    of 3.35 TB/s; a rollout takes 1,001 of its steps' 32 shares, 1/8 of its prompt's
+    prefill (2 x 8e9 x 1,000 FLOPs at 50% of 989 TFLOPS), and, with a version every 256
+    rollouts on 8 GPUs, 1/32 of a GPU's 1 s weight-sync pause."""
+    from streamrl.runtime.gpu_model import mean_decode_context
+
+    model = TwinModel(inference_gpus=8, max_running=32, prompt_tokens=(1000, 1000), response_median=1001, response_sigma=0)
+    assert mean_decode_context(model) == 1500.0
+    step_s = (16e9 + 32 * 1500 * 131_072) / (3.35e12 * 0.6)
+    rollout_s = 1001 * step_s / 32 + 2 * 8e9 * 1000 / (989e12 * 0.5) / 8 + 1.0 / 32
+    ideal = ideal_rollouts_per_s(model, group_size=8, rollouts_per_step=256)
+    assert ideal["generation"] == pytest.approx(8 / rollout_s, rel=1e-12)
