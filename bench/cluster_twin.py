@@ -66,11 +66,13 @@ class Case:
     in_flight: float = 1.0  # the worker's max_concurrent_tasks, in multiples of the GPUs' room
     staleness: int = 1  # weight.staleness_threshold of the async schedules
     workers: int = 1  # worker processes, the GPUs split between them
+    batch_groups: str = "published"  # trajectory_pool.batch_groups
 
     @property
     def label(self) -> str:
         staleness = f" (staleness {self.staleness})" if self.schedule != "sync" else ""
         staleness += f", {self.workers} workers" if self.workers > 1 else ""
+        staleness += ", first complete groups" if self.batch_groups == "first_complete" else ""
         h100s = self.model.inference_gpus * self.model.time_scale  # whose stream it carries
         return (
             f"{self.schedule}{staleness}, {self.model.inference_gpus} GPUs x {self.model.time_scale:g} "
@@ -122,7 +124,7 @@ def write_recipe(case: Case, folder: Path, model_dir: Path) -> Path:
             "num_workers": case.workers,
             "max_concurrent_tasks": running,
         },
-        "trajectory_pool": {"batch_size": case.groups_per_step, "group_timeout_s": 3600},
+        "trajectory_pool": {"batch_size": case.groups_per_step, "group_timeout_s": 3600, "batch_groups": case.batch_groups},
         "algorithm": {"type": "grpo"},
         "trainer": {"type": "grpo", "total_train_steps": case.steps, "save_freq": case.steps, "warmup_cross_entropy_steps": 0},
         # sync trains on the newest version only: its recipe leaves the staleness bound alone
@@ -222,7 +224,7 @@ def measure(settings, case: Case, run_id: str, mark0, mark1) -> dict:
     cpu = {role: mark1[1].get(role, 0.0) - mark0[1].get(role, 0.0) for role in mark1[1]}
     cpu_wall = wall
     rollouts = max(generated[0], 1)
-    ideal = ideal_rollouts_per_s(case.model, GROUP)
+    ideal = ideal_rollouts_per_s(case.model, GROUP, case.groups_per_step * GROUP)
     per_s = trained[0] / wall
     staleness = query(
         settings,
@@ -247,6 +249,7 @@ def measure(settings, case: Case, run_id: str, mark0, mark1) -> dict:
     return {
         "label": case.label,
         "staleness_bound": case.staleness,
+        "batch_groups": case.batch_groups,
         "schedule": case.schedule,
         "model": dataclasses.asdict(case.model),
         "rollouts_per_step": case.groups_per_step * GROUP,
@@ -378,6 +381,7 @@ def short_label(r: dict) -> str:
     model = r["model"]
     schedule = {"sync": "sync", "batch-async": "batch", "fully-async": "fully"}[r["schedule"]]
     staleness = "" if r["schedule"] == "sync" else f" k={r['staleness_bound']}"
+    staleness += "\nfirst complete" if r.get("batch_groups") == "first_complete" else ""
     return f"{schedule}{staleness}\n{model['inference_gpus'] * model['time_scale']:g} H100s\nmedian {model['response_median']}"
 
 
@@ -387,15 +391,18 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(15, 4.6))
     labels = [short_label(r) for r in results]
     x = np.arange(len(results))
     ideal = [r["ideal"]["sync"] if r["schedule"] == "sync" else r["ideal"]["async"] for r in results]
-    axes[0].bar(x, [r["whole_run_per_s"] / i for r, i in zip(results, ideal)], 0.6)
+    whole = [r["whole_run_per_s"] / i for r, i in zip(results, ideal)]
+    window = [r["trained_per_s"] / i for r, i in zip(results, ideal)]
+    axes[0].bar(x - 0.2, whole, 0.4, label="whole run (fill and drain included)")
+    axes[0].bar(x + 0.2, window, 0.4, label="window (first step to the last but one)")
     axes[0].axhline(0.9, color="grey", linestyle="--", linewidth=1, label="target 0.9")
     axes[0].set_xticks(x, labels, fontsize=7)
     axes[0].set_ylabel("trained rollouts/s over the ideal schedule's")
-    axes[0].set_ylim(0, 1)
+    axes[0].set_ylim(0, max(1.0, *window) * 1.05)
     axes[0].legend(fontsize=8)
     axes[1].bar(x - 0.2, [r["gpu_busy"] for r in results], 0.4, label="inference GPUs busy")
     axes[1].bar(x + 0.2, [r["learner_busy"] for r in results], 0.4, label="learner busy")
@@ -412,7 +419,7 @@ def plot(results: list[dict], path: Path) -> None:
 def print_model(model: TwinModel) -> None:
     fields = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(model).items())
     console.print(f"modelled: {fields}")
-    ideal = ideal_rollouts_per_s(model, GROUP)
+    ideal = ideal_rollouts_per_s(model, GROUP, model.inference_gpus * model.max_running // GROUP * GROUP)
     console.print("ideal rollouts/s: " + ", ".join(f"{k} {v:.1f}" for k, v in ideal.items()))
 
 
@@ -432,6 +439,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--max-running", type=int, default=32, help="sequences a GPU decodes at once; a step is one such batch of every GPU"
+    )
+    parser.add_argument(
+        "--batch-groups",
+        choices=("published", "first_complete", "both"),
+        default="both",
+        help="trajectory_pool.batch_groups of the deep fully-async case and the scaling points (both: the deep case "
+        "each way, the scaling points first_complete)",
     )
     parser.add_argument("--workers", type=int, default=1, help="worker processes sharing the GPUs (a real cluster: one a node)")
     parser.add_argument("--steps", type=int, default=6, help="training steps of each schedule (a step: one batch of every GPU)")
@@ -455,8 +469,20 @@ def main() -> None:
     print_model(base)
     groups = base.inference_gpus * base.max_running // GROUP
     cases = [Case(s, base, steps, groups, workers=args.workers) for s in schedules]
-    if args.deep:
-        cases.append(Case("fully-async", base, steps, groups, in_flight=args.deep, staleness=args.deep, workers=args.workers))
+    orders = ["published", "first_complete"] if args.batch_groups == "both" else [args.batch_groups]
+    for order in orders if args.deep else []:
+        cases.append(
+            Case(
+                "fully-async",
+                base,
+                steps,
+                groups,
+                in_flight=args.deep,
+                staleness=args.deep,
+                workers=args.workers,
+                batch_groups=order,
+            )
+        )
     compared = [run_case(settings, case, model_dir, args.out) for case in cases]
     show(compared, f"Schedules on {base.inference_gpus} modelled GPUs, time scale {base.time_scale:g}")
     show_cpu(compared)
@@ -464,9 +490,11 @@ def main() -> None:
     scaled = []
     deep = max(args.deep, 1)
     for gpus in [int(g) for g in args.scaling.split(",") if g]:
-        scaled.append(scale_point(settings, base, gpus, base.response_median, deep, args.scaling_seconds, model_dir, args.out))
+        scaled.append(
+            scale_point(settings, base, gpus, base.response_median, deep, args.scaling_seconds, model_dir, args.out, orders[-1])
+        )
     for median in [int(m) for m in args.lengths.split(",") if m]:
-        scaled.append(scale_point(settings, base, 64, median, deep, args.scaling_seconds, model_dir, args.out))
+        scaled.append(scale_point(settings, base, 64, median, deep, args.scaling_seconds, model_dir, args.out, orders[-1]))
     if scaled:
         show(scaled, "Deep fully-async carrying the stream of N H100s (GPUs x time scale): cluster sizes, answer lengths")
         show_cpu(scaled)
@@ -487,17 +515,35 @@ def verdicts(compared: list[dict]) -> None:
 
 
 def scale_point(
-    settings: Settings, base: TwinModel, h100s: int, median: int, deep: int, seconds: float, model_dir: Path, out: Path
+    settings: Settings,
+    base: TwinModel,
+    h100s: int,
+    median: int,
+    deep: int,
+    seconds: float,
+    model_dir: Path,
+    out: Path,
+    batch_groups: str,
 ) -> dict:
     """The rollout stream of `h100s` H100s: the comparison's GPUs, time-scaled to that many
     (what the event path sees is the stream; a real cluster's worker processes would
     split its in-flight rollouts, which one worker holds here)."""
     model = dataclasses.replace(base, time_scale=h100s / base.inference_gpus, response_median=median)
     groups = model.inference_gpus * model.max_running // GROUP
-    per_s = ideal_rollouts_per_s(model, GROUP)["async"]
+    per_s = ideal_rollouts_per_s(model, GROUP, groups * GROUP)["async"]
     steps = max(6, math.ceil(seconds * per_s / (groups * GROUP)) + 3)
     print_model(model)
-    case = Case("fully-async", model, steps, groups, window_s=seconds, window_steps=3, in_flight=deep, staleness=deep)
+    case = Case(
+        "fully-async",
+        model,
+        steps,
+        groups,
+        window_s=seconds,
+        window_steps=3,
+        in_flight=deep,
+        staleness=deep,
+        batch_groups=batch_groups,
+    )
     return run_case(settings, case, model_dir, out)
 
 

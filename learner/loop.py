@@ -25,7 +25,6 @@ import os
 import shutil
 import threading
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import msgspec
@@ -39,10 +38,9 @@ from streamrl.learner.checkpoint import load_state, prune_weight_versions, versi
 from streamrl.learner.policies import make_policy
 from streamrl.learner.recorded_steps import exactly_recorded, holds_untrained, recorded_steps
 from streamrl.learner.remote_trainers import trainer_class
+from streamrl.learner.step_groups import StepBuffer, StepGroups
 from streamrl.learner.step_inputs import (
-    StepBuffer,
     sample_to_item,
-    staleness_split,
     with_batch_advantages,
     with_behaviour_lag,
 )
@@ -114,13 +112,16 @@ class Learner:
         self.step = 0
         self.start_offsets: dict[TopicPartition, int] | None = None
         self.resumed_record = None
-        if self.policy.checkpoint is not None:
-            state = load_state(self.policy.checkpoint)
+        state = load_state(self.policy.checkpoint) if self.policy.checkpoint is not None else {}
+        if state:
             self.step = state["step"]
             self.start_offsets = {_tp(key): offset for key, offset in state["offsets"].items()}
             self.resumed_record = state.get("train_step")
+        # which groups each step trains (trajectory_pool.batch_groups), and those a restart skips
+        self.groups = StepGroups.of(recipe, self.step, state)
         self.snapshot_step = self.step
         self.writing_snapshot: int | None = None  # the step whose snapshot is being written
+        self.writing_through = 0  # every group published up to this step is in that snapshot
         self.last_state: dict | None = None  # the newest step's snapshot state, for a snapshot on stop
         self.recorded: dict[int, TrainStep] = {}  # steps to re-train after the snapshot (rank 0)
         self.replay_to = self.step
@@ -138,7 +139,7 @@ class Learner:
     def holds_window(self, window: int, newest: int) -> bool:
         """A rotating run's sample windows the learner reads: those with steps it has not
         trained (a window leaves the broker only once a snapshot is past it)."""
-        return holds_untrained(self.recipe.service.broker.resolved_windows(), window, self.step)
+        return holds_untrained(self.recipe.service.broker.resolved_windows(), window, self.groups.accounted.through)
 
     def snapshot_due(self, step: int) -> bool:
         return step % self.recipe.trainer.save_freq == 0 or step == self.total_steps
@@ -151,6 +152,7 @@ class Learner:
         self.finish_snapshot()
         self.policy.call("write_checkpoint", step, state, keep_every)
         self.writing_snapshot = step
+        self.writing_through = state.get("accounted", {}).get("through", step)
 
     def finish_snapshot(self, wait: bool = True) -> None:
         """Once the snapshot being written is complete (`wait`: wait for it), it is the one
@@ -159,9 +161,16 @@ class Learner:
             return
         step, self.writing_snapshot = self.writing_snapshot, None
         self.snapshot_step = step
-        # what a rotating run's topic windows wait for before they leave the broker
+        # what a rotating run's topic windows wait for: the groups of the steps up to groups_through
         self.events.publish(
-            RunEvent(run_id=self.run_id, kind="snapshot", sequence=step, name="learner", message=f"snapshot of step {step}")
+            RunEvent(
+                run_id=self.run_id,
+                kind="snapshot",
+                sequence=step,
+                name="learner",
+                message=f"snapshot of step {step}",
+                details={"groups_through": self.writing_through},
+            )
         )
 
     def is_version(self, step: int) -> bool:
@@ -279,21 +288,21 @@ class Learner:
             stage="learner",
             keep_window=self.holds_window,
         )
-        buffers: dict[int, StepBuffer] = defaultdict(StepBuffer)
         try:
             while not stop.is_set() and self.step < self.total_steps:
                 events, dead = reader.poll(timeout_ms=50, max_records=5000)
                 for letter in dead:
                     self.events.publish(letter)
                 for event, tp, offset in events:
-                    if not isinstance(event, (Sample, GroupFiltered)) or event.step <= self.step:
-                        continue  # trained (or accounted for) before a restart
-                    buffers[event.step].add(event, tp, offset)
+                    if isinstance(event, (Sample, GroupFiltered)):
+                        self.groups.add(event, tp, offset)
                 self.announce_written()
                 target = self.step + 1
-                if buffers[target].complete >= self.groups_per_step:
+                recorded = self.recorded.get(target)
+                buffer = self.groups.take(target, recorded.group_ids if recorded else None)
+                if buffer is not None:
                     self.finish_snapshot(wait=False)
-                    record = self.train_step(target, buffers.pop(target), reader, buffers)
+                    record = self.train_step(target, buffer, reader)
                     if record.samples and not self.unread_reported:
                         self.report_unread_keys()
                     if on_step and target > self.replay_to:
@@ -313,14 +322,16 @@ class Learner:
             reader.close()
         return self.step
 
-    def train_step(self, step: int, buffer: StepBuffer, reader: RunReader, buffers: dict[int, StepBuffer]) -> TrainStep:
+    def train_step(self, step: int, buffer: StepBuffer, reader: RunReader) -> TrainStep:
         started = time.perf_counter()
         waited = started - (self.last_step_done or started)  # since the previous step: the samples' arrival
         learner_version = step - 1
         items = with_behaviour_lag(
             [sample_to_item(s) for s in sorted(buffer.samples.values(), key=lambda s: s.trajectory_id)], learner_version
         )
-        kept, dropped = staleness_split(items, learner_version, self.staleness_threshold, self.sync_every)
+        published = {s.group_id: s.step for s in buffer.samples.values()} | {g: f.step for g, f in buffer.filtered.items()}
+        kept, dropped = self.groups.staleness_split(items, published, learner_version, self.staleness_threshold, self.sync_every)
+        self.groups.account(step, published)
         recorded = self.recorded.pop(step, None)
         if recorded is not None:  # re-trained after a restart: exactly what was trained then
             kept, dropped = exactly_recorded(items, recorded)
@@ -360,7 +371,7 @@ class Learner:
             }
         )
         # Resume from the earliest buffered event of a later step, else the read position.
-        offsets = reader.first_needed_offsets(pair for buffer in buffers.values() for pair in buffer.offsets)
+        offsets = reader.first_needed_offsets(self.groups.pending_offsets)
         record = TrainStep(
             run_id=self.run_id,
             step=step,
@@ -382,13 +393,14 @@ class Learner:
                 "threshold": float(self.staleness_threshold),
             },
             dropped_ids=[i.trajectory_id for i in dropped],
+            group_ids=sorted(published),
             seconds=time.perf_counter() - started,
             consumed_offsets={f"{tp.topic}:{tp.partition}": o for tp, o in offsets.items()},
             metrics=metrics,
         )
         if recorded is not None:
             return self.replayed(step, recorded, loss)
-        self.last_state = {"offsets": record.consumed_offsets, "train_step": _record_dict(record)}
+        self.last_state = {"offsets": record.consumed_offsets, "train_step": _record_dict(record), **self.groups.state()}
         # A version every weight.sync_every steps: copied now, written in the background and
         # announced once on disk (with weight.transport distributed: announced now, broadcast,
         # then written); the snapshot (when due) is written while the next steps train.
@@ -434,7 +446,7 @@ class Learner:
         """A recorded step re-trained: nothing is published (it was); a snapshot when due;
         after the last one, the weights are checked against the recorded version's."""
         self.step = step
-        self.last_state = {"offsets": recorded.consumed_offsets, "train_step": _record_dict(recorded)}
+        self.last_state = {"offsets": recorded.consumed_offsets, "train_step": _record_dict(recorded), **self.groups.state()}
         print(f"replayed step {step}: loss {loss:.6f} (recorded {recorded.loss:.6f})", flush=True)
         if self.snapshot_due(step):
             self.write_snapshot(step, self.last_state)

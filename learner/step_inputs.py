@@ -1,17 +1,14 @@
 """What a training step is made of: the step's samples as TrainItems, their staleness
-split, batch-scope advantages, and the buffer a step's samples arrive in."""
+split and batch-scope advantages (learner/step_groups.py: which samples a step takes)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
-from kafka import TopicPartition
 
 from streamrl.algos.advantages import advantage_scope, advantages_by_group
 from streamrl.learner.batching import TrainItem
 from streamrl.runtime.versions import versions_behind
-from streamrl.schema.events import GroupFiltered, Sample, unpack_float32, unpack_int32, unpack_mask
+from streamrl.schema.events import Sample, unpack_float32, unpack_int32, unpack_mask
 
 
 def sample_to_item(sample: Sample) -> TrainItem:
@@ -68,31 +65,16 @@ def staleness_split(
     return kept, dropped
 
 
-@dataclass
-class StepBuffer:
-    """What has arrived for one step: samples by event id, filtered groups, offsets, and
-    per group how many samples arrived of how many the processor emitted."""
-
-    samples: dict = field(default_factory=dict)
-    filtered: dict = field(default_factory=dict)
-    offsets: list = field(default_factory=list)
-    arrived: dict = field(default_factory=dict)  # group id -> [arrived, expected]
-    complete: int = 0  # groups fully arrived (a group's samples may span several polls)
-
-    def add(self, event, tp: TopicPartition, offset: int) -> None:
-        self.offsets.append((tp, offset))
-        if isinstance(event, GroupFiltered):
-            if event.reason == "late":  # its group was already accounted for
-                return
-            if event.group_id not in self.filtered:
-                self.filtered[event.group_id] = event
-                self.complete += 1
-        elif event.event_id not in self.samples:  # a re-emitted copy counts once
-            self.samples[event.event_id] = event
-            counts = self.arrived.setdefault(event.group_id, [0, event.group_size])
-            counts[0] += 1
-            self.complete += counts[0] == counts[1]
-
-    @property
-    def groups(self) -> set:
-        return set(self.arrived) | set(self.filtered)
+def staleness_split_at_generation(
+    items: list[TrainItem], published_steps: dict[str, int], threshold: float, sync_every: int = 1
+) -> tuple[list[TrainItem], list[TrainItem]]:
+    """(kept, dropped) for trajectory_pool.batch_groups first_complete: the bound counted
+    from the step each sample's group was published for (the versions its tasks were
+    paced by), not the step that trains it, so a slow group trained later is kept. What
+    it drops is what a lagging worker sampled with weights older than its pacing."""
+    stale = {
+        i.trajectory_id
+        for i in items
+        if versions_behind(published_steps[i.group_id] - 1, i.weight_version, sync_every) > threshold
+    }
+    return [i for i in items if i.trajectory_id not in stale], [i for i in items if i.trajectory_id in stale]

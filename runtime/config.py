@@ -190,6 +190,12 @@ class TrajectoryPool:
     incomplete_group_policy: Literal["drop", "train_partial"] = knob(
         "drop", "a timed-out group: recorded and not trained (drop), or trained on what arrived (train_partial)"
     )
+    batch_groups: Literal["published", "first_complete"] = knob(
+        "published",
+        "which groups a step trains: those published for it (a step waits for its slowest group), or the first "
+        "batch_size groups to complete, whatever step they were published for (a slow group trains in a later "
+        "step; the staleness bound then counts from the step a group was published for)",
+    )
 
 
 @dataclass
@@ -460,9 +466,6 @@ def _build(schema: type, values: dict, prefix: str = ""):
             raise ConfigError("unknown keys " + ", ".join(f"{prefix}{key}" for key in sorted(extra)))
         kwargs["extra"] = {**kwargs.get("extra", {}), **extra}
     return schema(**kwargs)
-
-
-# --- checking a mapping against the schema ------------------------------------------------
 
 
 def _type_name(tp) -> str:

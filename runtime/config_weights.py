@@ -35,7 +35,12 @@ class Weight:
         "when rollouts may use older weights: never (sync), within a step's batch, or up to "
         "staleness_threshold versions (fully-async)",
     )
-    staleness_threshold: int = knob(1, "a sample more versions behind the learner than this is dropped, counted", ge=0)
+    staleness_threshold: int = knob(
+        1,
+        "a sample more versions behind the learner than this is dropped, counted (with trajectory_pool.batch_groups "
+        "first_complete: behind the step its group was published for)",
+        ge=0,
+    )
     sync_every: int = knob(
         1,
         "publish a weight version every this many steps (and at the last): fewer writes and "

@@ -31,7 +31,7 @@ from streamrl.runtime.config import Recipe, check_against, coerce_strings, missi
 from streamrl.runtime.dataset import DatasetError, data_section_problems, data_type_problems, resolve_chat_template
 from streamrl.runtime.guide_forms import apply_guide_forms
 from streamrl.runtime.prompt_lengths import overlong_rows
-from streamrl.runtime.service_config import TinkerService, window_problems
+from streamrl.runtime.service_config import TinkerService, runs_ahead, window_problems
 from streamrl.runtime.verl_keys import apply_verl_keys
 from streamrl.runtime.weight_transport import transport_problems
 
@@ -318,8 +318,7 @@ def consistency_problems(recipe: Recipe) -> list[str]:
     if worker.trace_path and not worker.save_trace:
         problems.append("rollout_worker.trace_path: traces are written only with save_trace: true")
     problems += algorithm_number_problems(recipe.algorithm) + data_section_problems(recipe)
-    staleness = 0 if recipe.weight.sync_mode == "sync" else recipe.weight.staleness_threshold
-    problems += window_problems(recipe.service.broker, staleness)
+    problems += window_problems(recipe.service.broker, runs_ahead(recipe))
     return problems + inference_service_problems(recipe) + transport_problems(recipe)
 
 

@@ -106,7 +106,8 @@ class Broker:
         "and the learner's newest snapshot (trainer.save_freq) is past them, so a "
         "long run's broker memory stops growing; auto: on the embedded broker with fixed "
         f"shards (what `streamrl run` gives) and retention remove, windows of max({AUTO_WINDOW_STEPS}, trainer.save_freq, "
-        "staleness_threshold + 2) steps, else none; none: one topic per kind",
+        "staleness_threshold + 2; 2 x staleness_threshold + 2 with trajectory_pool.batch_groups first_complete) steps, "
+        "else none; none: one topic per kind",
         ge=1,
     )
     memory_warning_share: float = knob(
@@ -151,14 +152,23 @@ def with_resolved_windows(recipe, embedded: bool, assignment: str):
         return recipe
     resolved = copy.deepcopy(recipe)
     resolved.service.broker.window_steps = resolved_window_steps(
-        broker, recipe.trainer.save_freq, recipe.weight.staleness_threshold, embedded, assignment
+        broker, recipe.trainer.save_freq, runs_ahead(recipe), embedded, assignment
     )
     return resolved
 
 
+def runs_ahead(recipe) -> int:
+    """How many steps, less one, the newest task may be published ahead of the oldest
+    group not yet trained: k (weight.staleness_threshold; 0 in sync mode), and 2k when
+    trajectory_pool.batch_groups is first_complete (a group may then train up to k steps
+    after the one it was published for)."""
+    k = 0 if recipe.weight.sync_mode == "sync" else recipe.weight.staleness_threshold
+    return 2 * k if recipe.trajectory_pool.batch_groups == "first_complete" else k
+
+
 def window_problems(broker: Broker, staleness: int) -> list[str]:
     """A window must be longer than how far the writers run ahead of the learner (at most
-    `staleness` + 1 steps), or a reader's hold (schema/topics.py HELD_WINDOWS) could miss
+    `staleness` + 1 steps; `runs_ahead`), or a reader's hold (schema/topics.py HELD_WINDOWS) could miss
     a step not yet trained."""
     windows = broker.window_steps
     if not isinstance(windows, int):  # none, or auto: resolved to a valid size when the run is created
@@ -172,7 +182,8 @@ def window_problems(broker: Broker, staleness: int) -> list[str]:
     if windows < staleness + 2:
         return [
             f"service.broker.window_steps: {broker.window_steps} is too short: a window must hold more steps than "
-            f"the rollouts run ahead of the learner (weight.staleness_threshold {staleness} + 1), so at least "
+            f"the rollouts run ahead of the learner ({staleness} + 1: weight.staleness_threshold, twice that with "
+            f"trajectory_pool.batch_groups first_complete), so at least "
             f"{staleness + 2}"
         ]
     return []

@@ -75,7 +75,9 @@ class SinkWindows:
             if steps is None:
                 continue
             snapshot = conn.execute(
-                "select max(sequence) from run_events where run_id = %s and kind = 'snapshot'", (run_id,)
+                "select max(coalesce((details->>'groups_through')::int, sequence)) from run_events "
+                "where run_id = %s and kind = 'snapshot'",
+                (run_id,),
             ).fetchone()[0]
             for window in sorted(seen):
                 if not window_closed(window, steps, snapshot, seen):

@@ -238,6 +238,9 @@ class TrainStep(Event, tag="train_step", kw_only=True):
     # a group-scope estimator's are on the samples)
     trained_advantages: list[float] = []
     dropped_ids: list[str] = []  # trajectory ids dropped as too stale
+    # the groups the step accounted for (trained, dropped or filtered): with
+    # trajectory_pool.batch_groups first_complete, not those published for the step
+    group_ids: list[str] = []
     staleness: dict[str, float] = {}  # mean / max / dropped
     seconds: float = 0.0
     consumed_offsets: dict[str, int] = {}  # "topic:partition" -> next offset

@@ -263,8 +263,10 @@ train_steps = Table(
     Column("seconds", Float, nullable=False),
     Column("consumed_offsets", JSONB),
     Column("metrics", JSONB),
+    Column("group_ids", ARRAY(Text)),
     Index("ix_train_steps_run_step", "run_id", "step"),
     Index("ix_train_steps_run_version", "run_id", "weight_version"),
+    Index("ix_train_steps_group_ids", "group_ids", postgresql_using="gin"),
 )
 
 weight_versions = Table(

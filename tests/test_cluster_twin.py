@@ -1,5 +1,6 @@
 """The cluster twin's quick mode (CI's smoke test of bench/cluster_twin.py): the real
-event path and ledger under modelled GPUs, sync against the deep fully-async schedule.
+event path and ledger under modelled GPUs, sync against the deep fully-async schedule,
+its steps training the groups published for them and the first groups to complete.
 Its figures are measurements (docs/benchmarks.md); this checks that they are measured."""
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ def test_the_quick_twin_measures_both_schedules_on_real_payloads(stack, tmp_path
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "of the ideal schedule (target >= 90%)" in " ".join(result.stdout.split())
-    sync, deep = json.loads((tmp_path / "results.json").read_text())
-    assert (sync["schedule"], deep["schedule"]) == ("sync", "fully-async")
-    for case in (sync, deep):
+    sync, deep, first_complete = json.loads((tmp_path / "results.json").read_text())
+    assert (sync["schedule"], deep["schedule"], first_complete["schedule"]) == ("sync", "fully-async", "fully-async")
+    assert (deep["batch_groups"], first_complete["batch_groups"]) == ("published", "first_complete")
+    for case in (sync, deep, first_complete):
         assert case["trained_per_s"] > 0 and case["generated_per_s"] > 0
         assert 0 < case["gpu_busy"] <= 1 and 0 < case["learner_busy"] <= 1
         assert 1 <= case["mean_batch"] <= case["model"]["max_running"]
@@ -33,4 +35,6 @@ def test_the_quick_twin_measures_both_schedules_on_real_payloads(stack, tmp_path
         assert {"broker", "processor", "sink", "postgresql", "worker", "learner"} <= case["cpu_us_per_rollout"].keys()
     assert set(sync["staleness"]) == {"0"}  # sync trains on the newest version only
     assert max(int(k) for k in deep["staleness"]) <= 4  # the deep schedule's bound
+    # a group trains at most k steps after the one it was published for: 2k versions behind
+    assert max(int(k) for k in first_complete["staleness"]) <= 8
     assert (tmp_path / "cluster_twin.png").stat().st_size > 0

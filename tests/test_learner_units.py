@@ -203,7 +203,7 @@ def test_a_snapshot_round_trip_restores_model_optimizer_and_rng(tiny, tmp_path):
 def test_step_buffer_counts_a_group_once_all_its_samples_arrived():
     from kafka import TopicPartition
 
-    from streamrl.learner.step_inputs import StepBuffer
+    from streamrl.learner.step_groups import StepBuffer
     from streamrl.schema.events import GroupFiltered, Sample
 
     tp = TopicPartition("t", 0)
@@ -217,6 +217,67 @@ def test_step_buffer_counts_a_group_once_all_its_samples_arrived():
     buffer.add(GroupFiltered(run_id="r", group_id="b", reason="zero_variance", step=1), tp, 3)
     buffer.add(GroupFiltered(run_id="r", group_id="b", reason="zero_variance", step=1), tp, 4)
     assert buffer.complete == 2 and buffer.groups == {"a", "b"} and len(buffer.samples) == 2
+
+
+def test_first_complete_groups_train_in_completion_order_and_a_restart_skips_exactly_them():
+    """trajectory_pool.batch_groups first_complete: a step takes the first batch_size
+    groups to complete, whatever step they were published for; the accounting a snapshot
+    keeps skips exactly the accounted groups, and moves its `through` mark only once every
+    group of a published step is accounted for."""
+    from kafka import TopicPartition
+
+    from streamrl.learner.step_groups import AccountedGroups, ArrivalPool
+    from streamrl.schema.events import GroupFiltered, Sample
+
+    tp = TopicPartition("t", 0)
+    pool = ArrivalPool()
+
+    def sample(step, group, i):
+        return Sample(run_id="r", trajectory_id=f"{group}-{i}", group_id=group, group_size=2, step=step)
+
+    # step 1's group "slow" is half done when step 2's two groups complete
+    arrivals = [sample(1, "slow", 0), sample(2, "b", 0), sample(2, "b", 1), sample(1, "a", 0), sample(1, "a", 1)]
+    arrivals += [GroupFiltered(run_id="r", group_id="c", reason="zero_variance", step=2)]
+    for offset, event in enumerate(arrivals):
+        pool.add(event, tp, offset)
+    assert pool.ready == [(2, "b"), (1, "a"), (2, "c")]
+    taken = pool.take(pool.ready[:2])
+    assert taken.groups == {"a", "b"} and len(taken.samples) == 4 and taken.complete == 2
+    assert pool.ready == [(2, "c")]
+    # what a restart must read again: the half-done group and the untaken filtered one
+    assert sorted(offset for _, offset in pool.offsets) == [0, 5]
+
+    accounted = AccountedGroups(groups_per_step=2)
+    accounted.add(2, "b")
+    accounted.add(1, "a")
+    assert accounted.through == 0 and accounted.holds(2, "b") and not accounted.holds(1, "slow")
+    restored = AccountedGroups.from_state(2, accounted.state())
+    restored.add(1, "slow")
+    assert restored.through == 1 and restored.beyond == {2: {"b"}}
+    assert restored.holds(1, "anything of step 1") and not restored.holds(2, "c")
+
+
+def test_a_first_complete_step_waits_for_a_group_k_steps_overdue():
+    """A group trains at most k (weight.staleness_threshold) steps after the one it was
+    published for: step 4 at k = 2 waits for step 2's last group, then trains it first."""
+    from kafka import TopicPartition
+
+    from streamrl.learner.step_groups import AccountedGroups, StepGroups
+    from streamrl.schema.events import Sample
+
+    groups = StepGroups(2, first_complete=True, deferral=2, accounted=AccountedGroups(2, through=1))
+    groups.account(2, {"s2-a": 2})  # trained in step 2
+    tp = TopicPartition("t", 0)
+    for offset, (step, group) in enumerate([(3, "s3-a"), (3, "s3-b"), (4, "s4-a"), (2, "s2-a")]):
+        groups.add(Sample(run_id="r", trajectory_id=group, group_id=group, group_size=1, step=step), tp, offset)
+    assert groups.choose(3, None) == [(3, "s3-a"), (3, "s3-b")]  # step 2's last group not yet overdue
+    assert groups.choose(4, None) is None  # now it is: step 4 waits for it
+    groups.add(Sample(run_id="r", trajectory_id="s2-b", group_id="s2-b", group_size=1, step=2), tp, 4)
+    assert groups.choose(4, None) == [(2, "s2-b"), (3, "s3-a")]
+    assert groups.choose(4, ["s4-a", "s3-b"]) == [(3, "s3-b"), (4, "s4-a")]  # a recorded step's own
+    taken = groups.take(4)
+    assert taken is not None and taken.groups == {"s2-b", "s3-a"}
+    assert sorted(offset for _, offset in groups.pending_offsets) == [1, 2]  # s2-a's copy was passed over
 
 
 def test_custom_trainer_prepare_trajectories_with_the_grpo_helper():
