@@ -199,7 +199,10 @@ class LocalRun:
                     before(progress)
                 bar = progress.add_task("training steps", total=total_steps, status="starting")
                 while True:
-                    time.sleep(poll_s)
+                    # every step trained: what is left (the learner's exit, the final
+                    # validation) is watched closely, so that the run ends when they do
+                    trained = summary is not None and len(summary.steps) >= total_steps
+                    time.sleep(min(poll_s, 0.2) if trained else poll_s)
                     self.check()
                     try:
                         summary = load_summary(self.settings.database_url, self.run_id, with_counts=False)

@@ -102,7 +102,11 @@ def test_unknown_session_ids_cost_the_service_nothing(service, attacker):
 def test_small_compressed_uploads_neither_stall_other_tenants_nor_keep_memory(service, victim, attacker):
     """Finding 7: a 36 KB upload blocked every tenant for 19 s and kept 2 GB: its
     decompression and parsing ran on the event loop, to 512 MiB. Now on two threads, to
-    64 MiB (a whole request at the token limit is about 25 MiB)."""
+    64 MiB (a whole request at the token limit is about 25 MiB).
+
+    The bound is 2 s over the slowest of the same calls made just before the uploads, so
+    that the machine's own load (CI runs two tests at once) is not counted as a stall
+    (docs/testing.md, "Bounds under load")."""
     bomb = zstd_bomb(1 << 30)
     assert len(bomb) < 200_000
     before = rss(service)
@@ -111,11 +115,12 @@ def test_small_compressed_uploads_neither_stall_other_tenants_nor_keep_memory(se
     def upload(_) -> int:
         return httpx.post(f"{URL}/api/v1/forward_backward", content=bomb, headers=headers, timeout=120).status_code
 
+    alone = max(victims_call_s(victim) for _ in range(5))
     with ThreadPoolExecutor(8) as pool:
         uploads = pool.map(upload, range(8))
         waits = [victims_call_s(victim) for _ in range(5)]
         assert set(uploads) == {413}
-    assert max(waits) < 2.0, waits
+    assert max(waits) < 2.0 + alone, (waits, alone)
     assert rss(service) - before < 512 << 20
 
 
