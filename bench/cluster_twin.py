@@ -11,8 +11,9 @@ them through STREAMRL_CLUSTER_TWIN; no recipe can.
 It prints, for each schedule (sync, batch-async, fully-async) and cluster size:
 sustained rollouts/s against the ideal schedule's, MB/s through Kafka and into the
 ledger, CPU per rollout of each process, the inference GPUs' and the learner's busy
-fractions, the staleness of what was trained, and trajectory -> sample -> trained
-latencies. Plots go to bench/out/cluster_twin/.
+fractions, what the learner waited for and whether the GPUs were short of requests
+(bench/schedule_gaps.py), the staleness of what was trained, and trajectory -> sample ->
+trained latencies. Plots go to bench/out/cluster_twin/.
 
     python bench/cluster_twin.py [--quick] [--gpus 8] [--deep 4] [--scaling 8,64,512] [--lengths 500,4000]
 """
@@ -28,6 +29,7 @@ import random
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -40,6 +42,7 @@ from kafka import KafkaConsumer, TopicPartition
 from process_cpu import cpu_by_role
 from rich.console import Console
 from rich.table import Table
+from schedule_gaps import schedule_gaps
 
 from streamrl.runtime.db import connect
 from streamrl.runtime.folders import run_logs
@@ -245,7 +248,10 @@ def measure(settings, case: Case, run_id: str, mark0, mark1) -> dict:
         t0,
         t1,
     )[0]
-    busy, mean_batch = gpu_busy(settings, run_id, t0, t1)
+    busy, mean_batch, unasked = gpu_busy(settings, run_id, t0, t1, case.model.max_running)
+    k = 0 if case.schedule == "sync" else case.staleness
+    slots = case.model.inference_gpus * case.model.max_running
+    gaps = schedule_gaps(partial(query, settings), run_logs(settings.home, run_id), run_id, t0, t1, k, slots)
     return {
         "label": case.label,
         "staleness_bound": case.staleness,
@@ -265,16 +271,19 @@ def measure(settings, case: Case, run_id: str, mark0, mark1) -> dict:
         "cores_busy": {role: seconds / cpu_wall for role, seconds in cpu.items()},
         "gpu_busy": busy,
         "mean_batch": mean_batch,
+        "unasked_slots": unasked,
         "learner_busy": learner_busy(settings, run_id, t0, t1),
+        "gaps": gaps,
         "staleness": {int(k): int(v) for k, v in staleness},
         "latency_s": {"trajectory_to_sample": list(latency[0] or []), "sample_to_trained": list(latency[1] or [])},
     }
 
 
-def gpu_busy(settings: Settings, run_id: str, t0: float, t1: float) -> tuple[float, float]:
+def gpu_busy(settings: Settings, run_id: str, t0: float, t1: float, max_running: int) -> tuple[float, float, float]:
     """The inference GPUs in the window, from the engines' running totals: busy
-    GPU-seconds over GPU-seconds, and the mean number of sequences a decoding GPU ran."""
-    busy, decoding, running, gpus = 0.0, 0.0, 0.0, 0
+    GPU-seconds over GPU-seconds, the mean number of sequences a decoding GPU ran, and the
+    share of decoding slot-seconds left free while no request waited."""
+    busy, decoding, running, unasked, gpus = 0.0, 0.0, 0.0, 0.0, 0
     for path in run_logs(settings.home, run_id).glob("engine-twin-*.jsonl"):
         lines = [json.loads(line) for line in path.read_text().splitlines()]
         at = np.array([line["time"] for line in lines])
@@ -286,10 +295,12 @@ def gpu_busy(settings: Settings, run_id: str, t0: float, t1: float) -> tuple[flo
         busy += between("decoding_s") + between("prefill_s")
         decoding += between("decoding_s")
         running += between("running_s")
+        unasked += between("unasked_slot_s")
         gpus += lines[-1]["gpus"]
     if not gpus:
-        return math.nan, math.nan
-    return busy / (gpus * (t1 - t0)), running / decoding if decoding else 0.0
+        return math.nan, math.nan, math.nan
+    slot_s = decoding * max_running
+    return busy / (gpus * (t1 - t0)), running / decoding if decoding else 0.0, unasked / slot_s if slot_s else 0.0
 
 
 def learner_busy(settings: Settings, run_id: str, t0: float, t1: float) -> float:
@@ -351,7 +362,11 @@ def show(results: list[dict], title: str) -> None:
     row("generated rollouts/s", lambda r: f"{r['generated_per_s']:.1f}")
     row("inference GPUs busy", lambda r: f"{r['gpu_busy']:.0%}")
     row("  sequences a decoding GPU ran", lambda r: f"{r['mean_batch']:.1f} of {r['model']['max_running']}")
+    row("  slots free, no request waiting", lambda r: f"{r['unasked_slots']:.0%}")
     row("learner busy", lambda r: f"{r['learner_busy']:.0%}")
+    row("  idle for an overdue group", lambda r: f"{r['gaps']['learner_idle_share']['overdue group']:.0%}")
+    row("  idle for other groups", lambda r: f"{r['gaps']['learner_idle_share']['other groups']:.0%}")
+    row("GPUs short of tasks (time)", lambda r: f"{r['gaps']['short_of_tasks']:.0%}")
     row("staleness 0/1/2+", stale)
     for name, key in (("trajectory→sample", "trajectory_to_sample"), ("sample→trained", "sample_to_trained")):
         row(f"{name} p50/p99 (s)", lambda r, key=key: "/".join(f"{v:.2f}" for v in r["latency_s"][key][::2]))

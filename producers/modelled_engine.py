@@ -77,6 +77,7 @@ class ModelledGpus:
         self.next_finish = np.full(n, np.inf)  # the clock at which the GPU's next sequence ends
         self.decoding_s = np.zeros(n)
         self.running_s = np.zeros(n)  # sequence-seconds decoded: over decoding_s, the mean batch
+        self.unasked_slot_s = 0.0  # slot-seconds a decoding GPU left free while no request waited
         self.prefill_busy_s = np.zeros(n)
         self.sync_until = 0.0
         self.sync_pauses = 0
@@ -143,6 +144,8 @@ class ModelledGpus:
         self.clock += decoding / decode_step_s(self.model, self.context)
         self.decoding_s += decoding
         self.running_s += decoding * self.running
+        if not self.waiting:  # free slots the worker gave nothing to (else the GPUs were full)
+            self.unasked_slot_s += float((decoding * (self.model.max_running - self.running)).sum())
         self.last = now
 
     def _admit(self, now: float) -> None:
@@ -245,6 +248,7 @@ class ModelledGpus:
             "decoding_s": float(self.decoding_s.sum()),
             "prefill_s": float(self.prefill_busy_s.sum()),
             "running_s": float(self.running_s.sum()),
+            "unasked_slot_s": self.unasked_slot_s,
             "sync_pauses": self.sync_pauses,
             "served": self.served,
         }
