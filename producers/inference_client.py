@@ -9,7 +9,8 @@ import itertools
 import json
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from concurrent.futures import as_completed
 from typing import Any
 
 from streamrl.algos.sampling import request_seed
@@ -135,19 +136,21 @@ class InferenceClient:
         engine's batching front); a server's front is driven one request per thread."""
         return hasattr(self._engine, "submit")
 
-    def submit_many(self, requests: list[tuple[list[int], bool, str | None]]) -> list[Completion | BaseException]:
+    def submit_each(self, requests: list[tuple[list[int], bool, str | None]]) -> Iterator[tuple[int, Completion | BaseException]]:
         """Sample each (prompt ids, is_val, seed key) with the train or validation defaults,
-        all submitted at once so the engine samples them as one batch: a completion, or
-        the exception that request raised. Each is the first completion of a rollout
-        begun with that seed key. Needs an engine that `batches`."""
-        futures = [
+        all submitted at once so the engine samples them as one batch; yields (the
+        request's index, its completion or the exception it raised) as each finishes.
+        Each is the first completion of a rollout begun with that seed key. Needs an
+        engine that `batches`."""
+        futures = {
             self._engine.submit(
                 list(prompt),
                 dataclasses.replace(self._val_defaults if is_val else self._train_defaults, seed=self._next_seed(key, 0)),
-            )
-            for prompt, is_val, key in requests
-        ]
-        return [future.exception() or future.result() for future in futures]
+            ): index
+            for index, (prompt, is_val, key) in enumerate(requests)
+        }
+        for future in as_completed(futures):
+            yield futures[future], future.exception() or future.result()
 
     def record(self, result: Completion) -> dict[str, Any]:
         """Count `result` as a completion of the current rollout; the worker's view of it."""

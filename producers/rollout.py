@@ -199,10 +199,13 @@ class BaseRolloutWorker:
             self._local.put = failed_events(task, self._local.error, self.worker_id)
         return self._publish_put()
 
-    def run_tasks(self, tasks: list[Task], max_retries: int = 2) -> list[tuple[Task, int]]:
-        """Roll out, in this thread, the tasks this worker can sample as one batch; returns
-        the others, each with the retries it has left, for `run_task` (a thread each).
-        The base worker batches nothing: `rollout(task)` waits on its own completions."""
+    def run_tasks(
+        self, tasks: list[Task], max_retries: int = 2, done: Callable[[Task], None] = lambda task: None
+    ) -> list[tuple[Task, int]]:
+        """Roll out, in this thread, the tasks this worker can sample as one batch, calling
+        `done(task)` as each one's events are published; returns the others, each with the
+        retries it has left, for `run_task` (a thread each). The base worker batches
+        nothing: `rollout(task)` waits on its own completions."""
         return [(task, max_retries) for task in tasks]
 
     def _attempt(self, task: Task, rollout: Callable[[], str | None], tries_left: int) -> bool:
@@ -280,13 +283,17 @@ class SingleTurnWorker(BaseRolloutWorker):
         query, prompt = self._query_and_prompt(task)
         return self._score(task, query, self._inference_client.completion(prompt))
 
-    def run_tasks(self, tasks: list[Task], max_retries: int = 2) -> list[tuple[Task, int]]:
+    def run_tasks(
+        self, tasks: list[Task], max_retries: int = 2, done: Callable[[Task], None] = lambda task: None
+    ) -> list[tuple[Task, int]]:
         """One completion a task: all of them are submitted at once (one engine batch, no
-        thread a task), then scored here in turn. A task whose try failed goes back to
-        `run_task` with a retry fewer (or is recorded as failed when it has none left).
-        A subclass with its own `rollout`, or a server engine, takes the ordinary path."""
+        thread a task), then each is scored here as it finishes, and `done(task)` called
+        once its events are published (a worker's room counts the rollouts not yet done).
+        A task whose try failed goes back to `run_task` with a retry fewer (or is recorded
+        as failed when it has none left). A subclass with its own `rollout`, or a server
+        engine, takes the ordinary path."""
         if type(self).rollout is not SingleTurnWorker.rollout or not getattr(self._inference_client, "batches", False):
-            return super().run_tasks(tasks, max_retries)
+            return super().run_tasks(tasks, max_retries, done)
         left, ready = [], []
         for task in tasks:
             self._local.task, row = task, task_dict(task)  # current_task() works in format_task_query
@@ -294,10 +301,11 @@ class SingleTurnWorker(BaseRolloutWorker):
                 ready.append((task, row, *self._query_and_prompt(row)))
             except Exception:  # the ordinary path records why
                 left.append((task, max_retries))
-        completions = self._inference_client.submit_many(
+        completions = self._inference_client.submit_each(
             [(prompt, task.is_val, seed_key(task, max_retries)) for task, _, _, prompt in ready]
         )
-        for (task, row, query, _), completion in zip(ready, completions):
+        for index, completion in completions:
+            task, row, query, _ = ready[index]
 
             def score(row=row, query=query, completion=completion):
                 if isinstance(completion, BaseException):
@@ -308,9 +316,11 @@ class SingleTurnWorker(BaseRolloutWorker):
                 self._publish_put()
             elif max_retries > 0:
                 left.append((task, max_retries - 1))
+                continue
             else:
                 self._local.put = failed_events(task, self._local.error, self.worker_id)
                 self._publish_put()
+            done(task)
         return left
 
     def _query_and_prompt(self, task: dict[str, Any]) -> tuple[str | list[dict[str, Any]], list[int]]:

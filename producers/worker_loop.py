@@ -142,6 +142,8 @@ class WorkerLoop:
         self._load_lock = threading.Lock()
         self.failures: list[BaseException] = []
         self.pool = ThreadPoolExecutor(max_workers=cfg.max_concurrent_tasks, thread_name_prefix="rollout")
+        self.undone = 0  # fully-async: rollouts taken and not yet done (a group's done ones free their room)
+        self._room_lock = threading.Lock()
         self.unread_reported = False
         self.done = 0  # tasks rolled out
 
@@ -253,7 +255,7 @@ class WorkerLoop:
         """Take what fits in the room left (a whole group, or anything when nothing is
         rolling) and start each record; True when anything was taken."""
         limit, group_size = self.cfg.max_concurrent_tasks, self.cfg.rollout_repeat_n
-        room = limit - sum(tasks for _, _, tasks in rolling.values())
+        room = limit - self.undone
         if self.stop.is_set() or (room < group_size and rolling):
             return False
         events, dead = take_tasks(self.tasks, room, group_size, timeout_ms=0 if rolling else 100)
@@ -262,7 +264,9 @@ class WorkerLoop:
             if self.stop.is_set() or not self._weights_for(batch):  # stopped while waiting
                 unfinished.append((tp, offset))
             else:
-                rolling[records.submit(self._roll_out, batch)] = (tp, offset, len(batch))
+                with self._room_lock:
+                    self.undone += len(batch)
+                rolling[records.submit(self._roll_out, batch, True)] = (tp, offset, len(batch))
         if dead:
             self._commit_below(rolling, unfinished)
         return bool(events or dead)
@@ -324,20 +328,27 @@ class WorkerLoop:
             self.load(latest, self.watcher)
         return True
 
-    def _roll_out(self, batch: list[Task]) -> None:
+    def _roll_out(self, batch: list[Task], counted: bool = False) -> None:
         """What the worker samples as one batch it rolls out here, the rest a thread each;
-        a group's events leave as soon as its last task here is done, not with the batch."""
+        a group's events leave as soon as its last task here is done, not with the batch.
+        `counted` (fully-async): each task done frees its room in `undone` at once, so a
+        group's long answer holds one slot, not its whole group's."""
         unfinished = Counter(task.group_id for task in batch)
+        finished_ids: set[int] = set()
 
         def finished(task: Task) -> None:
+            finished_ids.add(id(task))
             unfinished[task.group_id] -= 1
             if not unfinished[task.group_id]:
                 self.publisher.send_held(task.group_id.encode())
+            if counted:
+                with self._room_lock:
+                    self.undone -= 1
 
-        left = self.worker.run_tasks(batch, self.cfg.max_retries)
+        left = self.worker.run_tasks(batch, self.cfg.max_retries, finished)
         left_ids = {id(task) for task, _ in left}
-        for task in batch:
-            if id(task) not in left_ids:
+        for task in batch:  # a worker's own run_tasks may not call `finished`
+            if id(task) not in left_ids and id(task) not in finished_ids:
                 finished(task)
         futures = {self.pool.submit(self.worker.run_task, task, retries): task for task, retries in left}
         for future in as_completed(futures):

@@ -152,7 +152,7 @@ class RolloutWorker:
     top_p: float = knob(1.0, "nucleus sampling of training rollouts", gt=0.0, le=1.0)
     rollout_repeat_n: int = knob(8, "samples per prompt: the group size", ge=1)
     num_workers: int = knob(1, "rollout worker processes `streamrl run` starts", ge=1)
-    max_concurrent_tasks: int = knob(16, "tasks a worker has in flight", ge=1)
+    max_concurrent_tasks: int = knob(16, "rollouts a worker has in flight (fully-async: not yet done)", ge=1)
     num_threads: int | None = knob(
         None,
         "torch threads of each worker process (the embedded engine samples "

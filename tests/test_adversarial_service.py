@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import shutil
 import socket
 import time
@@ -106,21 +107,32 @@ def test_small_compressed_uploads_neither_stall_other_tenants_nor_keep_memory(se
 
     The bound is 2 s over the slowest of the same calls made just before the uploads, so
     that the machine's own load (CI runs two tests at once) is not counted as a stall
-    (docs/testing.md, "Bounds under load")."""
+    (docs/benchmarks.md, "Bounds under load")."""
     bomb = zstd_bomb(1 << 30)
     assert len(bomb) < 200_000
     before = rss(service)
     headers = {"X-API-Key": attacker, "Content-Type": "application/x-protobuf", "Content-Encoding": "zstd"}
 
-    def upload(_) -> int:
-        return httpx.post(f"{URL}/api/v1/forward_backward", content=bomb, headers=headers, timeout=120).status_code
+    def upload(_) -> tuple[int, float]:
+        status = httpx.post(f"{URL}/api/v1/forward_backward", content=bomb, headers=headers, timeout=120).status_code
+        return status, time.monotonic() - started
 
     alone = max(victims_call_s(victim) for _ in range(5))
+    cpu_before, started = psutil.Process(service["process"].pid).cpu_times(), time.monotonic()
     with ThreadPoolExecutor(8) as pool:
-        uploads = pool.map(upload, range(8))
+        answers = pool.map(upload, range(8))  # all eight sent now; their answers read after the calls below
         waits = [victims_call_s(victim) for _ in range(5)]
-        assert set(uploads) == {413}
-    assert max(waits) < 2.0 + alone, (waits, alone)
+        uploads = list(answers)
+    assert {status for status, _ in uploads} == {413}
+    cpu = psutil.Process(service["process"].pid).cpu_times()
+    # what a failure needs to be told apart from the machine's load (docs/benchmarks.md, "Bounds under load")
+    seen = (
+        f"the other tenant's calls {[round(w, 2) for w in waits]} s, before the uploads at most {alone:.2f} s; "
+        f"uploads answered after {sorted(round(at, 2) for _, at in uploads)} s; the service's CPU in that time "
+        f"{cpu.user - cpu_before.user:.2f} s user, {cpu.system - cpu_before.system:.2f} s system; "
+        f"load average {os.getloadavg()}"
+    )
+    assert max(waits) < 2.0 + alone, seen
     assert rss(service) - before < 512 << 20
 
 

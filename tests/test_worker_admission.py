@@ -1,7 +1,7 @@
 """A fully-async worker takes tasks as room frees (producers/worker_loop.py:
-`_take_as_room_frees`): a group with long answers holds only its own tasks, never the
-worker's next ones, and the committed offset never passes a record still rolling out
-or one that failed (a restart rolls it out again)."""
+`_take_as_room_frees`): a group with long answers holds only its own unfinished
+rollouts, never the worker's next tasks, and the committed offset never passes a record
+still rolling out or one that failed (a restart rolls it out again)."""
 
 from __future__ import annotations
 
@@ -42,14 +42,29 @@ class RecordQueue:
         self.commits.append(offsets[TASKS])
 
 
-def continuous_worker(records: RecordQueue, roll_out, limit: int) -> WorkerLoop:
+class BatchWorker:
+    """A worker that samples a record's tasks as one batch, each ending when `rollout(task)`
+    returns, and says so as it ends (as SingleTurnWorker.run_tasks does)."""
+
+    def __init__(self, rollout):
+        self.rollout = rollout
+
+    def run_tasks(self, batch, max_retries, done):
+        for task in batch:
+            self.rollout(task)
+            done(task)
+        return []
+
+
+def continuous_worker(records: RecordQueue, rollout, limit: int) -> WorkerLoop:
     worker = WorkerLoop.__new__(WorkerLoop)
-    worker.cfg = SimpleNamespace(max_concurrent_tasks=limit, rollout_repeat_n=GROUP_SIZE)
+    worker.cfg = SimpleNamespace(max_concurrent_tasks=limit, rollout_repeat_n=GROUP_SIZE, max_retries=0)
     worker.stop, worker.failures, worker.followers = threading.Event(), [], []
     worker.tasks, worker.unread_reported, worker.done = records, True, 0
+    worker.undone, worker._room_lock = 0, threading.Lock()
     worker.publisher = SimpleNamespace(publish=lambda event: None, send_held=lambda key=None: None, flush=lambda **kw: None)
+    worker.worker = BatchWorker(rollout)
     worker._weights_for = lambda batch: True
-    worker._roll_out = roll_out
     worker.close = lambda: None
     return worker
 
@@ -57,24 +72,45 @@ def continuous_worker(records: RecordQueue, roll_out, limit: int) -> WorkerLoop:
 def test_a_long_group_holds_only_its_own_tasks_and_the_commit_waits_below_it():
     records = RecordQueue(groups=4)
     groups = [record[0].group_id for record in records.records]
-    release, order = threading.Event(), []
+    release, ended = threading.Event(), []
 
-    def roll_out(batch):
-        group = batch[0].group_id
-        order.append(("start", group))
-        if group == groups[0]:  # the long answers: until the last group has been rolled out beside them
+    def rollout(task):
+        if task.group_id == groups[0]:  # the long answers: until the last group has been rolled out beside them
             assert release.wait(30), "the other groups were not rolled out while the first one ran"
-        order.append(("end", group))
-        if group == groups[-1]:
+        ended.append(task.group_id)
+        if ended.count(task.group_id) == GROUP_SIZE and task.group_id == groups[-1]:
             release.set()
 
     # room for two groups: the long one and one more at a time
-    worker = continuous_worker(records, roll_out, limit=2 * GROUP_SIZE)
+    worker = continuous_worker(records, rollout, limit=2 * GROUP_SIZE)
     worker._take_as_room_frees(idle_exit_s=0.2)
 
-    assert worker.done == 4 * GROUP_SIZE and not worker.failures
-    assert [g for kind, g in order if kind == "end"] == groups[1:] + groups[:1]
+    assert worker.done == 4 * GROUP_SIZE and not worker.failures and worker.undone == 0
+    assert list(dict.fromkeys(ended[::-1]))[::-1] == groups[1:] + groups[:1]  # the order of the groups' last ends
     assert records.commits[:-1] and set(records.commits[:-1]) == {0}, "committed past a record still rolling out"
+    assert records.commits[-1] == 4
+
+
+def test_a_groups_finished_rollouts_free_their_room_while_its_last_one_runs():
+    """Room for a group and a half: a group whose first rollout is done and whose second
+    is long holds one slot, so the next groups are rolled out beside it. Counted by
+    group, the long group would hold both slots and nothing would start."""
+    records = RecordQueue(groups=4)
+    groups = [record[0].group_id for record in records.records]
+    release, ended = threading.Event(), []
+
+    def rollout(task):
+        if task.group_id == groups[0] and ended.count(groups[0]) == 1:  # its second rollout: the long one
+            assert release.wait(30), "the next groups waited for the long group's last rollout"
+        ended.append(task.group_id)
+        if ended.count(groups[-1]) == GROUP_SIZE:
+            release.set()
+
+    worker = continuous_worker(records, rollout, limit=GROUP_SIZE + GROUP_SIZE // 2)
+    worker._take_as_room_frees(idle_exit_s=0.2)
+
+    assert worker.done == 4 * GROUP_SIZE and not worker.failures and worker.undone == 0
+    assert ended[-1] == groups[0]
     assert records.commits[-1] == 4
 
 
@@ -82,11 +118,11 @@ def test_a_failed_record_stops_the_worker_and_is_never_committed():
     records = RecordQueue(groups=3)
     failing = records.records[1][0].group_id
 
-    def roll_out(batch):
-        if batch[0].group_id == failing:
+    def rollout(task):
+        if task.group_id == failing:
             raise RuntimeError("the inference server went away")
 
-    worker = continuous_worker(records, roll_out, limit=GROUP_SIZE)
+    worker = continuous_worker(records, rollout, limit=GROUP_SIZE)
     worker._take_as_room_frees(idle_exit_s=0.2)
     assert [str(e) for e in worker.failures] == ["the inference server went away"] and worker.stop.is_set()
     assert records.commits and max(records.commits) == 1  # the failed record (offset 1) is read again after a restart
