@@ -62,10 +62,12 @@ class LocalRun:
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     broker: Broker = field(default_factory=Broker)
 
+    fork_entry: Callable[[list[str]], int] | None = None  # children forked from this process (Supervisor)
+
     def __post_init__(self):
         self.logs = self.out / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.supervisor = Supervisor(self.logs, child_env(self.settings), self.policy, self.say)
+        self.supervisor = Supervisor(self.logs, child_env(self.settings), self.policy, self.say, self.fork_entry)
         self.spawn, self.check, self.stop = self.supervisor.spawn, self.supervisor.check, self.supervisor.stop
         self.broker_warned = False
 
@@ -253,6 +255,27 @@ def status_line(summary: RunSummary) -> str:
     return f"{reward}  {latest_val}"
 
 
+def preload_for_children(settings: Settings) -> None:
+    """Imports the run's children make at their start (torch, transformers, the
+    learner's, workers', processor's, sink's and publisher's modules: several
+    CPU-seconds each on a small machine), made once here so that children forked from
+    this process start with them. Torch's threads follow the children's settings, as
+    they would in a child started on its own."""
+    for key, value in child_env(settings).items():
+        if key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM"):
+            os.environ.setdefault(key, value)
+    import transformers.modeling_layers
+    import transformers.models.auto.auto_factory  # noqa: F401
+
+    import streamrl.consumers.ledger_sink
+    import streamrl.learner.first_version
+    import streamrl.learner.loop
+    import streamrl.producers.publisher
+    import streamrl.producers.worker_loop
+    import streamrl.recovery
+    import streamrl.runtime.runs  # noqa: F401
+
+
 def interrupt_on_sigterm() -> None:
     """SIGTERM (a scheduler, `timeout`, `kill`) stops the run as Ctrl-C does: its
     processes are stopped and commit what they have, instead of being left running."""
@@ -279,12 +302,17 @@ def run_locally(
     overrides: list[str] | None = None,
     tag: str | None = None,
     code_check: Callable[[], None] | None = None,
+    fork_entry: Callable[[list[str]], int] | None = None,
 ) -> RunSummary:
     """`code_check` (a fresh run): loads and checks the recipe's code, raising what it
     finds; it runs while the learner and workers start (their imports are most of a
-    run's start), before the publisher creates the run."""
+    run's start), before the publisher creates the run. `fork_entry` (the CLI's entry
+    point): the children are forked from this process once it has imported what they
+    import, instead of each importing it again."""
     interrupt_on_sigterm()
-    local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy, recipe.service.broker)
+    if fork_entry is not None:
+        preload_for_children(settings)
+    local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy, recipe.service.broker, fork_entry)
     total = total_train_steps(recipe)  # the same count the publisher and the learner use
     val = recipe.validate.data
     val_rows = len(validation_rows(val.data_files, val.type, val.max_rows))  # what each validation scores

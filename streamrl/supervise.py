@@ -20,13 +20,18 @@ would end the run it is left stopped, with one sentence saying how to make up fo
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
+import gc
 import os
+import select
 import signal
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,12 +82,116 @@ class RestartPolicy:
         return min(self.max_backoff_s, self.backoff_s * 2 ** max(0, crashes_in_window - 1))
 
 
+class ForkedProcess:
+    """A child forked from this process, seen through what the supervisor uses of a
+    `subprocess.Popen`: poll, wait, send_signal, kill. Its exit is awaited on a pidfd."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+        self._pidfd = os.pidfd_open(pid)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+                os.close(self._pidfd)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self.poll()
+        if code is None:
+            readable, _, _ = select.select([self._pidfd], [], [], timeout)
+            if not readable:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+            _, status = os.waitpid(self.pid, 0)  # it has exited: this returns at once
+            code = self.returncode = os.waitstatus_to_exitcode(status)
+            os.close(self._pidfd)
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def forking_supported() -> bool:
+    """Linux, where a forked child's exit can be awaited on a pidfd; elsewhere every child
+    is a new interpreter."""
+    return sys.platform == "linux" and hasattr(os, "pidfd_open")
+
+
+def fork_child(entry: Callable[[list[str]], int], args: list[str], log_path: Path, env: dict) -> ForkedProcess:
+    """`entry(args)` in a forked copy of this process, as `python -m streamrl.cli ARGS`
+    would run it: its own session, stdout and stderr to `log_path`, `env` as its
+    environment, its command line in `ps`, SIGTERM when this process dies. The copy
+    keeps this process's imported modules (torch and transformers: most of a child's
+    start), so this is only safe from a process with one thread (no lock held by a
+    thread the copy does not have): `Supervisor` checks that."""
+    parent = os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Frozen, this process's objects are never collected in the child, whose collector
+    # would otherwise run their finalizers there (closing this process's files and sockets).
+    gc.collect()
+    gc.freeze()
+    pid = os.fork()
+    if pid:
+        gc.unfreeze()
+        return ForkedProcess(pid)
+    code = 1
+    try:
+        os.setsid()
+        arm = ends_with_parent(parent)
+        if arm is not None:
+            arm()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        command = [sys.executable, "-m", "streamrl.cli", *args]
+        set_process_title(" ".join(command))  # before the environment changes: it moves it
+        os.environ.clear()
+        os.environ.update(env)
+        atexit._clear()  # this process's exit handlers are not the child's  # type: ignore[attr-defined]
+        sys.argv = ["streamrl", *args]
+        code = entry(args)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        # An interpreter's exit, as multiprocessing ends a forked child: its threads
+        # joined, its own exit handlers run; never this process's finalizers.
+        try:
+            threading._shutdown()  # type: ignore[attr-defined]
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    raise AssertionError("unreachable")
+
+
+def set_process_title(title: str) -> None:
+    """What `ps` and /proc/PID/cmdline show for this process (a forked child would show
+    its parent's command line)."""
+    import setproctitle
+
+    setproctitle.setproctitle(title)
+
+
 @dataclass
 class Child:
     name: str
     args: list[str]  # after `python -m streamrl.cli`
     log_path: Path
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen | ForkedProcess | None = None
     may_finish: bool = False  # a clean exit is the end of its work (publisher, learner), not a crash
     restart_args: list[str] | None = None  # how it resumes, when that differs from how it started
     restarts: int = 0
@@ -108,10 +217,22 @@ class Child:
 
 class Supervisor:
     """Starts children as `python -m streamrl.cli ARGS` in their own sessions, restarts
-    crashed ones by the policy, and stops them all."""
+    crashed ones by the policy, and stops them all.
 
-    def __init__(self, logs: Path, env: dict, policy: RestartPolicy, say: Callable[[str], None]):
+    With `fork_entry` (the CLI's entry point), a child is forked from this process while
+    it has one thread, so it starts with this process's imports; later (a restart, once
+    threads run) it is started as a new interpreter."""
+
+    def __init__(
+        self,
+        logs: Path,
+        env: dict,
+        policy: RestartPolicy,
+        say: Callable[[str], None],
+        fork_entry: Callable[[list[str]], int] | None = None,
+    ):
         self.logs, self.env, self.policy, self.say = logs, env, policy, say
+        self.fork_entry = fork_entry
         self.children: list[Child] = []
 
     def spawn(
@@ -128,6 +249,9 @@ class Supervisor:
         return child
 
     def _start(self, child: Child, args: list[str]) -> None:
+        if self.fork_entry is not None and threading.active_count() == 1:
+            child.process = fork_child(self.fork_entry, args, child.log_path, self.env)
+            return
         with open(child.log_path, "ab") as handle:
             child.process = subprocess.Popen(
                 [sys.executable, "-m", "streamrl.cli", *args],

@@ -278,11 +278,12 @@ class SinkThread:
 
 def command_lines() -> dict[int, list[str]]:
     """pid -> argv of every process (psutil: `ps` cuts its output to the terminal width,
-    which hides the arguments of long command lines)."""
+    which hides the arguments of long command lines). A child that `streamrl run` forked
+    shows its command line as one title (setproctitle), split here into its words."""
     import psutil
 
     return {
-        process.info["pid"]: process.info["cmdline"]
+        process.info["pid"]: " ".join(process.info["cmdline"]).split()
         for process in psutil.process_iter(["pid", "cmdline"])
         if process.info["cmdline"]
     }

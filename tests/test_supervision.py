@@ -81,14 +81,26 @@ def test_an_optional_process_that_keeps_crashing_is_left_stopped_and_the_run_goe
         supervisor.stop()
 
 
-def test_a_killed_supervisor_takes_its_children_with_it(stack, tmp_path):
+def supervisor_script(tmp_path: Path, forked: bool, body: str) -> str:
+    """A program that makes Supervisor `s` (its children forked from it, as `streamrl
+    run`'s are, or new interpreters) and runs `body`."""
+    return (
+        "import os, sys, time; from pathlib import Path\n"
+        "import functools, typer; from streamrl.cli import app; from streamrl.cli.common import forked_main\n"
+        "from streamrl.supervise import Supervisor, RestartPolicy\n"
+        f"s = Supervisor(Path({str(tmp_path)!r}), dict(os.environ), RestartPolicy(max_restarts=1, backoff_s=0.1), print, "
+        f"fork_entry={'functools.partial(forked_main, typer.main.get_command(app))' if forked else 'None'})\n" + body
+    )
+
+
+@pytest.mark.parametrize("forked", [False, True], ids=["new-interpreter", "forked"])
+def test_a_killed_supervisor_takes_its_children_with_it(stack, tmp_path, forked):
     """`streamrl run` SIGKILLed (the OOM killer, a timeout) leaves no process of its run
     behind: each child, in a session of its own, is sent SIGTERM when its parent dies."""
-    script = (
-        f"import sys, time; from pathlib import Path; from streamrl.supervise import Supervisor, RestartPolicy\n"
-        f"s = Supervisor(Path({str(tmp_path)!r}), dict(__import__('os').environ), RestartPolicy(), print)\n"
-        f"c = s.spawn('sleeper', ['sql', 'select pg_sleep(120)']); print(c.process.pid, flush=True)\n"
-        f"time.sleep(300)"
+    script = supervisor_script(
+        tmp_path,
+        forked,
+        "c = s.spawn('sleeper', ['sql', 'select pg_sleep(120)']); print(c.process.pid, flush=True)\ntime.sleep(300)",
     )
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=child_env(stack), stdout=subprocess.PIPE, text=True)
     child = psutil.Process(int(parent.stdout.readline()))
@@ -98,6 +110,51 @@ def test_a_killed_supervisor_takes_its_children_with_it(stack, tmp_path):
     wait_for(
         lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, timeout=30, what="the orphaned child to end"
     )
+
+
+def test_a_forked_child_is_the_command_it_runs(stack, tmp_path):
+    """A child forked from `streamrl run` (it starts with its parent's imports) is what a
+    new `python -m streamrl.cli ARGS` would be: its command line in `ps`, a session of its
+    own, its output in its log, its exit code seen by the supervisor (a usage error not
+    retried, a crash restarted, as a new interpreter once the supervisor runs threads),
+    and SIGTERM stops it."""
+    body = (
+        "import threading, psutil\n"
+        "from streamrl.supervise import ForkedProcess\n"
+        "sleeper = s.spawn('sleeper', ['sql', 'select pg_sleep(120)'])\n"
+        "me = psutil.Process(sleeper.process.pid)\n"
+        "while ' '.join(me.cmdline()).split()[1:2] != ['-m']: time.sleep(0.05)  # until it has its title\n"
+        "print('title', ' '.join(me.cmdline()).split()[1:], flush=True)\n"
+        "print('forked', isinstance(sleeper.process, ForkedProcess), os.getsid(me.pid) != os.getsid(0), flush=True)\n"
+        "ok = s.spawn('ok', ['sql', 'select 40 + 2 as answer'], may_finish=True)\n"
+        "print('ok exit', ok.process.wait(60), flush=True)\n"
+        "threading.Thread(target=time.sleep, args=(300,), daemon=True).start()\n"
+        "crasher = s.spawn('crasher', ['sql', 'select 1/0'])\n"
+        "print('crasher exit', crasher.process.wait(60), flush=True)\n"
+        "try:\n"
+        "    while True: s.check(); time.sleep(0.05)\n"
+        "except Exception as exc: print('gave up:', str(exc).splitlines()[0], flush=True)\n"
+        "print('restarted new', not isinstance(crasher.process, ForkedProcess), crasher.restarts, flush=True)\n"
+        "s.stop(timeout_s=30)\n"
+        "print('sleeper exit', sleeper.process.poll(), flush=True)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", supervisor_script(tmp_path, True, body)],
+        cwd=REPO,
+        env=child_env(stack),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    said = result.stdout
+    assert "title ['-m', 'streamrl.cli', 'sql', 'select', 'pg_sleep(120)']" in said
+    assert "forked True True" in said  # forked, in a session of its own
+    assert "ok exit 0" in said and "42" in (tmp_path / "ok.log").read_text()
+    assert "crasher exit 1" in said and "division by zero" in (tmp_path / "crasher.log").read_text()
+    assert "gave up: crasher crashed 2 times" in said
+    assert "restarted new True 1" in said  # the supervisor had a thread by then
+    assert "sleeper exit -15" in said  # SIGTERM, as the supervisor sends it
 
 
 @pytest.fixture

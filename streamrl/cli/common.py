@@ -20,6 +20,7 @@ import sys
 import traceback
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -303,3 +304,19 @@ def print_table(columns: list[str], rows: list[tuple]) -> None:
         table.add_row(*(Text(cell_text(v)) for v in row))
     console.print(table)
     console.print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})", style="dim")
+
+
+def forked_main(command: Any, args: list[str]) -> int:  # the root click.Command typer built
+    """`python -m streamrl.cli ARGS` (`command`: the CLI's root) in a child that
+    `streamrl run` forked from itself (streamrl.supervise.fork_child). What the parent set
+    up for its own terminal is set up again for the child's log: rich's consoles decide at
+    construction whether they write colours, and a logging handler of the parent would
+    keep the child's own `logging.basicConfig` from taking effect."""
+    import logging
+
+    console.__init__()  # type: ignore[misc]
+    err_console.__init__(stderr=True)  # type: ignore[misc]
+    for handler in logging.root.handlers[:]:
+        logging.root.removeHandler(handler)
+    command.main(args, prog_name="streamrl")
+    return 0

@@ -20,6 +20,7 @@ from streamrl.cli.common import (
     cli_command,
     console,
     database_url,
+    forked_main,
     new_run_id,
     prepared_recipe,
     print_warnings,
@@ -132,6 +133,7 @@ def run_recipe(
         bool, typer.Option("--run-nexrl", "-r", help="With -c: start the run now; without it, -c only prints what would run.")
     ] = False,
     tag: Tag = None,
+    ctx: typer.Context = None,  # type: ignore[assignment]  # given by typer; None from streamrl.train
 ) -> tuple[str, Any] | None:  # (run id, RunSummary); typer reads this annotation at start
     """Train a recipe end to end on this machine: start the services if needed, then the
     ledger sink, stream processor, learner, rollout workers and publisher as processes,
@@ -140,6 +142,7 @@ def run_recipe(
     from streamrl.orchestrate import RunFailed, run_locally
     from streamrl.recovery import prepare_resume
     from streamrl.runtime import db, services
+    from streamrl.supervise import forking_supported
 
     current = settings()
     if train_config is not None:
@@ -212,6 +215,11 @@ def run_recipe(
             overrides=overrides,
             tag=tag,
             code_check=code_check,
+            # Forked only from the command line: streamrl.train runs in the user's process,
+            # whose threads and state (a CUDA context, say) a fork would copy.
+            fork_entry=functools.partial(forked_main, ctx.find_root().command)
+            if ctx is not None and forking_supported()
+            else None,
         )
     except RunFailed as exc:
         raise CommandFailed(str(exc), "run failed") from None
