@@ -27,7 +27,7 @@ from streamrl.algos.losses import token_logprobs_and_entropy
 from streamrl.producers.inference import InferenceUnavailable, SamplingParams
 from streamrl.producers.openai_engine import OpenAIEngine
 from streamrl.producers.sglang_engine import Server, SGLangEngine
-from streamrl.producers.sglang_server import InferenceServerError, ManagedServer
+from streamrl.producers.sglang_server import InferenceServerError
 from tests.conftest import REPO, run_cli, wait_for
 from tests.helpers.warm_model import warm_model_folder
 from tests.test_rl_loop import assert_ledger_consistent, scalar
@@ -63,10 +63,10 @@ def perturbed_copy(model_dir: Path, out: Path, seed: int) -> Path:
     return out
 
 
-def test_a_merged_lora_version_serves_the_learners_logprobs(sglang_python, model_dir, tmp_path):
+def test_a_merged_lora_version_serves_the_learners_logprobs(engine, model_dir, tmp_path):
     """trainer.lora: the learner's weight version (the adapter merged) loads in SGLang as any
-    model folder, and the server's logprobs of its samples are the LoRA policy's own, to
-    the tolerance of the test below."""
+    version does (a folder), and the server's logprobs of its samples are the LoRA
+    policy's own, to the tolerance of the test below."""
     import numpy as np
 
     from streamrl.learner.batching import TrainItem
@@ -96,21 +96,21 @@ def test_a_merged_lora_version_serves_the_learners_logprobs(sglang_python, model
         ]
         policy.train(1e-2, items)
     folder = policy.write_version(tmp_path / "weights", 3)
-    managed = ManagedServer(sglang_python, str(folder), "cpu", {}, tmp_path / "server.log")
-    managed.start()
-    engine = SGLangEngine([Server(managed.url)], AutoTokenizer.from_pretrained(folder))
+    merged = SGLangEngine([Server(engine.servers[0].url)], AutoTokenizer.from_pretrained(folder))
     try:
+        merged.update_weights(str(folder), 3)
         policy.model.eval()
         for prompt_text in PROMPTS[:3]:
-            prompt = engine.tokenizer(prompt_text)["input_ids"]
-            completion = engine.complete(prompt, SamplingParams(max_new_tokens=6, temperature=0.7))
+            prompt = merged.tokenizer(prompt_text)["input_ids"]
+            completion = merged.complete(prompt, SamplingParams(max_new_tokens=6, temperature=0.7))
+            assert completion.weight_version == 3
             tokens = torch.tensor([prompt + completion.response_token_ids])
             with torch.no_grad():
                 logprobs, _ = token_logprobs_and_entropy(policy.model(input_ids=tokens).logits, tokens, 0.7)
             assert completion.logprobs == pytest.approx(logprobs[0, len(prompt) :].tolist(), abs=1e-4)
     finally:
-        engine.close()
-        managed.stop()
+        merged.update_weights(str(model_dir), 4)  # the module's server again serves the base model
+        merged.close()
 
 
 def test_server_ids_and_logprobs_equal_the_learners_scoring(engine, model_dir):
