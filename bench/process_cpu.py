@@ -9,7 +9,9 @@ import psutil
 
 
 def process_role(args: list[str], run_id: str) -> str | None:
-    """The part of the run a process plays, from its command line."""
+    """The part of the run a process plays, from its command line (a child that `streamrl
+    run` forked shows its command line as one title: split into its words here)."""
+    args = " ".join(args).split()
     if "streamrl.cli" in args and run_id in args:
         role = args[args.index("streamrl.cli") + 1]
         return "orchestrator" if role == "run" else role  # workers share one row
