@@ -37,16 +37,18 @@ from streamrl.supervise import RestartPolicy, RunFailed, Supervisor
 __all__ = ["RestartPolicy", "RunFailed", "replay_locally", "run_locally"]
 
 
+# Several torch processes on 2 cores stall each other unless each keeps to one thread.
+THREAD_DEFAULTS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
 def child_env(settings: Settings) -> dict:
     env = dict(os.environ)
     env["STREAMRL_HOME"] = str(settings.home)
     env["STREAMRL_KAFKA_BOOTSTRAP"] = settings.kafka_bootstrap
     env["STREAMRL_DATABASE_URL"] = settings.database_url
     env["STREAMRL_PARTITION_ASSIGNMENT"] = settings.partition_assignment
-    # Several torch processes on 2 cores stall each other unless each keeps to one thread.
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("MKL_NUM_THREADS", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for key, value in THREAD_DEFAULTS.items():
+        env.setdefault(key, value)
     return env
 
 
@@ -255,15 +257,14 @@ def status_line(summary: RunSummary) -> str:
     return f"{reward}  {latest_val}"
 
 
-def preload_for_children(settings: Settings) -> None:
+def preload_for_children() -> None:
     """Imports the run's children make at their start (torch, transformers, the
     learner's, workers', processor's, sink's and publisher's modules: several
     CPU-seconds each on a small machine), made once here so that children forked from
     this process start with them. Torch's threads follow the children's settings, as
     they would in a child started on its own."""
-    for key, value in child_env(settings).items():
-        if key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELISM"):
-            os.environ.setdefault(key, value)
+    for key, value in THREAD_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     import transformers.modeling_layers
     import transformers.models.auto.auto_factory  # noqa: F401
 
@@ -311,7 +312,7 @@ def run_locally(
     import, instead of each importing it again."""
     interrupt_on_sigterm()
     if fork_entry is not None:
-        preload_for_children(settings)
+        preload_for_children()
     local = LocalRun(settings, run_id, out or settings.home / "runs" / run_id, console, policy, recipe.service.broker, fork_entry)
     total = total_train_steps(recipe)  # the same count the publisher and the learner use
     val = recipe.validate.data

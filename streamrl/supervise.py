@@ -93,22 +93,23 @@ class ForkedProcess:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-                os.close(self._pidfd)
+            self._reap(os.WNOHANG)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        code = self.poll()
-        if code is None:
+        if self.poll() is None:
             readable, _, _ = select.select([self._pidfd], [], [], timeout)
             if not readable:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
-            _, status = os.waitpid(self.pid, 0)  # it has exited: this returns at once
-            code = self.returncode = os.waitstatus_to_exitcode(status)
+            self._reap(0)  # it has exited: this returns at once
+        assert self.returncode is not None
+        return self.returncode
+
+    def _reap(self, flags: int) -> None:
+        pid, status = os.waitpid(self.pid, flags)
+        if pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
             os.close(self._pidfd)
-        return code
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:

@@ -115,9 +115,8 @@ def test_a_killed_supervisor_takes_its_children_with_it(stack, tmp_path, forked)
 def test_a_forked_child_is_the_command_it_runs(stack, tmp_path):
     """A child forked from `streamrl run` (it starts with its parent's imports) is what a
     new `python -m streamrl.cli ARGS` would be: its command line in `ps`, a session of its
-    own, its output in its log, its exit code seen by the supervisor (a usage error not
-    retried, a crash restarted, as a new interpreter once the supervisor runs threads),
-    and SIGTERM stops it."""
+    own, its output in its log, its exit code seen by the supervisor (a crash restarted,
+    as a new interpreter once the supervisor runs threads), and SIGTERM stops it."""
     body = (
         "import threading, psutil\n"
         "from streamrl.supervise import ForkedProcess\n"

@@ -57,5 +57,4 @@ def main(
 for group in (services_cmd, recipe_cmd, ledger_cmd, train_cmd, model_cmd, service_cmd, observe_cmd):
     group.register(app)
 
-
 __all__ = ["app"]
