@@ -39,7 +39,7 @@ import psutil
 import yaml
 from common import OUT, bench_settings, fresh_run_id
 from kafka import KafkaConsumer, TopicPartition
-from process_cpu import cpu_by_role
+from process_cpu import CpuMeter
 from rich.console import Console
 from rich.table import Table
 from schedule_gaps import schedule_gaps
@@ -171,15 +171,17 @@ def run_case(settings: Settings, case: Case, model_dir: Path, out: Path) -> dict
     # running), or `window_s` later, when the run is stopped (SIGTERM: it stops as on Ctrl-C)
     last = 1 + case.window_steps if case.window_steps else case.steps - 1
     marks: list[tuple[float, dict[str, float]]] = []
+    meter = CpuMeter(run_id)
     started = time.time()
     with console.status(f"{case.label}: starting") as status:
         while run.poll() is None:
+            cpu = meter.read()  # at every poll: the learner may end its last step before the sink records the one before
             done = len(step_times(settings, run_id))
             status.update(f"{case.label}: step {done}/{case.steps} after {time.time() - started:.0f} s")
             if not marks and done >= 1:
-                marks.append((time.time(), cpu_by_role(run_id)))
+                marks.append((time.time(), cpu))
             elif marks and (done >= last or time.time() - marks[0][0] >= case.window_s):
-                marks.append((time.time(), cpu_by_role(run_id)))
+                marks.append((time.time(), cpu))
                 break
             time.sleep(0.2)
         stopped = run.poll() is None and (case.window_steps > 0 or done < last)  # else it ends by itself

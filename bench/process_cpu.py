@@ -23,16 +23,29 @@ def process_role(args: list[str], run_id: str) -> str | None:
     return None
 
 
-def cpu_by_role(run_id: str) -> dict[str, float]:
+class CpuMeter:
     """User + system CPU seconds so far of each role's processes (the broker and
-    PostgreSQL serve every run on the machine: run nothing else beside a measurement)."""
-    totals: dict[str, float] = {}
-    for process in psutil.process_iter(["cmdline", "cpu_times"]):
-        args, times = process.info["cmdline"], process.info["cpu_times"]
-        role = process_role(args, run_id) if args and times else None
-        if role is not None:
-            totals[role] = totals.get(role, 0.0) + times.user + times.system
-    return totals
+    PostgreSQL serve every run on the machine: run nothing else beside a measurement).
+
+    Read it at every poll: a process that has exited keeps the CPU of its last reading,
+    since psutil cannot read a process that is gone (a learner trains its last step and
+    exits between two polls; without its last reading its row would vanish or go
+    negative)."""
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        self.last: dict[tuple[int, float], tuple[str, float]] = {}  # (pid, start time) -> (role, CPU s)
+
+    def read(self) -> dict[str, float]:
+        for process in psutil.process_iter(["cmdline", "cpu_times", "create_time"]):
+            args, times = process.info["cmdline"], process.info["cpu_times"]
+            role = process_role(args, self.run_id) if args and times else None
+            if role is not None:
+                self.last[(process.pid, process.info["create_time"])] = (role, times.user + times.system)
+        totals: dict[str, float] = {}
+        for role, seconds in self.last.values():
+            totals[role] = totals.get(role, 0.0) + seconds
+        return totals
 
 
 def per_step(before: dict[str, float], after: dict[str, float], steps: int) -> dict[str, float]:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import psutil
 from common import OUT, bench_settings, fresh_run_id
-from process_cpu import cpu_by_role, per_step
+from process_cpu import CpuMeter, per_step
 from rich.console import Console
 from rich.table import Table
 from time_to_accuracy import TASKS, bench_recipe, warmed_model
@@ -80,12 +80,14 @@ def main() -> None:
         stdout=subprocess.DEVNULL,
     )
     marks = {}
+    meter = CpuMeter(run_id)
     with connect(settings.database_url, autocommit=True) as conn:
         while run.poll() is None and len(marks) < 2:
+            cpu = meter.read()  # at every poll: a process that exits keeps its last reading
             done = steps_done(conn, run_id)
             for step in (first, last):
                 if step not in marks and done >= step:
-                    marks[step] = (time.monotonic(), cpu_by_role(run_id))
+                    marks[step] = (time.monotonic(), cpu)
             time.sleep(0.05)
     run.wait()
     if len(marks) < 2:

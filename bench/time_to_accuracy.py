@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
-from process_cpu import cpu_by_role, per_step  # noqa: E402
+from process_cpu import CpuMeter, per_step  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -164,11 +164,13 @@ def run_streamrl(recipe: Recipe, task: Task, model_dir: Path, sync_mode: str, se
     )
     marks: list[tuple[int, dict]] = []  # (steps done, CPU by role): from step 2 to the last seen
     settings = Settings.from_env()
+    meter = CpuMeter(name)
     with connect(settings.database_url, autocommit=True) as conn:
         while run.poll() is None:
+            cpu = meter.read()  # at every poll: the learner ends after its last step, maybe before the next poll
             done = conn.execute("select count(*) from train_steps where run_id = %s", (name,)).fetchone()[0]
             if done >= 2 and (not marks or done > marks[-1][0]):
-                marks = [*marks[:1], (done, cpu_by_role(name))]
+                marks = [*marks[:1], (done, cpu)]
             time.sleep(0.2)
         if run.returncode:
             raise RuntimeError(f"streamrl run {name} failed ({run.returncode}): see {OUT / name}")

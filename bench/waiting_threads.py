@@ -22,12 +22,11 @@ import time
 import uuid
 from pathlib import Path
 
-import psutil
 from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from process_cpu import process_role
+from process_cpu import CpuMeter
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "arith" / "recipe.yaml"
@@ -48,18 +47,13 @@ def run_env(steps: int, cores: int, wait_policy: str) -> dict:
 
 def watch(run: subprocess.Popen, run_id: str) -> dict[str, float]:
     """CPU seconds by role of the run's processes, the last reading of each before it ended."""
-    last: dict[int, tuple[str, float]] = {}
+    meter = CpuMeter(run_id)
+    totals: dict[str, float] = {}
     while run.poll() is None:
-        for process in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
-            args, times = process.info["cmdline"], process.info["cpu_times"]
-            role = process_role(args, run_id) if args and times else None
-            if role in ("learner", "worker", "orchestrator", "processor", "sink", "publish"):
-                last[process.info["pid"]] = (role, times.user + times.system)
+        totals = meter.read()
         time.sleep(0.5)
-    by_role: dict[str, float] = {}
-    for role, seconds in last.values():
-        by_role[role] = by_role.get(role, 0.0) + seconds
-    return by_role
+    roles = ("learner", "worker", "orchestrator", "processor", "sink", "publish")
+    return {role: seconds for role, seconds in totals.items() if role in roles}
 
 
 def pair(steps: int, cores: int, wait_policy: str, out: Path) -> list[dict]:
