@@ -84,6 +84,9 @@ run: $(STAMP)
 # two fill a 2-core machine. Long end-to-end runs no longer need the machine to themselves
 # once waiting torch threads sleep (OMP_WAIT_POLICY, docs/benchmarks.md "Waiting threads").
 TEST_WORKERS ?= 2
+# mypy (a minute and a half of one core on a fresh clone) runs beside the tests, which
+# leave about a fifth of the cores idle (docs/benchmarks.md); its verdict is printed after
+# theirs, and either failing fails the target.
 
 test: $(STAMP) browser
 ifeq ($(STREAMRL_SGLANG_PYTHON),)
@@ -94,8 +97,10 @@ ifeq ($(STREAMRL_COOKBOOK_PYTHON),)
 endif
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) tools/typecheck.py
-	$(PY) -m pytest -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	@$(PY) tools/typecheck.py > $(VENV)/typecheck.log 2>&1 & typecheck=$$!; \
+	$(PY) -m pytest -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder; tests=$$?; \
+	wait $$typecheck; types=$$?; echo "$(PY) tools/typecheck.py:"; cat $(VENV)/typecheck.log; \
+	test $$tests -eq 0 && test $$types -eq 0
 
 # The tests that need no service (no broker, PostgreSQL, SGLang or browser): a few minutes.
 # Markers (pyproject.toml, --strict-markers): services, slow, learning, gpu; e.g.

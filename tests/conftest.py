@@ -24,6 +24,7 @@ from streamrl.runtime import db, services
 from streamrl.runtime.recipe import prepare_recipe
 from streamrl.runtime.settings import Settings
 from streamrl.runtime.threads import usable_cores
+from tests.cli_zygote import cli_popen
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -132,15 +133,23 @@ def ledger_read_to(conn, ends: dict[tuple[str, int], int]) -> bool:
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 120, check: bool = False):
-    """Run the real `streamrl` CLI in a subprocess."""
-    result = subprocess.run(
+    """Run the real `streamrl` CLI in a subprocess: `python -m streamrl.cli ARGS`, forked
+    from the worker's zygote (cli_zygote.py), which has imported it already."""
+    with cli_popen(
         [sys.executable, "-m", "streamrl.cli", *args],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, **(env or {})},
-        timeout=timeout,
         cwd=REPO,
-    )
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     if check and result.returncode != 0:
         raise AssertionError(f"streamrl {' '.join(args)} exited {result.returncode}:\n{result.stderr}")
     return result
@@ -149,7 +158,7 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 120, check: bo
 def start_sink_process(run_id: str, *extra: str, ready: bool = False) -> subprocess.Popen:
     """`streamrl sink` for `run_id`; `ready`: returns once it says it is running (its
     SIGTERM handler is in place from then on)."""
-    sink = subprocess.Popen(
+    sink = cli_popen(
         [sys.executable, "-m", "streamrl.cli", "sink", "--run", run_id, *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

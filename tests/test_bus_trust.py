@@ -18,6 +18,7 @@ from streamrl.runtime.bus import EventPublisher
 from streamrl.schema import codec, signing
 from streamrl.schema.events import RunEvent, WeightVersion
 from streamrl.schema.topics import topic_name
+from tests.cli_zygote import cli_popen
 from tests.conftest import REPO, wait_for_first_step
 
 RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
@@ -44,7 +45,7 @@ def test_a_frame_verifies_only_under_its_runs_key_and_unchanged():
 def test_forged_weight_versions_and_run_events_are_dead_letters_and_the_run_trains_on_its_own(stack, ledger, run_id, tmp_path):
     import os
 
-    run = subprocess.Popen(
+    run = cli_popen(
         [sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--out", str(tmp_path / "out")],
         cwd=REPO,
         env={**os.environ, **ENV},

@@ -11,6 +11,7 @@ import pytest
 from streamrl.failures import StepRollouts, budget_breach
 from streamrl.report import RunSummary, val_text
 from streamrl.runtime.config import FailureBudget
+from tests.cli_zygote import cli_popen
 from tests.conftest import REPO, run_cli
 
 RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
@@ -148,7 +149,7 @@ def test_a_run_whose_supervisor_gives_up_on_a_process_exits_1_and_is_failed_in_t
 
     from tests.conftest import command_lines, wait_for_first_step
 
-    run = subprocess.Popen(
+    run = cli_popen(
         [sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--max-restarts", "0", "--run", run_id, "--out", str(tmp_path)],
         cwd=REPO,
         env={**os.environ, **SMALL, "ARITH_STEPS": "20"},

@@ -31,6 +31,7 @@ from streamrl.runtime.settings import Settings
 from streamrl.schema import codec
 from streamrl.schema.events import Task
 from streamrl.schema.topics import run_topics, topic_window
+from tests.cli_zygote import cli_popen
 from tests.conftest import REPO, command_lines, free_port, run_cli, wait_for
 from tests.conftest import broker_topics as broker_topic_names
 from tests.test_rl_loop import assert_ledger_consistent, small_run_env
@@ -183,7 +184,7 @@ def test_fault_matrix_ends_with_the_ledger_of_a_fault_free_run(private_stack, tm
     # The faulty run rotates its topics in windows of 4 steps, retired as it trains (a
     # snapshot every 4 steps): its ledger must still equal the plain reference run's.
     rotation = ["service.broker.window_steps=4", "trainer.save_freq=4"]
-    run = subprocess.Popen(
+    run = cli_popen(
         [sys.executable, "-m", "streamrl.cli", "run", RECIPE, *rotation, "--run", run_id, "--out", str(out)],
         cwd=REPO,
         env={**os.environ, **env},

@@ -31,6 +31,7 @@ import pytest
 from streamrl.consumers.tracker import train_step_metrics, validation_metrics
 from streamrl.runtime.recipe import RecipeError, load_recipe
 from streamrl.schema.events import Evaluation, TrainStep, unpack_int32, unpack_mask
+from tests.cli_zygote import cli_popen
 from tests.conftest import REPO, free_port, run_cli, wait_for
 from tests.helpers.tracker_files import mlflow_metrics, tensorboard_scalars, wandb_offline_history
 from tests.test_rl_loop import RECIPE, small_run_env
@@ -214,7 +215,7 @@ def patient(page):
 @pytest.fixture(scope="module")
 def ui_server(stack, tmp_path_factory):
     log = tmp_path_factory.mktemp("ui") / "ui.log"
-    server = subprocess.Popen(
+    server = cli_popen(
         [sys.executable, "-m", "streamrl.cli", "ui", "--port", str(UI_PORT)],
         cwd=REPO,
         env={**os.environ, "STREAMRL_UI_TOKEN": UI_TOKEN},
@@ -246,7 +247,7 @@ def observed(stack, ui_server, browser, tmp_path_factory):
     run_id, child = f"obs-{uuid.uuid4().hex[:10]}", f"obs-child-{uuid.uuid4().hex[:8]}"
     out = tmp_path_factory.mktemp("observed")
     env = {**os.environ, **small_run_env(ARITH_SYNC_MODE="sync")}  # sync: slower steps, time to open the page
-    run = subprocess.Popen(
+    run = cli_popen(
         [
             sys.executable,
             "-m",

@@ -18,6 +18,7 @@ from streamrl.producers.publisher import create_run
 from streamrl.runtime.bus import EventPublisher
 from streamrl.runtime.config import Recipe
 from streamrl.schema.topics import topic_name
+from tests.cli_zygote import cli_popen
 from tests.conftest import REPO, SinkThread, committed_offsets, count_rows, ledger_read_to, topic_ends, wait_for
 from tests.test_processor import member
 
@@ -45,7 +46,7 @@ def group_events(run_id: str, g: int) -> list:
 
 
 def start_processor(run_id: str, name: str, log) -> subprocess.Popen:
-    return subprocess.Popen(
+    return cli_popen(
         [sys.executable, "-m", "streamrl.cli", "--debug", "processor", run_id, "--name", name],
         cwd=REPO,
         stdout=log,

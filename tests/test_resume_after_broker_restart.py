@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from streamrl.runtime import services
+from tests.cli_zygote import cli_popen
 from tests.conftest import REPO, command_lines, run_cli, wait_for
 from tests.test_rl_loop import assert_ledger_consistent, scalar, small_run_env
 
@@ -49,7 +50,7 @@ def restart_broker(settings) -> None:
 
 def test_resume_after_broker_restart_matches_a_run_without_the_fault(stack, ledger, run_id, tmp_path):
     env = {**os.environ, **small_run_env(ARITH_STEPS=str(STEPS), ARITH_WARMUP_STEPS="30", ARITH_VALIDATE_EVERY="6")}
-    first = subprocess.Popen(
+    first = cli_popen(
         [sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--out", str(tmp_path)],
         cwd=REPO,
         env=env,

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from tests.cli_zygote import cli_popen
 from tests.conftest import REPO, broker_topics, run_cli, wait_for
 from tests.helpers.learning import assert_learned
 from tests.helpers.warm_model import warm_model_folder
@@ -262,7 +263,7 @@ def assert_groups_trained_once(conn, run_id: str, groups_per_step: int) -> None:
 
 
 def spawn(name: str, args: list[str], logs, env) -> subprocess.Popen:
-    return subprocess.Popen(
+    return cli_popen(
         [sys.executable, "-m", "streamrl.cli", *args],
         cwd=REPO,
         env=env,

@@ -28,6 +28,7 @@ from streamrl.producers.inference import InferenceUnavailable, SamplingParams
 from streamrl.producers.openai_engine import OpenAIEngine
 from streamrl.producers.sglang_engine import Server, SGLangEngine
 from streamrl.producers.sglang_server import InferenceServerError
+from tests.cli_zygote import cli_popen
 from tests.conftest import REPO, run_cli, wait_for
 from tests.helpers.warm_model import warm_model_folder
 from tests.test_rl_loop import assert_ledger_consistent, scalar
@@ -301,7 +302,7 @@ def test_the_sglang_recipe_survives_its_server_being_killed(stack, ledger, run_i
     env = {"ARITH_STEPS": "14", "ARITH_WARMUP_STEPS": "0", "ARITH_VALIDATE_EVERY": "14"}
     log = tmp_path / "out" / "logs" / "worker-0.log"
     command = ["run", RECIPE, f"rollout_worker.model_path={model}", "--run", run_id, "--out", str(tmp_path / "out")]
-    run = subprocess.Popen(
+    run = cli_popen(
         [sys.executable, "-m", "streamrl.cli", *command],
         cwd=REPO,
         env={**os.environ, **env},

@@ -24,6 +24,7 @@ from streamrl.runtime.bus import EventPublisher
 from streamrl.runtime.config import Recipe
 from streamrl.runtime.settings import Settings
 from streamrl.supervise import RestartPolicy, RunFailed, Supervisor
+from tests.cli_zygote import cli_popen
 from tests.conftest import REPO, free_port, read_until, wait_for
 
 
@@ -174,7 +175,7 @@ def test_a_lost_broker_ends_a_process_with_one_sentence(own_broker, run_id, debu
     with EventPublisher(settings) as publisher:
         create_run(settings, run_id, Recipe(), publisher)
     env = {**os.environ, "STREAMRL_SERVICE_WAIT_S": "3"}
-    processor = subprocess.Popen(
+    processor = cli_popen(
         [sys.executable, "-m", "streamrl.cli", *(["--debug"] if debug else []), "processor", run_id],
         cwd=REPO,
         env=env,

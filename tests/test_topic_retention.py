@@ -13,6 +13,7 @@ from streamrl.runtime.bus import EventPublisher
 from streamrl.runtime.services import broker_memory_bytes
 from streamrl.runtime.topic_admin import create_run_topics
 from streamrl.schema.topics import run_topics
+from tests.cli_zygote import cli_popen
 from tests.conftest import SinkThread, broker_topics, count_rows, run_cli, wait_for
 
 
@@ -96,7 +97,7 @@ def test_a_long_run_with_a_small_window_keeps_a_bounded_set_of_topics(stack, led
             ARITH_BATCH_PROMPTS=str(groups),
         ),
     }
-    run = subprocess.Popen(
+    run = cli_popen(
         [
             sys.executable,
             "-m",

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from streamrl.runtime.tiny_lm import build_tiny_model
+from tests.cli_zygote import cli_popen
 from tests.conftest import REPO, free_port, run_cli
 from tests.test_rl_loop import assert_ledger_consistent, scalar, small_run_env
 
@@ -29,7 +30,7 @@ ARITH_MODEL = REPO / "recipes" / "arith" / "generated" / "last_digit" / "model"
 def start_service(models: dict, port: int = PORT) -> subprocess.Popen:
     """`streamrl serve-training` as a user starts it, once it answers on `port`."""
     args = [arg for name, folder in models.items() for arg in ("--model", f"{name}={folder}")]
-    process = subprocess.Popen(
+    process = cli_popen(
         [sys.executable, "-m", "streamrl.cli", "serve-training", *args, "--port", str(port), "--device", "cpu"],
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -240,7 +241,7 @@ def test_the_built_in_recipe_learns_through_the_service_killed_mid_run(stack, se
         "trainer.save_freq=1",
     ]
     env = {**os.environ, **small_run_env(ARITH_STEPS=str(STEPS), ARITH_WARMUP_STEPS=str(WARMUP), ARITH_VALIDATE_EVERY=str(STEPS))}
-    run = subprocess.Popen(
+    run = cli_popen(
         [
             sys.executable,
             "-m",

@@ -17,6 +17,7 @@ import sys
 from streamrl.producers.publisher import create_run
 from streamrl.runtime.bus import EventPublisher
 from streamrl.runtime.recipe import prepare_recipe
+from tests.cli_zygote import cli_popen
 from tests.conftest import REPO, command_lines, run_cli, wait_for
 from tests.test_rl_loop import RECIPE, assert_ledger_consistent, scalar, small_run_env
 
@@ -37,7 +38,7 @@ def test_a_worker_joins_mid_run_and_the_first_one_dies(stack, ledger, run_id, tm
         **small_run_env(ARITH_STEPS=str(STEPS), ARITH_SYNC_MODE="sync", ARITH_VALIDATE_EVERY=str(STEPS)),
         "STREAMRL_PARTITION_ASSIGNMENT": "group",
     }
-    run = subprocess.Popen(
+    run = cli_popen(
         [sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--workers", "1", "--out", str(tmp_path)],
         cwd=REPO,
         env=env,
@@ -54,7 +55,7 @@ def test_a_worker_joins_mid_run_and_the_first_one_dies(stack, ledger, run_id, tm
         first = pid_of(run_id, "worker", "--name worker-0")
         assert first is not None, "no worker-0 process"
         os.kill(first, signal.SIGSTOP)
-        extra = subprocess.Popen(
+        extra = cli_popen(
             [sys.executable, "-m", "streamrl.cli", "worker", run_id, "--name", "extra"],
             cwd=REPO,
             env=env,
@@ -93,7 +94,7 @@ def test_a_fully_async_worker_killed_mid_run_leaves_an_exact_ledger(stack, ledge
     none twice (the restarted worker rolls out again what was not committed)."""
     steps = 12
     env = {**os.environ, **small_run_env(ARITH_STEPS=str(steps), ARITH_VALIDATE_EVERY="12")}
-    run = subprocess.Popen(
+    run = cli_popen(
         [sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--out", str(tmp_path)],
         cwd=REPO,
         env=env,
