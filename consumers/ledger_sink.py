@@ -147,9 +147,11 @@ class LedgerSink:
         index, count = self.shard
         return zlib.crc32(f"{tp.topic}:{tp.partition}".encode()) % count == index
 
-    def refresh_assignment(self, every_s: float = 2.0) -> None:
+    refresh_every_s = 2.0  # how often the sink lists the broker's topics for new ones
+
+    def refresh_assignment(self, every_s: float | None = None) -> None:
         """Pick up partitions of new matching topics, starting where the ledger says."""
-        if time.monotonic() - self._last_refresh < every_s:
+        if time.monotonic() - self._last_refresh < (self.refresh_every_s if every_s is None else every_s):
             return
         self._last_refresh = time.monotonic()
         listed = [topic for topic in self.consumer.topics() if self.topic_pattern.match(topic)]
@@ -322,6 +324,8 @@ class LedgerSink:
         published while they stopped), for at most `within_s`; the services may be gone."""
         deadline = time.monotonic() + within_s
         try:
+            # topics created since the last look too (a resumed run's, re-created as it stopped)
+            self.refresh_assignment(every_s=0.0)
             while time.monotonic() < deadline and self.conn is not None and self.poll_once(timeout_ms=300):
                 pass
         except (psycopg.Error, KafkaError) as exc:

@@ -344,6 +344,17 @@ def test_sigterm_commits_and_exits_zero(stack, ledger, run_id):
     assert sink_reached(ledger, log_ends(produced))  # offsets committed before exiting
 
 
+def test_a_stopping_sink_writes_the_topics_created_since_it_last_looked(stack, ledger, run_id):
+    """A resumed run re-creates its topics and may stop within the sink's first seconds
+    (a finished run): the sink, told to stop, still writes what they hold."""
+    with SinkThread(stack, run_id) as sink:
+        sink.refresh_every_s = 3600.0  # it looks once, before the topics exist, and not again while running
+        wait_for(lambda: sink._last_refresh > 0, 60, what="the sink's first look at the topics")
+        create_run_topics(stack, run_id)
+        publish(stack, synthetic_events(run_id, 50, types=["Task"]))
+    assert count_rows(ledger, "tasks", run_id) == 50
+
+
 def test_two_sharded_sinks_split_the_partitions_and_write_everything_once(stack, ledger, run_id):
     create_run_topics(stack, run_id)
     produced = publish(stack, synthetic_events(run_id, 400, types=["Task", "Trajectory"]))

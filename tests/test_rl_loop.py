@@ -133,7 +133,8 @@ def test_streamrl_run_end_to_end(stack, ledger, run_id, tmp_path):
     counts = ledger_counts(ledger, run_id)
     resumed = run_cli("run", "--resume", run_id, "--out", str(tmp_path / "resumed"), timeout=420)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert ledger_counts(ledger, run_id) == counts and not broker_topics(stack, run_id)
+    assert ledger_counts(ledger, run_id) == counts
+    assert not broker_topics(stack, run_id), resumed.stdout[-3000:]
     from_kafka = run_cli("replay", run_id, "--into", f"{run_id}-kafka", "--from", "kafka", timeout=300)
     assert from_kafka.returncode != 0 and "no longer hold" in " ".join(from_kafka.stderr.split())
 
