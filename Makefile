@@ -84,7 +84,7 @@ run: $(STAMP)
 # two fill a 2-core machine. Long end-to-end runs no longer need the machine to themselves
 # once waiting torch threads sleep (OMP_WAIT_POLICY, docs/benchmarks.md "Waiting threads").
 TEST_WORKERS ?= 2
-# mypy (a minute and a half of one core on a fresh clone) runs beside the tests, which
+# mypy (a minute and a half of one core without its cache) runs beside the tests, which
 # leave about a fifth of the cores idle (docs/benchmarks.md); its verdict is printed after
 # theirs, and either failing fails the target.
 

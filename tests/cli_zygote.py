@@ -75,7 +75,10 @@ def serve(address: str) -> None:
                 waiting = [k for k in selector.get_map().values() if k.data]
                 inherited = [listener, selector, conn, *(k.data[1] for k in waiting)]
                 pid = fork_call(json.loads(message), fds, command, forked_main, inherited, [k.fd for k in waiting])
-                conn.send(str(pid).encode())
+                try:
+                    conn.send(str(pid).encode())
+                except OSError:
+                    pass  # the caller is gone; the child is still reaped below
                 selector.register(os.pidfd_open(pid), selectors.EVENT_READ, (pid, conn))
             else:
                 pid, conn = key.data
