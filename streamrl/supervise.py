@@ -36,6 +36,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 EXIT_USAGE = 2  # the CLI's codes (streamrl.cli.common), repeated here to keep the CLI unimported
 EXIT_SERVICE = 3
@@ -143,8 +144,8 @@ def fork_child(entry: Callable[[list[str]], int], args: list[str], log_path: Pat
     if pid:
         gc.unfreeze()
         return ForkedProcess(pid)
-    code = 1
-    try:
+
+    def child() -> int:
         os.setsid()
         arm = ends_with_parent(parent)
         if arm is not None:
@@ -161,14 +162,24 @@ def fork_child(entry: Callable[[list[str]], int], args: list[str], log_path: Pat
         os.environ.update(env)
         atexit._clear()  # this process's exit handlers are not the child's  # type: ignore[attr-defined]
         sys.argv = ["streamrl", *args]
-        code = entry(args)
+        return entry(args)
+
+    exit_as_interpreter(child)
+
+
+def exit_as_interpreter(body: Callable[[], int]) -> NoReturn:
+    """`body()` in a forked child, then the child's end as an interpreter's, as
+    multiprocessing ends a forked child: SystemExit's code (a traceback and 1 for another
+    exception), its threads joined, its own exit handlers run, its streams flushed; never
+    the parent's finalizers (os._exit)."""
+    code = 1
+    try:
+        code = body()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
         traceback.print_exc()
     finally:
-        # An interpreter's exit, as multiprocessing ends a forked child: its threads
-        # joined, its own exit handlers run; never this process's finalizers.
         try:
             threading._shutdown()  # type: ignore[attr-defined]
             atexit._run_exitfuncs()

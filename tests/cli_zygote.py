@@ -27,9 +27,10 @@ import socket
 import subprocess
 import sys
 import threading
-import traceback
 import uuid
 from pathlib import Path
+
+from streamrl.supervise import exit_as_interpreter, set_process_title
 
 REPO = Path(__file__).resolve().parents[1]
 SIGNALS_TO_RESET = (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)  # SIGPIPE stays ignored, as Python starts
@@ -104,8 +105,8 @@ def fork_call(request: dict, fds: list[int], command, forked_main, inherited: li
         for fd in fds:
             os.close(fd)
         return pid
-    code = 1
-    try:
+
+    def child() -> int:
         for thing in inherited:  # the zygote's sockets are not the child's
             thing.close()
         for fd in pidfds:
@@ -120,30 +121,16 @@ def fork_call(request: dict, fds: list[int], command, forked_main, inherited: li
             os.close(fd)
         os.chdir(request["cwd"])
         args = request["args"]
-        # the title first: setproctitle moves the environment it replaces
-        import setproctitle
-
-        setproctitle.setproctitle(" ".join([sys.executable, "-m", "streamrl.cli", *args]))
+        set_process_title(" ".join([sys.executable, "-m", "streamrl.cli", *args]))  # before the environment changes
         os.environ.clear()
         os.environ.update(request["env"])
         sys.path[0] = request["cwd"]  # `python -m` puts the working directory first
         fresh_stdio(bool(os.environ.get("PYTHONUNBUFFERED")))
         atexit._clear()  # type: ignore[attr-defined]
         sys.argv = ["streamrl", *args]
-        code = forked_main(command, args)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        try:  # an interpreter's exit: threads joined, exit handlers run, streams flushed
-            threading._shutdown()  # type: ignore[attr-defined]
-            atexit._run_exitfuncs()
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
-    raise AssertionError("unreachable")
+        return forked_main(command, args)
+
+    exit_as_interpreter(child)
 
 
 def fresh_stdio(unbuffered: bool) -> None:
