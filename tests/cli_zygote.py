@@ -30,14 +30,14 @@ import threading
 import uuid
 from pathlib import Path
 
-from streamrl.supervise import exit_as_interpreter, set_process_title
+from streamrl.supervise import exit_as_interpreter, forking_supported, set_process_title
 
 REPO = Path(__file__).resolve().parents[1]
 SIGNALS_TO_RESET = (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)  # SIGPIPE stays ignored, as Python starts
 
 
 def enabled() -> bool:
-    return os.environ.get("STREAMRL_TEST_ZYGOTE", "1") != "0" and hasattr(os, "pidfd_open")
+    return os.environ.get("STREAMRL_TEST_ZYGOTE", "1") != "0" and forking_supported()
 
 
 # -- the zygote ---------------------------------------------------------------------------
@@ -45,6 +45,8 @@ def enabled() -> bool:
 
 def serve(address: str) -> None:
     """Fork a CLI call for each request; report its wait status when it ends."""
+    import typer
+
     from streamrl import orchestrate
     from streamrl.cli import app
     from streamrl.cli.common import forked_main
@@ -54,7 +56,7 @@ def serve(address: str) -> None:
     if arm is not None:
         arm()  # the zygote ends with the pytest worker that started it
     orchestrate.preload_for_children()
-    command = app_command(app)
+    command = typer.main.get_command(app)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind("\0" + address)
     listener.listen(64)
@@ -91,12 +93,6 @@ def serve(address: str) -> None:
                 except OSError:
                     pass  # the caller stopped waiting
                 conn.close()
-
-
-def app_command(app):
-    import typer
-
-    return typer.main.get_command(app)
 
 
 def fork_call(request: dict, fds: list[int], command, forked_main, inherited: list, pidfds: list[int]) -> int:
