@@ -298,6 +298,18 @@ def command_lines() -> dict[int, list[str]]:
     }
 
 
+def pid_of(run_id: str, subcommand: str, *needles: str) -> int | None:
+    """The pid of the run's `streamrl SUBCOMMAND` process whose command line holds every
+    needle, or None."""
+    for pid, args in command_lines().items():
+        if "streamrl.cli" not in args or args.index("streamrl.cli") + 1 >= len(args):
+            continue
+        line = " ".join(args)
+        if args[args.index("streamrl.cli") + 1] == subcommand and run_id in line and all(n in line for n in needles):
+            return pid
+    return None
+
+
 # Tests that need a service (the embedded broker, PostgreSQL, an SGLang server, a
 # browser): those using the session's services, and the modules that start their own.
 SERVICE_FIXTURES = {"stack", "ledger", "external_database"}

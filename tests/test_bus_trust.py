@@ -7,7 +7,10 @@ become dead letters, the run trains on its learner's versions only, and finishes
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import secrets
+import signal
 import subprocess
 import sys
 
@@ -19,7 +22,7 @@ from streamrl.schema import codec, signing
 from streamrl.schema.events import RunEvent, WeightVersion
 from streamrl.schema.topics import topic_name
 from tests.cli_zygote import cli_popen
-from tests.conftest import REPO, wait_for_first_step
+from tests.conftest import REPO, pid_of, wait_for_first_step
 
 RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
 STEPS = 6
@@ -43,8 +46,6 @@ def test_a_frame_verifies_only_under_its_runs_key_and_unchanged():
 
 @pytest.mark.services
 def test_forged_weight_versions_and_run_events_are_dead_letters_and_the_run_trains_on_its_own(stack, ledger, run_id, tmp_path):
-    import os
-
     run = cli_popen(
         [sys.executable, "-m", "streamrl.cli", "run", RECIPE, "--run", run_id, "--out", str(tmp_path / "out")],
         cwd=REPO,
@@ -73,15 +74,34 @@ def test_forged_weight_versions_and_run_events_are_dead_letters_and_the_run_trai
             producer.send(topic_name(run_id, event.KIND), value=codec.encode(event))
         producer.flush()
         producer.close()
-        # with the run's key: what only another stage, or nobody, would say
+        # With the run's key: what only another stage, or nobody, would say. The learner is
+        # held (SIGSTOP) while these go out, so that none of its versions lands among them on
+        # the partition (the run id's) that readers follow in order. The forged version is
+        # two past the newest folder the learner has written: out of its sequence whether or
+        # not that folder's version was published, however the test's pace and the run's
+        # compare.
         weights = stack.home / "weights" / run_id  # the recipe's weight.sync_weight_path
-        held = [
-            WeightVersion(run_id=run_id, version=999_999, step=3, uri=str(foreign), sha256="0" * 64),
-            WeightVersion(run_id=run_id, version=STEPS, step=STEPS, uri=str(weights / f"v{STEPS:06d}"), sha256="0" * 64),
-            RunEvent(run_id=run_id, kind="created", name="renamed", config={"forged": True}),  # the created event's id
-        ]
-        with EventPublisher(stack) as publisher:
-            refused_at = [publisher.publish(event).get(30) for event in held]
+        learner = pid_of(run_id, "learner")
+        os.kill(learner, signal.SIGSTOP)
+        try:
+            written = max(int(folder.name[1:]) for folder in weights.iterdir() if re.fullmatch(r"v\d{6}", folder.name))
+            forged_version = written + 2
+            assert forged_version <= STEPS, f"the learner had written version {written} by the first step in the ledger"
+            held = [
+                WeightVersion(run_id=run_id, version=999_999, step=3, uri=str(foreign), sha256="0" * 64),
+                WeightVersion(
+                    run_id=run_id,
+                    version=forged_version,
+                    step=forged_version,
+                    uri=str(weights / f"v{forged_version:06d}"),
+                    sha256="0" * 64,
+                ),
+                RunEvent(run_id=run_id, kind="created", name="renamed", config={"forged": True}),  # the created event's id
+            ]
+            with EventPublisher(stack) as publisher:
+                refused_at = [publisher.publish(event).get(30) for event in held]
+        finally:
+            os.kill(learner, signal.SIGCONT)
         code = run.wait(timeout=600)
     finally:
         if run.poll() is None:
@@ -113,20 +133,12 @@ def test_forged_weight_versions_and_run_events_are_dead_letters_and_the_run_trai
     }
     out_of_range, out_of_sequence, renamed = (refused.get((r.topic, r.offset), "") for r in refused_at)
     assert "outside 0..6" in out_of_range, refused
-    # The forged version STEPS shares its partition (the run id's) with the learner's own
-    # version STEPS, and the sink reads them in offset order. Before the learner's, it is
-    # out of the run's sequence; after it, it repeats that version's event id with other
-    # content. Which comes first is the test's pace against the run's, so each order has
-    # its own refusal (docs/benchmarks.md, "Two copies side by side, again").
-    learners_partition, learners_offset = ledger.execute(
-        "select kafka_partition, kafka_offset from weight_versions where run_id = %s and version = %s", (run_id, STEPS)
-    ).fetchone()
-    assert learners_partition == refused_at[1].partition
-    if learners_offset < refused_at[1].offset:
-        assert "repeats an event id the ledger holds, with other content" in out_of_sequence, refused
-    else:
-        assert "out of sequence" in out_of_sequence, refused
+    assert "out of sequence" in out_of_sequence, refused
     assert "repeats an event id the ledger holds, with other content" in renamed, refused
-    assert ledger.execute(
-        "select sha256 <> %s from weight_versions where run_id = %s and version = %s", ("0" * 64, run_id, STEPS)
-    ).fetchone() == (True,)
+    # the learner's own version of that number came after the forgery, and is the one recorded
+    learners_partition, learners_offset, learners_sha256 = ledger.execute(
+        "select kafka_partition, kafka_offset, sha256 from weight_versions where run_id = %s and version = %s",
+        (run_id, forged_version),
+    ).fetchone()
+    assert (learners_partition, learners_sha256 != "0" * 64) == (refused_at[1].partition, True)
+    assert learners_offset > refused_at[1].offset

@@ -17,6 +17,7 @@ import contextlib
 import csv
 import http.server
 import os
+import re
 import secrets
 import shutil
 import socketserver
@@ -291,14 +292,20 @@ def observed(stack, ui_server, browser, tmp_path_factory):
                 route.fulfill(status=503, body="busy")
 
         page.route("**/api/runs/*/figures*", fail_first)
-        page.goto(f"{UI}/runs/{run_id}?refresh=1")
-        # the first step lands after the warm-up and the first batch (minutes under CI's load)
-        page.wait_for_selector("#chart-reward .scatterlayer .trace", timeout=300_000)
-        points = chart_points(page, "reward")  # the steps in the ledger when the page was drawn
-        live = {"points_when_opened": points, "steps_after_opening": steps(), "failed_redraws": len(failed)}
+        # The page is drawn while the ledger cannot gain a step: a SHARE lock lets the UI read
+        # train_steps and holds the sink's inserts until the page has loaded. So the page is
+        # opened before the last step however loaded the machine is (a sink that lags can
+        # write all six steps between two redraws).
+        with ledger.transaction():
+            ledger.execute("lock table train_steps in share mode")
+            steps_before_drawing = steps()
+            page.goto(f"{UI}/runs/{run_id}?refresh=1")
+            drawn = re.match(r"(\d+) steps", page.locator("h2 + p").inner_text())
+        assert drawn, page.locator("h2 + p").inner_text()
+        live = {"steps_before_drawing": steps_before_drawing, "steps_when_drawn": int(drawn.group(1))}
         assert run.wait(420) == 0, (out / "run.log").read_text()[-3000:]
         wait_for(lambda: chart_points(page, "reward") == 6, timeout=30, what="the open page to draw all 6 steps")
-        live["points_at_end"] = chart_points(page, "reward")
+        live |= {"points_at_end": chart_points(page, "reward"), "failed_redraws": len(failed)}
         page.screenshot(path=str(ARTIFACTS / "run-live.png"), full_page=True)
         page.close()
     result = run_cli("replay", run_id, "--into", child, "--out", str(out / "child"), timeout=420)
@@ -344,9 +351,9 @@ def test_a_run_feeds_wandb_tensorboard_and_mlflow_and_export_resends_the_ledger(
 
 def test_the_run_page_draws_the_steps_as_they_land(observed):
     live = observed["live"]
-    # opened before the last step (the ledger may have gained a step since it was drawn);
-    # the same page, never reloaded, ends with all six
-    assert live["points_when_opened"] <= live["steps_after_opening"] and live["points_when_opened"] < 6, live
+    # drawn with the steps the ledger held then, fewer than six; the same page, never
+    # reloaded, ends with all six
+    assert live["steps_when_drawn"] == live["steps_before_drawing"] < 6, live
     assert live["points_at_end"] == 6
     assert live["failed_redraws"] == 1  # the first redraw got a 503, and the page went on
 

@@ -18,18 +18,10 @@ from streamrl.producers.publisher import create_run
 from streamrl.runtime.bus import EventPublisher
 from streamrl.runtime.recipe import prepare_recipe
 from tests.cli_zygote import cli_popen
-from tests.conftest import REPO, command_lines, run_cli, wait_for
+from tests.conftest import REPO, pid_of, run_cli, wait_for
 from tests.test_rl_loop import RECIPE, assert_ledger_consistent, scalar, small_run_env
 
 STEPS = 8  # sync mode; the first worker is stopped after step 1, so the rest wait for the one started by hand
-
-
-def pid_of(run_id: str, *needles: str) -> int | None:
-    for pid, args in command_lines().items():
-        line = " ".join(args)
-        if "streamrl.cli" in args and run_id in line and all(n in line for n in needles):
-            return pid
-    return None
 
 
 def test_a_worker_joins_mid_run_and_the_first_one_dies(stack, ledger, run_id, tmp_path):
