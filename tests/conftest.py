@@ -298,15 +298,14 @@ def command_lines() -> dict[int, list[str]]:
     }
 
 
-def pid_of(run_id: str, subcommand: str, *needles: str) -> int | None:
-    """The pid of the run's `streamrl SUBCOMMAND` process whose command line holds every
-    needle, or None."""
+def process_of(run_id: str, role: str) -> int | None:
+    """The pid of the run's process with this role (`worker-0`: the worker named so, or of shard 0/N)."""
+    command, _, shard = role.partition("-")
+    command = {"publisher": "publish"}.get(command, command)
     for pid, args in command_lines().items():
-        if "streamrl.cli" not in args or args.index("streamrl.cli") + 1 >= len(args):
-            continue
-        line = " ".join(args)
-        if args[args.index("streamrl.cli") + 1] == subcommand and run_id in line and all(n in line for n in needles):
-            return pid
+        if "streamrl.cli" in args and run_id in " ".join(args) and command in args and "run" not in args[3:4]:
+            if not shard or f"{shard}/" in " ".join(args) or role in args:  # --shard I/N, or --name worker-I
+                return pid
     return None
 
 

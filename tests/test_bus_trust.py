@@ -23,7 +23,7 @@ from streamrl.schema import codec, signing
 from streamrl.schema.events import RunEvent, WeightVersion
 from streamrl.schema.topics import topic_name
 from tests.cli_zygote import cli_popen
-from tests.conftest import REPO, pid_of, wait_for_first_step
+from tests.conftest import REPO, process_of, wait_for_first_step
 
 RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
 STEPS = 6
@@ -82,7 +82,7 @@ def test_forged_weight_versions_and_run_events_are_dead_letters_and_the_run_trai
         # not that folder's version was published, however the test's pace and the run's
         # compare.
         weights = stack.home / "weights" / run_id  # the recipe's weight.sync_weight_path
-        learner = pid_of(run_id, "learner")
+        learner = process_of(run_id, "learner")
         assert learner is not None, "no learner process: " + (tmp_path / "run.log").read_text()[-3000:]
         os.kill(learner, signal.SIGSTOP)
         try:

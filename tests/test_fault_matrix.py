@@ -32,7 +32,7 @@ from streamrl.schema import codec
 from streamrl.schema.events import Task
 from streamrl.schema.topics import run_topics, topic_window
 from tests.cli_zygote import cli_popen
-from tests.conftest import REPO, command_lines, free_port, run_cli, wait_for
+from tests.conftest import REPO, command_lines, free_port, process_of, run_cli, wait_for
 from tests.conftest import broker_topics as broker_topic_names
 from tests.test_rl_loop import assert_ledger_consistent, small_run_env
 
@@ -66,17 +66,6 @@ def steps_done(settings: Settings, run_id: str) -> int | None:
         return query(settings, "select count(*) from train_steps where run_id = %s", run_id)[0][0]
     except Exception:  # PostgreSQL is being restarted
         return None
-
-
-def process_of(run_id: str, role: str) -> int | None:
-    """The pid of the run's process with this role (`worker-0`: the worker named so, or of shard 0/N)."""
-    command, _, shard = role.partition("-")
-    command = {"publisher": "publish"}.get(command, command)
-    for pid, args in command_lines().items():
-        if "streamrl.cli" in args and run_id in " ".join(args) and command in args and "run" not in args[3:4]:
-            if not shard or f"{shard}/" in " ".join(args) or role in args:  # --shard I/N, or --name worker-I
-                return pid
-    return None
 
 
 def bad_records(settings: Settings, run_id: str) -> int:

@@ -18,7 +18,7 @@ from streamrl.producers.publisher import create_run
 from streamrl.runtime.bus import EventPublisher
 from streamrl.runtime.recipe import prepare_recipe
 from tests.cli_zygote import cli_popen
-from tests.conftest import REPO, pid_of, run_cli, wait_for
+from tests.conftest import REPO, process_of, run_cli, wait_for
 from tests.test_rl_loop import RECIPE, assert_ledger_consistent, scalar, small_run_env
 
 STEPS = 8  # sync mode; the first worker is stopped after step 1, so the rest wait for the one started by hand
@@ -44,7 +44,7 @@ def test_a_worker_joins_mid_run_and_the_first_one_dies(stack, ledger, run_id, tm
         # worker-0 stops (SIGSTOP) after step 1: its heartbeats stop, the group drops it
         # (session timeout), and the run's remaining steps wait for the worker started by
         # hand, however long the machine's load makes its start
-        first = pid_of(run_id, "worker", "--name worker-0")
+        first = process_of(run_id, "worker-0")
         assert first is not None, "no worker-0 process"
         os.kill(first, signal.SIGSTOP)
         extra = cli_popen(
@@ -95,7 +95,7 @@ def test_a_fully_async_worker_killed_mid_run_leaves_an_exact_ledger(stack, ledge
     )
     try:
         wait_for(lambda: scalar(ledger, "select count(*) from train_steps where run_id = %s", run_id) >= 2, 300, what="step 2")
-        os.kill(pid_of(run_id, "worker", "--shard 0/1"), signal.SIGKILL)  # streamrl run restarts it
+        os.kill(process_of(run_id, "worker-0"), signal.SIGKILL)  # streamrl run restarts it
         assert run.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-3000:]
     finally:
         if run.poll() is None:
