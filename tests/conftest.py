@@ -330,6 +330,7 @@ SERVICE_MODULES = {
     "test_weight_broadcast",
     "test_sglang_adapters",
     "test_adversarial_readers",
+    "test_migrations",
 }
 
 

@@ -23,7 +23,7 @@ from streamrl.schema import codec, signing
 from streamrl.schema.events import RunEvent, WeightVersion
 from streamrl.schema.topics import topic_name
 from tests.cli_zygote import cli_popen
-from tests.conftest import REPO, process_of, wait_for_first_step
+from tests.conftest import REPO, process_of, wait_for
 
 RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
 STEPS = 6
@@ -55,41 +55,49 @@ def test_forged_weight_versions_and_run_events_are_dead_letters_and_the_run_trai
         stderr=subprocess.STDOUT,
     )
     try:
-        wait_for_first_step(ledger, run_id, run)
-        foreign = tmp_path / "foreign-weights"
-        foreign.mkdir()
-        forged = [
-            WeightVersion(run_id=run_id, version=999_999, step=3, uri=str(foreign)),
-            RunEvent(run_id=run_id, kind="finished", name="learner", message="forged"),
-            RunEvent(run_id=run_id, kind="created", name="renamed", config={"forged": True}, sequence=7),
-        ]
-        # another machine's key: signed, but not with this run's
-        other = dataclasses.replace(stack)
-        other.__dict__["bus_key"] = secrets.token_bytes(32)
-        with EventPublisher(other) as publisher:
-            for event in forged:
-                publisher.publish(event)
-        # no key at all: plain frames, as any client of the broker can write
-        producer = KafkaProducer(bootstrap_servers=stack.kafka_bootstrap)
-        for event in forged:
-            producer.send(topic_name(run_id, event.KIND), value=codec.encode(event))
-        producer.flush()
-        producer.close()
-        # With the run's key: what only another stage, or nobody, would say. The learner is
-        # held (SIGSTOP) while these go out, so that none of its versions lands among them on
-        # the partition (the run id's) that readers follow in order. The forged version is
-        # two past the newest folder the learner has written: out of its sequence whether or
-        # not that folder's version was published, however the test's pace and the run's
-        # compare.
+        # The learner is held (SIGSTOP) from its first trained version until every forgery
+        # is out, so that none of its versions lands among them on the partition (the run
+        # id's) that readers follow in order. Its progress is read from its own folders:
+        # the ledger can lag it by the whole run when the machine is busy.
         weights = stack.home / "weights" / run_id  # the recipe's weight.sync_weight_path
+        wait_for(lambda: run.poll() is not None or process_of(run_id, "learner"), timeout=300, what="the run's learner")
         learner = process_of(run_id, "learner")
         assert learner is not None, "no learner process: " + (tmp_path / "run.log").read_text()[-3000:]
+        wait_for(
+            lambda: run.poll() is not None or (weights / "v000001").is_dir(),
+            timeout=300,
+            interval=0.02,
+            what="the learner's first trained version",
+        )
+        assert run.poll() is None, (tmp_path / "run.log").read_text()[-3000:]
         os.kill(learner, signal.SIGSTOP)
         try:
-            folders = [folder.name for folder in weights.iterdir()] if weights.is_dir() else []
-            written = max((int(name[1:]) for name in folders if re.fullmatch(r"v\d{6}", name)), default=0)
+            foreign = tmp_path / "foreign-weights"
+            foreign.mkdir()
+            forged = [
+                WeightVersion(run_id=run_id, version=999_999, step=3, uri=str(foreign)),
+                RunEvent(run_id=run_id, kind="finished", name="learner", message="forged"),
+                RunEvent(run_id=run_id, kind="created", name="renamed", config={"forged": True}, sequence=7),
+            ]
+            # another machine's key: signed, but not with this run's
+            other = dataclasses.replace(stack)
+            other.__dict__["bus_key"] = secrets.token_bytes(32)
+            with EventPublisher(other) as publisher:
+                for event in forged:
+                    publisher.publish(event)
+            # no key at all: plain frames, as any client of the broker can write
+            producer = KafkaProducer(bootstrap_servers=stack.kafka_bootstrap)
+            for event in forged:
+                producer.send(topic_name(run_id, event.KIND), value=codec.encode(event))
+            producer.flush()
+            producer.close()
+            # With the run's key: what only another stage, or nobody, would say. The forged
+            # version is two past the newest folder the learner has written: out of its
+            # sequence whether or not that folder's version was published.
+            folders = [folder.name for folder in weights.iterdir()]
+            written = max(int(name[1:]) for name in folders if re.fullmatch(r"v\d{6}", name))
             forged_version = written + 2
-            assert forged_version <= STEPS, f"the learner had written version {written} by the first step in the ledger"
+            assert forged_version <= STEPS, f"the learner had written version {written} before it was held"
             held = [
                 WeightVersion(run_id=run_id, version=999_999, step=3, uri=str(foreign), sha256="0" * 64),
                 WeightVersion(

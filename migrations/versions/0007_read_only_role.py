@@ -29,11 +29,25 @@ def upgrade() -> None:
     op.execute(f"""
     do $$
     begin
-        if not exists (select 1 from pg_roles where rolname = '{READER}') then
-            create role {READER} login nosuperuser nocreatedb nocreaterole noinherit noreplication;
-        end if;
-        alter role {READER} set statement_timeout = '30s';
-        alter role {READER} set default_transaction_read_only = on;
+        -- A role and its settings are the server's, shared by its databases. A ledger
+        -- migrating while another on the same server does waits for the other's
+        -- transaction, and then fails with "tuple concurrently updated" (internal_error)
+        -- or finds the role created (duplicate_object, unique_violation). The other's
+        -- change is committed by then: the statements run again and see it.
+        for attempt in 1..5 loop
+            begin
+                if not exists (select 1 from pg_roles where rolname = '{READER}') then
+                    create role {READER} login nosuperuser nocreatedb nocreaterole noinherit noreplication;
+                end if;
+                alter role {READER} set statement_timeout = '30s';
+                alter role {READER} set default_transaction_read_only = on;
+                exit;
+            exception when internal_error or duplicate_object or unique_violation then
+                if attempt = 5 then
+                    raise;
+                end if;
+            end;
+        end loop;
         execute format('grant connect on database %I to {READER}', current_database());
         grant usage on schema public to {READER};
         grant select on all tables in schema public to {READER};

@@ -51,7 +51,16 @@ def _apply(action: str, grantee: str, temp_file_limit: str, tables: str) -> None
         for f in select oid::regprocedure from pg_proc where proname in ({names}) loop
             execute format('{action} execute on function %s {grantee}', f);
         end loop;
-        {temp_file_limit};
+        for attempt in 1..5 loop  -- the role's settings are the server's: see 0007
+            begin
+                {temp_file_limit};
+                exit;
+            exception when internal_error then
+                if attempt = 5 then
+                    raise;
+                end if;
+            end;
+        end loop;
     end $$;
     """)
 
