@@ -51,8 +51,8 @@ def test_a_ledger_migrates_while_another_on_its_server_holds_the_reader_roles_se
             except BaseException as error:  # the test asserts there is none, and shows it
                 failures.append(error)
 
-        watcher = psycopg.connect(db.psycopg_url(first), autocommit=True)  # a transaction sees one pg_stat_activity
-        with watcher, psycopg.connect(db.psycopg_url(first)) as holder:
+        watcher = db.connect(first, autocommit=True)  # a transaction sees one pg_stat_activity
+        with watcher, db.connect(first) as holder:
             hold_the_roles_settings(holder)
             migration = threading.Thread(target=migrate)
             migration.start()
@@ -71,7 +71,7 @@ def test_a_ledger_migrates_while_another_on_its_server_holds_the_reader_roles_se
         assert not migration.is_alive()
         assert not failures, failures
         assert db.current_revision(second) == db.current_revision(first)
-        with psycopg.connect(db.psycopg_url(second)) as conn:
+        with db.connect(second) as conn:
             settings = conn.execute(
                 "select s.setconfig from pg_db_role_setting s join pg_roles r on r.oid = s.setrole "
                 "where r.rolname = %s and s.setdatabase = 0",
