@@ -194,3 +194,28 @@ def test_a_lost_broker_ends_a_process_with_one_sentence(own_broker, run_id, debu
     assert f"the Kafka broker at {state['bootstrap']} did not answer for" in " ".join(err.split())
     assert f"`streamrl run --resume {run_id}`" in " ".join(err.split())
     assert ("Traceback" in err) is debug
+
+
+# What kafka-python 3.0 logged in a worker's log (docs/decisions.md "Kafka clients' tracebacks").
+CLIENT_ERROR = """
+import logging, sys
+from streamrl.cli import app
+app(["recipe", "validate", "recipes/arith/recipe.yaml"], standalone_mode=False)
+logging.basicConfig(format="%(name)s: %(message)s")
+try:
+    None.recv(4096)
+except AttributeError:
+    logging.getLogger("kafka.net.transport").exception("<KafkaTCPTransport>: Error receiving network data closing socket")
+    logging.getLogger("streamrl.worker").exception("a failure of StreamRL's own")
+"""
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_kafka_clients_handled_error_is_one_line_and_debug_keeps_its_traceback(debug):
+    env = {**os.environ, "STREAMRL_DEBUG": "1"} if debug else {k: v for k, v in os.environ.items() if k != "STREAMRL_DEBUG"}
+    result = subprocess.run([sys.executable, "-c", CLIENT_ERROR], cwd=REPO, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    client, own = result.stderr.split("streamrl.worker: ")
+    one_line = "Error receiving network data closing socket (AttributeError: 'NoneType' object has no attribute 'recv')"
+    assert (one_line in client and "Traceback" not in client) is not debug, client
+    assert "Traceback" in own  # StreamRL's own errors are not the clients'

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from streamrl.runtime.quiet import quiet_library_progress
+from streamrl.runtime.quiet import kafka_client_errors_in_one_line, quiet_library_progress
 
 quiet_library_progress()
 
@@ -52,6 +52,8 @@ def main(
 ) -> None:
     if debug:
         os.environ["STREAMRL_DEBUG"] = "1"
+    if os.environ.get("STREAMRL_DEBUG") != "1":  # a run's processes inherit --debug
+        kafka_client_errors_in_one_line()
 
 
 for group in (services_cmd, recipe_cmd, ledger_cmd, train_cmd, model_cmd, service_cmd, observe_cmd):
