@@ -40,8 +40,12 @@ def kafka_client_errors_in_one_line() -> None:
     def one_line(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = make_record(*args, **kwargs)
         if record.exc_info and record.name.partition(".")[0] in KAFKA_CLIENT_LOGGERS:
+            try:
+                message = record.getMessage()
+            except Exception:  # a malformed record: left whole, for logging to report when written
+                return record
             error = record.exc_info[1]
-            record.msg, record.args = f"{record.getMessage()} ({type(error).__name__}: {error})", None
+            record.msg, record.args = f"{message} ({type(error).__name__}: {error})", None
             record.exc_info, record.exc_text, record.stack_info = None, None, None
         return record
 

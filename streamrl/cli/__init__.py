@@ -22,6 +22,7 @@ quiet_library_progress()
 import typer  # noqa: E402
 
 from streamrl.cli import ledger_cmd, model_cmd, observe_cmd, recipe_cmd, service_cmd, services_cmd, train_cmd  # noqa: E402
+from streamrl.cli.common import debugging  # noqa: E402
 
 # rich_markup_mode=None: help texts are plain text, so "A:B:" never becomes an emoji and
 # "[...]" is never taken for markup.
@@ -52,7 +53,7 @@ def main(
 ) -> None:
     if debug:
         os.environ["STREAMRL_DEBUG"] = "1"
-    if os.environ.get("STREAMRL_DEBUG") != "1":  # a run's processes inherit --debug
+    if not debugging():  # a run's processes inherit --debug
         kafka_client_errors_in_one_line()
 
 
