@@ -36,7 +36,7 @@ from streamrl.algos.lr_schedule import learning_rate_at
 from streamrl.learner.batch_summary import batch_metrics, timing_metrics
 from streamrl.learner.checkpoint import load_state, prune_weight_versions, version_folder
 from streamrl.learner.policies import make_policy
-from streamrl.learner.recorded_steps import exactly_recorded, holds_untrained, recorded_steps
+from streamrl.learner.recorded_steps import exactly_recorded, holds_untrained, recorded_steps, resumed_event
 from streamrl.learner.remote_trainers import trainer_class
 from streamrl.learner.step_groups import StepBuffer, StepGroups
 from streamrl.learner.step_inputs import (
@@ -125,6 +125,7 @@ class Learner:
         self.last_state: dict | None = None  # the newest step's snapshot state, for a snapshot on stop
         self.recorded: dict[int, TrainStep] = {}  # steps to re-train after the snapshot (rank 0)
         self.replay_to = self.step
+        self.resume_number = 0  # set by start(): among the run's resumes, this life's number
         self.broadcast_versions: set[int] = set()  # announced, still being broadcast and written
         self.unread_reported = self.step > 0  # said in the run's first life
         self.last_step_done: float | None = None  # set when reading starts, then after each step
@@ -218,9 +219,11 @@ class Learner:
 
     def start(self) -> None:
         policy = self.policy
-        self.recorded = recorded_steps(
+        recorded = recorded_steps(
             self.settings, self.run_id, after=self.step, window_steps=self.recipe.service.broker.resolved_windows()
         )
+        self.recorded = recorded.steps
+        self.resume_number = recorded.resumes + 1  # if this life is a resume (its events' sequence)
         self.resumed_from, self.replay_to = self.step, max(self.recorded, default=self.step)
         # the re-trained weights are checked against the newest version among the replayed steps
         self.check_at = max((s for s in self.recorded if self.is_version(s)), default=None)
@@ -253,17 +256,7 @@ class Learner:
                 self.events.publish(TrainStep(**self.resumed_record))
             self.announce_again(self.step)
         if self.step or self.recorded:
-            self.events.publish(
-                RunEvent(
-                    run_id=self.run_id,
-                    kind="resumed",
-                    sequence=self.replay_to,
-                    name="learner",
-                    message=f"resumed after step {self.replay_to}: snapshot of step {self.step}, "
-                    f"{len(self.recorded)} recorded steps to re-train",
-                    details={"snapshot_step": self.step, "replayed_steps": len(self.recorded)},
-                )
-            )
+            self.events.publish(resumed_event(self.run_id, recorded, snapshot_step=self.step))
         self.events.flush()
 
     # --- the loop ---------------------------------------------------------------------------
@@ -496,10 +489,10 @@ class Learner:
             RunEvent(
                 run_id=self.run_id,
                 kind="resume_checked",
-                sequence=step,
+                sequence=self.resume_number,
                 name="learner",
                 message=message,
-                details={"weights_match_version": same},
+                details={"step": step, "weights_match_version": same},
             )
         )
         self.events.flush()

@@ -9,10 +9,13 @@ samples come again from the samples topic, from the snapshot's offsets.
 
 The recorded steps are read from the ledger and from the steps topic. The topic can be
 ahead of the ledger by the sink's lag. The ledger still has them after the broker lost
-its topics.
+its topics. The learner's earlier resumes are read the same way, from the ledger and the
+runs topic: each resume is numbered, so that two resumes to the same step are two events.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import psycopg
 
@@ -21,7 +24,7 @@ from streamrl.runtime.bus import RunReader
 from streamrl.runtime.db import connect
 from streamrl.runtime.outage import PostgresOutage
 from streamrl.runtime.settings import Settings
-from streamrl.schema.events import TrainStep
+from streamrl.schema.events import RunEvent, TrainStep
 from streamrl.schema.ledger import query_events
 
 # Empty polls in a row that end the read of the steps topic (the embedded broker does not
@@ -38,8 +41,16 @@ def holds_untrained(window_steps: int | None, window: int, trained: int) -> bool
     return window_steps is None or (window + 1) * window_steps - 1 > trained
 
 
-def recorded_steps(settings: Settings, run_id: str, after: int, window_steps: int | None = None) -> dict[int, TrainStep]:
-    """step -> the TrainStep the learner published for it, for every step after `after`."""
+@dataclass(frozen=True)
+class Recorded:
+    """What a restarted learner finds recorded of its run's earlier lives."""
+
+    steps: dict[int, TrainStep]  # step -> its TrainStep, for the steps after the snapshot, without a gap
+    resumes: int  # the highest number a `resumed` run event carries (0: never resumed)
+
+
+def recorded_steps(settings: Settings, run_id: str, after: int, window_steps: int | None = None) -> Recorded:
+    """Every step the learner published after step `after`, and its resumes so far."""
     outage = PostgresOutage(settings, run_id)  # a restart may meet the ledger restarting too
     while True:
         try:
@@ -50,13 +61,15 @@ def recorded_steps(settings: Settings, run_id: str, after: int, window_steps: in
                         conn, TrainStep, "select * from train_steps where run_id = %s and step > %s", (run_id, after)
                     )
                 }
+                query = "select coalesce(max(sequence), 0) from run_events where run_id = %s and kind = 'resumed'"
+                (resumes,) = conn.execute(query, (run_id,)).fetchone() or (0,)
             break
         except psycopg.OperationalError as exc:
             outage.wait(exc)
     reader = RunReader(
         settings,
         run_id,
-        ["steps"],
+        ["steps", "runs"],
         group_id=None,
         stage="learner",
         wait_s=10.0,
@@ -70,6 +83,8 @@ def recorded_steps(settings: Settings, run_id: str, after: int, window_steps: in
             for event, _, _ in events:
                 if isinstance(event, TrainStep) and event.step > after:
                     found.setdefault(event.step, event)
+                elif isinstance(event, RunEvent) and event.kind == "resumed":
+                    resumes = max(resumes, event.sequence)
     finally:
         reader.close()
     # Steps are published in order, so the recorded ones run on from `after` without a
@@ -78,7 +93,24 @@ def recorded_steps(settings: Settings, run_id: str, after: int, window_steps: in
     while step in found:
         contiguous[step] = found[step]
         step += 1
-    return contiguous
+    return Recorded(contiguous, resumes)
+
+
+def resumed_event(run_id: str, recorded: Recorded, snapshot_step: int) -> RunEvent:
+    """A learner's `resumed` run event. Its sequence is the resume's number, not the step it
+    resumed after: two resumes can reach the same step from the same snapshot (the learner
+    killed again before it trained further), and an event's id is its kind and sequence."""
+    after_step = max(recorded.steps, default=snapshot_step)
+    number = recorded.resumes + 1
+    return RunEvent(
+        run_id=run_id,
+        kind="resumed",
+        sequence=number,
+        name="learner",
+        message=f"resume {number}: after step {after_step}, snapshot of step {snapshot_step}, "
+        f"{len(recorded.steps)} recorded steps to re-train",
+        details={"after_step": after_step, "snapshot_step": snapshot_step, "replayed_steps": len(recorded.steps)},
+    )
 
 
 def exactly_recorded(items: list[TrainItem], record: TrainStep) -> tuple[list[TrainItem], list[TrainItem]]:

@@ -111,8 +111,8 @@ TOPOLOGY: dict[str, Topic] = {
             (RunEvent,),
             "run id",
             ("app", "publisher", "learner", "worker", "replay", "recovery", "demo"),
-            ("config", "processor", "sink"),
-            "the run's life: created (with its recipe), started, finished, failed",
+            ("config", "processor", "learner", "sink"),
+            "the run's life: created (with its recipe), started, resumed, finished, failed",
         ),
         Topic(
             "dead_letters",

@@ -336,9 +336,12 @@ def test_learner_sigkill_resumes_without_training_a_sample_twice(
         ends = {key: end for topic in broker_topics(stack, run_id) for key, end in topic_ends(stack, topic).items()}
         wait_for(lambda: ledger_read_to(ledger, ends), timeout=120, what="the sink to write every topic of the run to its end")
         assert steps() == 14
-        resumed = ledger.execute("select sequence from run_events where run_id = %s and kind = 'resumed'", (run_id,)).fetchall()
-        assert len(resumed) == 1
-        resumed_after = resumed[0][0]
+        resumed = ledger.execute(
+            "select sequence, details from run_events where run_id = %s and kind = 'resumed'", (run_id,)
+        ).fetchall()
+        assert len(resumed) == 1 and resumed[0][0] == 1  # the run's first resume
+        details = resumed[0][1]
+        resumed_after = details["after_step"]
         assert 1 <= resumed_after < 14
 
         # Each step was trained by one learner process only: the restarted one began right
@@ -354,20 +357,23 @@ def test_learner_sigkill_resumes_without_training_a_sample_twice(
         assert all(step <= resumed_after for step in before)
         # re-trained from the snapshot, then checked against the version the killed learner wrote
         newest_due = (resumed_after // save_freq) * save_freq
-        details = scalar(ledger, "select details from run_events where run_id = %s and kind = 'resumed'", run_id)
         snapshot = details["snapshot_step"]
         # a snapshot is written while the next steps train, and the one before it is
         # finished first: in sync mode the rollouts between steps give it the time; back to
         # back (fully-async) the newest may still be in writing when the learner is killed
         may_be = {newest_due} if sync_mode == "sync" else {newest_due, max(0, newest_due - save_freq)}
-        assert snapshot in may_be and details == {"snapshot_step": snapshot, "replayed_steps": resumed_after - snapshot}
+        assert snapshot in may_be and details == {
+            "after_step": resumed_after,
+            "snapshot_step": snapshot,
+            "replayed_steps": resumed_after - snapshot,
+        }
         replayed = [
             line for line in (tmp_path / "learner-restarted.log").read_text().splitlines() if line.startswith("replayed step ")
         ]
         assert len(replayed) == resumed_after - snapshot
         if replayed:
             checked = scalar(ledger, "select details from run_events where run_id = %s and kind = 'resume_checked'", run_id)
-            assert checked == {"weights_match_version": True}
+            assert checked == {"step": resumed_after, "weights_match_version": True}  # every step a version
         # first_complete: a group trains at most k steps after the one it was published for
         bound = 0 if sync_mode == "sync" else 2 if batch_groups == "first_complete" else 1
         assert_ledger_consistent(ledger, run_id, steps=14, staleness_threshold=bound)

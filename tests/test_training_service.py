@@ -312,7 +312,10 @@ def test_the_built_in_recipe_learns_through_the_service_killed_mid_run(stack, se
         where s.user_metadata->>'streamrl_run' = %s and r.kind = 'optim_step' and r.status = 'complete'""",
         (run_id,),
     ).fetchone()
-    resumed_after = scalar(ledger, "select sequence from run_events where run_id = %s and kind = 'resumed'", run_id)
+    resumed = ledger.execute("select sequence, details from run_events where run_id = %s and kind = 'resumed'", (run_id,))
+    [(resume_number, details)] = resumed.fetchall()  # the trainer was killed once
+    resumed_after = details["after_step"]
+    assert resume_number == 1
     assert 10 <= resumed_after < STEPS and optim[2] == 1 and optim[3] == 3
     # the killed trainer may have had one step applied that its checkpoint did not record:
     # the resumed one trains that step again from the checkpoint's state, not on top of it
