@@ -239,7 +239,7 @@ def test_fault_matrix_ends_with_the_ledger_of_a_fault_free_run(private_stack, tm
     assert len({letter[2:5] for letter in letters}) == len(letters) == bad, [letter[1:5] for letter in letters]
     assert query(settings, "select count(*) from dead_letters where run_id = %s", "faults-reference")[0][0] == 0
     with db.connect(settings.database_url, autocommit=True) as conn:
-        assert_ledger_consistent(conn, run_id, steps=STEPS, staleness_threshold=0)
+        assert_ledger_consistent(conn, run_id, steps=STEPS, staleness_threshold=0, wrote_bad_records=True)
     print(
         f"\nfault matrix: {len(injected) + 1} faults ({', '.join(f'{f} at step {s}' for f, s in injected)}, "
         f"broker restart at step {broker_restart_at}, topic windows then on the broker {windows_held}); "

@@ -30,7 +30,14 @@ def scalar(conn, query, *params):
     return conn.execute(query, params).fetchone()[0]
 
 
-def assert_ledger_consistent(conn, run_id: str, steps: int, staleness_threshold: int) -> None:
+def assert_ledger_consistent(conn, run_id: str, steps: int, staleness_threshold: int, wrote_bad_records: bool = False) -> None:
+    """What a user checks of a finished run's ledger; `wrote_bad_records`: the test put
+    records on the run's topics that readers must refuse, and checks their dead letters itself."""
+    if not wrote_bad_records:  # nothing a reader could not decode, or the sink refused (a repeated id)
+        letters = conn.execute(
+            "select stage, source_topic, source_offset, left(error, 300) from dead_letters where run_id = %s", (run_id,)
+        ).fetchall()
+        assert letters == [], letters
     tasks = scalar(conn, "select count(*) from tasks where run_id = %s and not is_val", run_id)
     trajectories = scalar(conn, "select count(*) from trajectories where run_id = %s and not is_val", run_id)
     evaluations = scalar(conn, "select count(*) from evaluations where run_id = %s and not is_val", run_id)
