@@ -27,7 +27,7 @@ from streamrl.runtime.settings import Settings
 from streamrl.schema.events import RunEvent, TrainStep
 from streamrl.schema.ledger import query_events
 
-# Empty polls in a row that end the read of the steps topic (the embedded broker does not
+# Empty polls in a row that end the read of the steps and runs topics (the embedded broker does not
 # answer a partition's true end offset, so the end is where records stop coming).
 QUIET_POLLS = 3
 
@@ -98,8 +98,8 @@ def recorded_steps(settings: Settings, run_id: str, after: int, window_steps: in
 
 def resumed_event(run_id: str, recorded: Recorded, snapshot_step: int) -> RunEvent:
     """A learner's `resumed` run event. Its sequence is the resume's number, not the step it
-    resumed after: two resumes can reach the same step from the same snapshot (the learner
-    killed again before it trained further), and an event's id is its kind and sequence."""
+    resumed after: two resumes can reach the same step (the learner killed again before it
+    trained further), and an event's id is its kind and sequence."""
     after_step = max(recorded.steps, default=snapshot_step)
     number = recorded.resumes + 1
     return RunEvent(
