@@ -223,8 +223,8 @@ class Learner:
             self.settings, self.run_id, after=self.step, window_steps=self.recipe.service.broker.resolved_windows()
         )
         self.recorded = recorded.steps
-        self.resume_number = recorded.resumes + 1  # if this life is a resume (its events' sequence)
-        self.resumed_from, self.replay_to = self.step, max(self.recorded, default=self.step)
+        self.resume_number = recorded.next_resume  # if this life is a resume (its events' sequence)
+        self.resumed_from, self.replay_to = self.step, recorded.reached(self.step)
         # the re-trained weights are checked against the newest version among the replayed steps
         self.check_at = max((s for s in self.recorded if self.is_version(s)), default=None)
         if self.step == 0 and self.resumed_record is None:

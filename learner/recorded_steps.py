@@ -27,8 +27,8 @@ from streamrl.runtime.settings import Settings
 from streamrl.schema.events import RunEvent, TrainStep
 from streamrl.schema.ledger import query_events
 
-# Empty polls in a row that end the read of the steps and runs topics (the embedded broker does not
-# answer a partition's true end offset, so the end is where records stop coming).
+# Empty polls in a row that end the read of the steps and runs topics (the embedded broker
+# does not answer a partition's true end offset, so the end is where records stop coming).
 QUIET_POLLS = 3
 
 
@@ -47,6 +47,15 @@ class Recorded:
 
     steps: dict[int, TrainStep]  # step -> its TrainStep, for the steps after the snapshot, without a gap
     resumes: int  # the highest number a `resumed` run event carries (0: never resumed)
+
+    @property
+    def next_resume(self) -> int:
+        """The number this life carries if it is a resume."""
+        return self.resumes + 1
+
+    def reached(self, snapshot_step: int) -> int:
+        """The step the learner is at once it has re-trained the recorded steps."""
+        return max(self.steps, default=snapshot_step)
 
 
 def recorded_steps(settings: Settings, run_id: str, after: int, window_steps: int | None = None) -> Recorded:
@@ -100,8 +109,7 @@ def resumed_event(run_id: str, recorded: Recorded, snapshot_step: int) -> RunEve
     """A learner's `resumed` run event. Its sequence is the resume's number, not the step it
     resumed after: two resumes can reach the same step (the learner killed again before it
     trained further), and an event's id is its kind and sequence."""
-    after_step = max(recorded.steps, default=snapshot_step)
-    number = recorded.resumes + 1
+    after_step, number = recorded.reached(snapshot_step), recorded.next_resume
     return RunEvent(
         run_id=run_id,
         kind="resumed",
