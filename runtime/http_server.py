@@ -67,8 +67,26 @@ class DeadlineH11Protocol(H11Protocol):
             self.transport.close()
 
 
+class QuietDisconnects:
+    """ASGI middleware: a request whose client went away before its body arrived (it gave
+    up waiting, or a deadline above closed it) ends without a word. Starlette raises
+    ClientDisconnect from the route's body read, before the route did anything; uvicorn
+    would print it as an error with its whole traceback, once per such request."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        from starlette.requests import ClientDisconnect
+
+        try:
+            await self.app(scope, receive, send)
+        except ClientDisconnect:
+            pass
+
+
 def serve(app, host: str, port: int) -> None:
     """Run `app` with uvicorn on (host, port), warnings only, under the deadlines above."""
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="warning", http=DeadlineH11Protocol)
+    uvicorn.run(QuietDisconnects(app), host=host, port=port, log_level="warning", http=DeadlineH11Protocol)

@@ -223,18 +223,25 @@ def external_ledger(prefix: str, revision: str = "head"):
             conn.execute(f'drop database "{name}" with (force)')
 
 
-def start_serve_training(*args: str, port: int, timeout: float = 300, env: dict | None = None) -> subprocess.Popen:
+def start_serve_training(
+    *args: str, port: int, timeout: float = 300, env: dict | None = None, log: Path | None = None
+) -> subprocess.Popen:
     """`streamrl serve-training ARGS --port PORT --device cpu`, once it answers /healthz
-    (a service restores the open sessions of its ledger first, hence the wait)."""
+    (a service restores the open sessions of its ledger first, hence the wait). Its
+    output goes to `log` when given: a file, never a pipe the test does not read (a full
+    pipe blocks the service in its next write)."""
     import httpx
 
+    output = open(log, "ab") if log is not None else subprocess.DEVNULL
     process = subprocess.Popen(
         [sys.executable, "-m", "streamrl.cli", "serve-training", *args, "--port", str(port), "--device", "cpu"],
         cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=output,
+        stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},
     )
+    if log is not None:
+        output.close()  # the child has its own descriptor
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -27,16 +28,18 @@ RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
 ARITH_MODEL = REPO / "recipes" / "arith" / "generated" / "last_digit" / "model"
 
 
-def start_service(models: dict, port: int = PORT) -> subprocess.Popen:
-    """`streamrl serve-training` as a user starts it, once it answers on `port`."""
+def start_service(models: dict, log: Path, port: int = PORT) -> subprocess.Popen:
+    """`streamrl serve-training` as a user starts it, once it answers on `port`. Its
+    output is appended to `log`, a file: a pipe nobody reads blocks the service once full
+    (it did, beside a second copy of the suite, 2026-12-07)."""
     args = [arg for name, folder in models.items() for arg in ("--model", f"{name}={folder}")]
-    process = cli_popen(
-        [sys.executable, "-m", "streamrl.cli", "serve-training", *args, "--port", str(port), "--device", "cpu"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    with open(log, "ab") as output:  # the child holds its own descriptor
+        process = cli_popen(
+            [sys.executable, "-m", "streamrl.cli", "serve-training", *args, "--port", str(port), "--device", "cpu"],
+            cwd=REPO,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -45,7 +48,7 @@ def start_service(models: dict, port: int = PORT) -> subprocess.Popen:
         except httpx.HTTPError:
             pass
         if process.poll() is not None:
-            raise AssertionError(f"serve-training exited {process.returncode}: {process.stdout.read()[-3000:]}")
+            raise AssertionError(f"serve-training exited {process.returncode}: {log.read_text()[-3000:]}")
         time.sleep(0.3)
     process.kill()
     raise AssertionError("serve-training did not answer within 120 s")
@@ -59,9 +62,9 @@ def models(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def service(stack, models):
-    process = start_service(models)
-    holder = {"process": process}
+def service(stack, models, tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve-training") / "serve-training.log"
+    holder = {"process": start_service(models, log), "log": log}
     yield holder
     holder["process"].kill()
     holder["process"].wait()
@@ -270,7 +273,7 @@ def test_the_built_in_recipe_learns_through_the_service_killed_mid_run(stack, se
             time.sleep(0.5)
         service["process"].send_signal(signal.SIGKILL)
         service["process"].wait()
-        service["process"] = start_service(models)  # down until it answers again
+        service["process"] = start_service(models, service["log"])  # down until it answers again
         # then the remote trainer: `streamrl run` restarts it, and it resumes from its last
         # checkpoint's service state
         while scalar(ledger, "select count(*) from train_steps where run_id = %s", run_id) < 10:
