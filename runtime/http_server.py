@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 
 import h11
+from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 HEAD_S = 10.0
@@ -77,8 +78,6 @@ class QuietDisconnects:
         self.app = app
 
     async def __call__(self, scope, receive, send) -> None:
-        from starlette.requests import ClientDisconnect
-
         try:
             await self.app(scope, receive, send)
         except ClientDisconnect:

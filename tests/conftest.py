@@ -232,16 +232,14 @@ def start_serve_training(
     pipe blocks the service in its next write)."""
     import httpx
 
-    output = open(log, "ab") if log is not None else subprocess.DEVNULL
-    process = subprocess.Popen(
-        [sys.executable, "-m", "streamrl.cli", "serve-training", *args, "--port", str(port), "--device", "cpu"],
-        cwd=REPO,
-        stdout=output,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
-    )
-    if log is not None:
-        output.close()  # the child has its own descriptor
+    with open(log or os.devnull, "ab") as output:  # the child holds its own descriptor
+        process = subprocess.Popen(
+            [sys.executable, "-m", "streamrl.cli", "serve-training", *args, "--port", str(port), "--device", "cpu"],
+            cwd=REPO,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
