@@ -172,7 +172,8 @@ def run_publisher(
     group_size = recipe.rollout_worker.rollout_repeat_n
 
     weights = RunReader(settings, run_id, ["weights"], group_id=None, stage="publisher")
-    publisher = EventPublisher(settings, bundle=True, stage="publisher")  # a group's tasks leave as one record
+    # a group's tasks leave as one record; a new topic window waits for the ledger sink (paced)
+    publisher = EventPublisher(settings, bundle=True, stage="publisher", paced=True)
     # versions that cannot be the learner's are passed over (the workers dead-letter them)
     versions = VersionSequence(VersionRules.of(settings.home, run_id, recipe, pacing.total_steps))
     latest = -1

@@ -305,7 +305,7 @@ def publish_replay(
     on_progress=None,
 ) -> int:
     """Publish the plan's rollouts into `run_id`, at most `rate` rollouts a second."""
-    publisher = EventPublisher(settings, stage="replay")
+    publisher = EventPublisher(settings, stage="replay", paced=True)  # the run's rollouts start here
     started = time.monotonic()
     try:
         for count, trajectory_id in enumerate(plan.order, start=1):

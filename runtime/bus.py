@@ -177,10 +177,18 @@ class EventPublisher:
     batch of work anyway (they commit their input offsets after the flush)."""
 
     def __init__(
-        self, settings: Settings, blobs: BlobWriter | None = None, bundle: bool = False, stage: str = "", **producer_overrides
+        self,
+        settings: Settings,
+        blobs: BlobWriter | None = None,
+        bundle: bool = False,
+        stage: str = "",
+        paced: bool = False,
+        **producer_overrides,
     ):
         """`stage`: the stage publishing (schema/topology.py); each event is then checked
-        against the topics that stage writes. Empty: not checked (tests, benchmarks)."""
+        against the topics that stage writes. Empty: not checked (tests, benchmarks).
+        `paced`: a new topic window waits for room on the broker (topic_admin.py
+        WindowTopics); where a run's events start: its tasks, or a replay's rollouts."""
         self._settings = settings
         self._stage = stage
         if stage and stage not in STAGE_FOLDERS:
@@ -192,7 +200,7 @@ class EventPublisher:
         self._in_flight_lock = threading.Lock()
         self._bundle = bundle
         self._held: dict[tuple[str, bytes], list[bytes]] = {}  # (topic, key) -> frames, under the lock
-        self._windows = WindowTopics(settings)
+        self._windows = WindowTopics(settings, paced)
         self._producer_overrides = producer_overrides
 
     def publish(self, event: Event):

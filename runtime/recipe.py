@@ -318,7 +318,7 @@ def consistency_problems(recipe: Recipe) -> list[str]:
     if worker.trace_path and not worker.save_trace:
         problems.append("rollout_worker.trace_path: traces are written only with save_trace: true")
     problems += algorithm_number_problems(recipe.algorithm) + data_section_problems(recipe)
-    problems += window_problems(recipe.service.broker, runs_ahead(recipe))
+    problems += window_problems(recipe.service.broker, runs_ahead(recipe), recipe.trainer.save_freq)
     return problems + inference_service_problems(recipe) + transport_problems(recipe)
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from streamrl.runtime.config_fields import knob, only
+from streamrl.schema.topics import BROKER_WINDOWS
 
 
 @dataclass
@@ -103,7 +104,8 @@ class Broker:
         "auto",
         "rotate the topics of tasks, rollouts, samples and steps every this "
         "many steps: a window's topics leave the broker once the ledger holds them "
-        "and the learner's newest snapshot (trainer.save_freq) is past them, so a "
+        "and the learner's newest snapshot (trainer.save_freq, at most this) is past them; the broker holds at "
+        f"most {BROKER_WINDOWS} of a run's windows (the task publisher waits for the ledger sink), so a "
         "long run's broker memory stops growing; auto: on the embedded broker with fixed "
         f"shards (what `streamrl run` gives) and retention remove, windows of max({AUTO_WINDOW_STEPS}, trainer.save_freq, "
         "staleness_threshold + 2; 2 x staleness_threshold + 2 with trajectory_pool.batch_groups first_complete) steps, "
@@ -166,10 +168,12 @@ def runs_ahead(recipe) -> int:
     return 2 * k if recipe.trajectory_pool.batch_groups == "first_complete" else k
 
 
-def window_problems(broker: Broker, staleness: int) -> list[str]:
+def window_problems(broker: Broker, staleness: int, save_freq: int) -> list[str]:
     """A window must be longer than how far the writers run ahead of the learner (at most
     `staleness` + 1 steps; `runs_ahead`), or a reader's hold (schema/topics.py HELD_WINDOWS) could miss
-    a step not yet trained."""
+    a step not yet trained; and at least `save_freq` steps long: a window leaves the broker
+    once a snapshot is past it, and the task publisher waits for room when the broker
+    holds BROKER_WINDOWS (runtime/topic_admin.py), so a rarer snapshot would stop the run."""
     windows = broker.window_steps
     if not isinstance(windows, int):  # none, or auto: resolved to a valid size when the run is created
         return []
@@ -185,5 +189,12 @@ def window_problems(broker: Broker, staleness: int) -> list[str]:
             f"the rollouts run ahead of the learner ({staleness} + 1: weight.staleness_threshold, twice that with "
             f"trajectory_pool.batch_groups first_complete), so at least "
             f"{staleness + 2}"
+        ]
+    if windows < save_freq:
+        return [
+            f"service.broker.window_steps: {windows} is shorter than trainer.save_freq ({save_freq}): a window "
+            "leaves the broker once a snapshot is past it, and the run waits when the broker holds "
+            f"{BROKER_WINDOWS} of its windows, so it must snapshot at least once a window; set "
+            f"window_steps to at least {save_freq}, or auto"
         ]
     return []

@@ -3,6 +3,8 @@ its first event is (schema/topics.py)."""
 
 from __future__ import annotations
 
+import logging
+import re
 import time
 
 from kafka import KafkaAdminClient
@@ -10,7 +12,17 @@ from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
 from streamrl.runtime.settings import Settings
-from streamrl.schema.topics import ROTATED_KINDS, WRITTEN_WINDOWS, run_topics, window_topic
+from streamrl.schema.topics import (
+    BROKER_WINDOWS,
+    ROTATED_KINDS,
+    WRITTEN_WINDOWS,
+    run_pattern,
+    run_topics,
+    topic_window,
+    window_topic,
+)
+
+log = logging.getLogger("streamrl.topic_admin")
 
 
 def create_topics(
@@ -45,6 +57,40 @@ def create_window_topics(settings: Settings, run_id: str, window: int, partition
     return create_topics(settings, [window_topic(run_id, kind, window) for kind in ROTATED_KINDS], partitions)
 
 
+def broker_windows(settings: Settings, run_id: str) -> set[int]:
+    """The windows of the run whose topics the broker lists."""
+    admin = KafkaAdminClient(**settings.kafka_client_options())
+    try:
+        pattern = re.compile(run_pattern(run_id))
+        return {w for topic in admin.list_topics() if pattern.match(topic) for w in [topic_window(topic)] if w is not None}
+    finally:
+        admin.close()
+
+
+# How often a paced publisher asks the broker whether a window has left it.
+ROOM_POLL_S = 0.5
+
+
+def wait_for_room(settings: Settings, run_id: str, opening: set[int]) -> bool:
+    """Wait until the broker holds at most `BROKER_WINDOWS` of the run's windows with
+    `opening` among them: the ledger sink retires the oldest (runtime/topic_windows.py).
+    Whether it waited; past `STREAMRL_SERVICE_WAIT_S`, a RuntimeError says what the
+    broker still holds."""
+    deadline = time.monotonic() + settings.service_wait_s
+    listed, waited = broker_windows(settings, run_id), False
+    while len(listed | opening) > BROKER_WINDOWS:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"run {run_id}: the broker still holds its topic windows {sorted(listed)} after "
+                f"{settings.service_wait_s} s (STREAMRL_SERVICE_WAIT_S), and a run holds at most {BROKER_WINDOWS}: "
+                "the ledger sink retires a window once the ledger holds its records and the learner's snapshot "
+                "(trainer.save_freq) is past it; is the sink running (streamrl status)?"
+            )
+        time.sleep(ROOM_POLL_S)
+        listed, waited = broker_windows(settings, run_id), True
+    return waited
+
+
 def track_topic(producer, topic: str) -> None:
     """Have the producer's metadata follow `topic`. kafka-python adds a topic to the ones
     it asks the broker about only when a send finds none of its metadata cached, and each
@@ -72,10 +118,18 @@ class WindowTopics:
     metadata (which the embedded broker answers by making the topic again: it ignores
     allow_auto_topic_creation). So a producer that has written to a window older than the
     `WRITTEN_WINDOWS` newest this publisher opened is replaced by a fresh one, before the
-    window can be retired (retirement waits for HELD_WINDOWS newer ones)."""
+    window can be retired (retirement waits for HELD_WINDOWS newer ones).
 
-    def __init__(self, settings: Settings):
+    `paced`: before it makes a new window ahead, wait until the broker has room for it
+    (`wait_for_room`). The run's task publisher is paced (and a replay's, where its
+    rollouts start): every other event of a step follows its tasks, so the broker never
+    holds more than `BROKER_WINDOWS` of the run's windows however far the ledger sink
+    falls behind; the run waits for it instead."""
+
+    def __init__(self, settings: Settings, paced: bool = False):
         self.settings = settings
+        self.paced = paced
+        self.waited = False  # said once that the broker had no room
         self.ensured: dict[tuple[str, int], float] = {}  # (run id, window) -> when its topics were made sure of
         self.newest: dict[str, int] = {}
         self.written: set[tuple[str, int]] = set()  # what the current producer wrote to
@@ -88,6 +142,15 @@ class WindowTopics:
         if ensured is None or (window < newest and time.monotonic() - ensured >= WINDOW_RECHECK_S):
             # the next window too, so that its readers hold it before its first event
             ahead = [window + 1] if window == newest else []
+            if ahead and self.paced and wait_for_room(self.settings, run_id, {window, *ahead}) and not self.waited:
+                self.waited = True
+                log.warning(
+                    "run %s: window %d waited for the ledger sink to retire an older one (the broker holds at most "
+                    "%d of a run's windows); said once: a run that waits often has a sink slower than its steps",
+                    run_id,
+                    window + 1,
+                    BROKER_WINDOWS,
+                )
             for made in [window, *ahead]:
                 create_window_topics(self.settings, run_id, made, partitions() or self.settings.topic_partitions)
             self.ensured[(run_id, window)] = time.monotonic()

@@ -14,6 +14,9 @@ wW .. (w+1)W - 1. It leaves the broker when all of these hold:
   look every second);
 - the ledger holds every record of the window's topics.
 
+The broker holds at most `BROKER_WINDOWS` of a run's windows: the run's task publisher
+waits for the sink before it opens another (runtime/topic_admin.py `wait_for_room`).
+
 The ledger sink retires windows (`consumers/ledger_sink.py`), because it must let go of a
 window's partitions itself before they are deleted. The embedded broker makes again any
 topic a client asks about, whatever allow_auto_topic_creation says, and a consumer

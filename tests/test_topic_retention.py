@@ -72,19 +72,52 @@ def test_retention_ms_goes_to_an_external_kafka_and_is_refused_by_the_embedded_b
     assert result.returncode != 0 and "service.broker.retention_ms: the embedded broker" in said, said
 
 
+def test_the_task_publisher_waits_for_room_on_the_broker(stack, run_id):
+    """A paced publisher (the run's task publisher) opens a window only while the broker
+    holds fewer than BROKER_WINDOWS of the run's; past STREAMRL_SERVICE_WAIT_S it says
+    what the broker still holds. Other publishers only follow the tasks' windows."""
+    import dataclasses
+
+    import pytest
+    from kafka import KafkaAdminClient
+
+    from streamrl.runtime.topic_admin import WindowTopics, broker_windows, create_window_topics
+    from streamrl.runtime.topic_retention import delete_and_wait, delete_run_topics
+    from streamrl.schema.topics import BROKER_WINDOWS, ROTATED_KINDS, window_topic
+
+    for window in range(BROKER_WINDOWS):  # 0-5: a sink that retired none of them
+        create_window_topics(stack, run_id, window, 1)
+    hurried = dataclasses.replace(stack, service_wait_s=1)
+    with pytest.raises(RuntimeError) as waited:
+        WindowTopics(hurried, paced=True).open(run_id, BROKER_WINDOWS - 1, lambda: 1)  # would make window 6 ahead
+    assert f"run {run_id}: the broker still holds its topic windows [0, 1, 2, 3, 4, 5] after 1 s" in str(waited.value)
+    assert broker_windows(stack, run_id) == set(range(BROKER_WINDOWS))  # nothing made while it waited
+
+    admin = KafkaAdminClient(**stack.kafka_client_options())
+    try:  # the sink retires window 0
+        delete_and_wait(admin, [window_topic(run_id, kind, 0) for kind in ROTATED_KINDS])
+    finally:
+        admin.close()
+    WindowTopics(hurried, paced=True).open(run_id, BROKER_WINDOWS - 1, lambda: 1)
+    assert broker_windows(stack, run_id) == set(range(1, BROKER_WINDOWS + 1))
+    WindowTopics(hurried).open(run_id, BROKER_WINDOWS, lambda: 1)  # not paced: window 7 ahead at once
+    assert broker_windows(stack, run_id) == set(range(1, BROKER_WINDOWS + 2))
+    delete_run_topics(stack, run_id)
+
+
 def test_a_long_run_with_a_small_window_keeps_a_bounded_set_of_topics(stack, ledger, run_id, tmp_path):
     """96 steps in windows of 8 (14 windows with the one made ahead), a snapshot every 8
-    steps: the sink retires windows as the run trains, the broker never holds more than a
-    few, and the ledger is exactly that of a run without rotation."""
+    steps: the sink retires windows as the run trains, the broker never holds more than
+    BROKER_WINDOWS of them (the task publisher waits for the sink, whatever the machine's
+    load), and the ledger is exactly that of a run without rotation."""
     import subprocess
     import sys
     import time
 
-    from streamrl.schema.topics import topic_window
+    from streamrl.schema.topics import BROKER_WINDOWS, topic_window
     from tests.conftest import REPO
     from tests.test_rl_loop import RECIPE, assert_ledger_consistent, small_run_env
 
-    # sync mode: steps slow enough that retirement (3 s after a window closes) keeps pace;
     # 8 groups a step: the test counts windows, not rollouts
     groups = 8
     env = {
@@ -126,11 +159,8 @@ def test_a_long_run_with_a_small_window_keeps_a_bounded_set_of_topics(stack, led
     assert run.returncode == 0, said[-3000:]
     left = re.search(r"(\d+) of run \S+ 14 topic windows \(8 steps each\) left the broker while it trained", said)
     print(f"\nwindows on the broker by trained steps: {alive[::4]}")
-    assert left and int(left.group(1)) >= 7, said[-2000:]  # retirement trails by a few seconds
-    # the broker's windows stop growing: after the first third of the run, never more than
-    # the four the readers hold and those waiting for a snapshot or the sink
-    late = [n for steps, n in alive if steps >= 32]
-    assert late and max(late) <= 9, alive
+    assert alive and max(n for _, n in alive) <= BROKER_WINDOWS, alive
+    assert left and int(left.group(1)) >= 14 - BROKER_WINDOWS, said[-2000:]
     assert not broker_topics(stack, run_id)
     assert_ledger_consistent(ledger, run_id, steps=96, staleness_threshold=0)
     assert (

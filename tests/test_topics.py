@@ -83,9 +83,30 @@ def test_a_window_closes_when_the_snapshot_and_every_readers_hold_are_past_it():
 def test_a_window_shorter_than_the_rollouts_lead_is_refused():
     from streamrl.runtime.service_config import Broker, window_problems
 
-    assert window_problems(Broker(window_steps=3), staleness=1) == []
-    problems = window_problems(Broker(window_steps=2), staleness=1)
+    assert window_problems(Broker(window_steps=3), staleness=1, save_freq=3) == []
+    problems = window_problems(Broker(window_steps=2), staleness=1, save_freq=2)
     assert len(problems) == 1 and "window_steps: 2 is too short" in problems[0] and "at least 3" in problems[0]
-    assert window_problems(Broker(), staleness=4) == []
-    both = window_problems(Broker(window_steps=50, retention_ms=60_000), staleness=1)
+    assert window_problems(Broker(), staleness=4, save_freq=100) == []  # auto: resolved when the run is created
+    both = window_problems(Broker(window_steps=50, retention_ms=60_000), staleness=1, save_freq=10)
     assert len(both) == 1 and "not with retention_ms or retention_bytes" in both[0]
+
+
+def test_a_window_shorter_than_the_snapshot_interval_is_refused():
+    """The task publisher waits while the broker holds BROKER_WINDOWS of the run's
+    windows, and a window leaves only once a snapshot is past it: a run that snapshots
+    less than once a window would wait for ever."""
+    from streamrl.runtime.service_config import Broker, window_problems
+    from tests.conftest import run_cli
+
+    assert window_problems(Broker(window_steps=10), staleness=1, save_freq=10) == []
+    problems = window_problems(Broker(window_steps=9), staleness=1, save_freq=10)
+    assert problems == [
+        "service.broker.window_steps: 9 is shorter than trainer.save_freq (10): a window leaves the broker once a "
+        "snapshot is past it, and the run waits when the broker holds 6 of its windows, so it must snapshot at "
+        "least once a window; set window_steps to at least 10, or auto"
+    ]
+    result = run_cli(
+        "recipe", "validate", "recipes/arith/recipe.yaml", "service.broker.window_steps=4", "trainer.save_freq=8", timeout=120
+    )
+    said = " ".join(result.stdout.split() + result.stderr.split())
+    assert result.returncode != 0 and "service.broker.window_steps: 4 is shorter than trainer.save_freq (8)" in said, said
