@@ -31,16 +31,15 @@ written twice, because the ledger keeps the first copy of an event id.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from kafka import KafkaAdminClient, TopicPartition
 
-from streamrl.runtime.bus import make_consumer
 from streamrl.runtime.db import connect
 from streamrl.runtime.settings import Settings
+from streamrl.runtime.topic_admin import broker_windows
 from streamrl.runtime.topic_retention import delete_and_wait, ledger_positions, records_past
-from streamrl.schema.topics import HELD_WINDOWS, parse_topic, run_pattern, topic_window
+from streamrl.schema.topics import HELD_WINDOWS, parse_topic, topic_window
 
 # How long a window stays eligible before it goes: readers look again every second.
 SETTLE_S = 3.0
@@ -126,12 +125,7 @@ def delete_topics(settings: Settings, topics: list[str]) -> None:
 
 def windows_left(settings: Settings, run_id: str, steps: int, window_steps: int) -> str:
     """What a finished rotating run left on the broker, in a sentence."""
-    consumer = make_consumer(settings, None)
-    try:
-        pattern = re.compile(run_pattern(run_id))
-        left = sorted({w for topic in consumer.topics() if pattern.match(topic) for w in [topic_window(topic)] if w is not None})
-    finally:
-        consumer.close()
+    left = broker_windows(settings, run_id)
     opened = steps // window_steps + 2  # the last step's window and the one made ahead of it
     return (
         f"{opened - len(left)} of run {run_id}'s {opened} topic windows ({window_steps} steps each) left the "
