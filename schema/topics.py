@@ -100,10 +100,10 @@ def topic_window(topic: str) -> int | None:
 HELD_WINDOWS = 4
 # The most windows of a run the broker holds: the readers' hold (the one made ahead
 # among them) and the two before it, which wait for a snapshot past them, for every
-# reader to look again and for the ledger (runtime/topic_windows.py). The run's
-# task publisher waits for the ledger sink before it opens a window past this
+# reader to look again and for the ledger (runtime/topic_windows.py). The run's task
+# publisher waits for the ledger sink before it opens a window past this
 # (runtime/topic_admin.py WindowTopics), so a long run's broker memory is bounded
-# whatever the sink's pace.
+# whatever the sink's pace; a straggler's window made again adds one for a while.
 BROKER_WINDOWS = HELD_WINDOWS + 2
 # A publisher's producer writes to the newest this many windows it opened (runtime/
 # topic_admin.py WindowTopics says why): it lets go of a window before readers do.
