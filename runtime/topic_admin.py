@@ -4,7 +4,6 @@ its first event is (schema/topics.py)."""
 from __future__ import annotations
 
 import logging
-import re
 import time
 
 from kafka import KafkaAdminClient
@@ -16,9 +15,8 @@ from streamrl.schema.topics import (
     BROKER_WINDOWS,
     ROTATED_KINDS,
     WRITTEN_WINDOWS,
-    run_pattern,
+    existing_run_windows,
     run_topics,
-    topic_window,
     window_topic,
 )
 
@@ -61,8 +59,7 @@ def broker_windows(settings: Settings, run_id: str) -> set[int]:
     """The windows of the run whose topics the broker lists."""
     admin = KafkaAdminClient(**settings.kafka_client_options())
     try:
-        pattern = re.compile(run_pattern(run_id))
-        return {w for topic in admin.list_topics() if pattern.match(topic) for w in [topic_window(topic)] if w is not None}
+        return existing_run_windows(run_id, admin.list_topics())
     finally:
         admin.close()
 
@@ -77,18 +74,22 @@ def wait_for_room(settings: Settings, run_id: str, opening: set[int]) -> bool:
     Whether it waited; past `STREAMRL_SERVICE_WAIT_S`, a RuntimeError says what the
     broker still holds."""
     deadline = time.monotonic() + settings.service_wait_s
-    listed, waited = broker_windows(settings, run_id), False
-    while len(listed | opening) > BROKER_WINDOWS:
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"run {run_id}: the broker still holds its topic windows {sorted(listed)} after "
-                f"{settings.service_wait_s} s (STREAMRL_SERVICE_WAIT_S), and a run holds at most {BROKER_WINDOWS}: "
-                "the ledger sink retires a window once the ledger holds its records and the learner's snapshot "
-                "(trainer.save_freq) is past it; is the sink running (streamrl status)?"
-            )
-        time.sleep(ROOM_POLL_S)
-        listed, waited = broker_windows(settings, run_id), True
-    return waited
+    admin = KafkaAdminClient(**settings.kafka_client_options())
+    try:
+        listed, waited = existing_run_windows(run_id, admin.list_topics()), False
+        while len(listed | opening) > BROKER_WINDOWS:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"run {run_id}: the broker still holds its topic windows {sorted(listed)} after "
+                    f"{settings.service_wait_s} s (STREAMRL_SERVICE_WAIT_S), and a run holds at most {BROKER_WINDOWS}: "
+                    "the ledger sink retires a window once the ledger holds its records and the learner's snapshot "
+                    "(trainer.save_freq) is past it; is the sink running (streamrl status)?"
+                )
+            time.sleep(ROOM_POLL_S)
+            listed, waited = existing_run_windows(run_id, admin.list_topics()), True
+        return waited
+    finally:
+        admin.close()
 
 
 def track_topic(producer, topic: str) -> None:
@@ -142,7 +143,8 @@ class WindowTopics:
         if ensured is None or (window < newest and time.monotonic() - ensured >= WINDOW_RECHECK_S):
             # the next window too, so that its readers hold it before its first event
             ahead = [window + 1] if window == newest else []
-            if ahead and self.paced and wait_for_room(self.settings, run_id, {window, *ahead}) and not self.waited:
+            waited = bool(ahead) and self.paced and wait_for_room(self.settings, run_id, {window, *ahead})
+            if waited and not self.waited:
                 self.waited = True
                 log.warning(
                     "run %s: window %d waited for the ledger sink to retire an older one (the broker holds at most "

@@ -14,7 +14,6 @@ topics it needs (streamrl/recovery.py).
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ from streamrl.runtime.bus import make_consumer
 from streamrl.runtime.db import connect
 from streamrl.runtime.service_config import Broker
 from streamrl.runtime.settings import Settings
-from streamrl.schema.topics import run_pattern
+from streamrl.schema.topics import existing_run_topics
 
 # Deleting a topic is asynchronous on the broker: how long to wait for it to go.
 DELETE_WAIT_S = 30.0
@@ -52,12 +51,6 @@ class Retired:
             f"removed run {run_id}'s {len(self.removed)} topics from the broker "
             f"(the ledger holds all {self.records} records they held)"
         )
-
-
-def existing_run_topics(run_id: str, listed) -> list[str]:
-    """The run's topics among those the broker lists: plain ones and windows."""
-    pattern = re.compile(run_pattern(run_id))
-    return sorted(topic for topic in listed if pattern.match(topic))
 
 
 def run_partitions(settings: Settings, run_id: str) -> list[TopicPartition]:

@@ -146,6 +146,17 @@ def run_pattern(run_id: str, kinds: Iterable[str] = KINDS) -> str:
     return rf"^{TOPIC_PREFIX}\.{re.escape(validate_run_id(run_id))}\.({'|'.join(kinds)})(\.w\d+)?$"
 
 
+def existing_run_topics(run_id: str, listed: Iterable[str]) -> list[str]:
+    """The run's topics among those the broker lists: plain ones and windows."""
+    pattern = re.compile(run_pattern(run_id))
+    return sorted(topic for topic in listed if pattern.match(topic))
+
+
+def existing_run_windows(run_id: str, listed: Iterable[str]) -> set[int]:
+    """The run's windows among the topics the broker lists."""
+    return {window for topic in existing_run_topics(run_id, listed) if (window := topic_window(topic)) is not None}
+
+
 def event_key(event: Event) -> bytes:
     """Partition key: a whole GRPO group shares a partition; run-level events by run id."""
     group_id = getattr(event, "group_id", None)

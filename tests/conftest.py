@@ -91,7 +91,7 @@ def broker_topics(settings, run_id: str) -> set[str]:
     """Which of the run's topics (plain and windows) the broker lists."""
     from kafka import KafkaAdminClient
 
-    from streamrl.runtime.topic_retention import existing_run_topics
+    from streamrl.schema.topics import existing_run_topics
 
     admin = KafkaAdminClient(**settings.kafka_client_options())
     try:

@@ -110,3 +110,19 @@ def test_a_window_shorter_than_the_snapshot_interval_is_refused():
     )
     said = " ".join(result.stdout.split() + result.stderr.split())
     assert result.returncode != 0 and "service.broker.window_steps: 4 is shorter than trainer.save_freq (8)" in said, said
+
+
+def test_a_runs_windows_are_read_from_the_topic_names_the_broker_lists():
+    from streamrl.schema.topics import existing_run_topics, existing_run_windows, topic_name, window_topic
+
+    listed = [
+        topic_name("rot", "tasks"),
+        window_topic("rot", "tasks", 3),
+        window_topic("rot", "samples", 3),
+        window_topic("rot", "steps", 12),
+        window_topic("rot2", "tasks", 5),  # another run whose id starts the same
+        "streamrl.other",
+    ]
+    assert existing_run_windows("rot", listed) == {3, 12}
+    assert existing_run_topics("rot", listed) == sorted(listed[:4])
+    assert existing_run_windows("rot2", listed) == {5}
