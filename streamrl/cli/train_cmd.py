@@ -427,6 +427,22 @@ def learner(
             help="Read the samples topic from its start (the broker lost the topics the checkpoint's offsets refer to).",
         ),
     ] = False,
+    rdzv_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--rdzv-endpoint",
+            help="HOST:PORT where the learner's nodes meet (trainer.nnodes > 1): the same on every node; the node "
+            "whose --local-addr is HOST keeps the rendezvous store.",
+        ),
+    ] = None,
+    local_addr: Annotated[
+        str | None,
+        typer.Option(
+            "--local-addr",
+            help="This node's address the other nodes reach (trainer.nnodes > 1): the ranks' process group "
+            "listens on the interface that holds it.",
+        ),
+    ] = None,
 ) -> None:
     """Train RUN: batches of samples, optimizer steps, a checkpoint and a weight version
     per step. Restarted, it resumes after its last checkpointed step."""
@@ -435,7 +451,7 @@ def learner(
 
     current = settings()
     recipe = run_config(current, run)
-    launch_ranks_if_asked(recipe, run, reset_offsets)
+    launch_ranks_if_asked(recipe, run, reset_offsets, Rendezvous.checked(recipe, rdzv_endpoint, local_addr))
     # before torch and transformers are imported: sampling can start while they load
     announced = announce_model_as_version_zero(current, run, recipe)
     from streamrl.learner.loop import Learner
@@ -459,33 +475,85 @@ def learner(
     console.print(f"learner stopped after step {steps}", highlight=False)
 
 
-def launch_ranks_if_asked(recipe, run: str, reset_offsets: bool) -> None:
-    """`trainer.nproc_per_node` > 1 on one node: become torchrun, which starts that many
-    learner processes of this same command (they see WORLD_SIZE and train as ranks).
-    Several nodes need a cluster launcher to start torchrun on each."""
+@dataclasses.dataclass(frozen=True)
+class Rendezvous:
+    """Where a learner of several nodes meets its other nodes (torchrun's c10d rendezvous)."""
+
+    endpoint: str  # HOST:PORT, the same on every node
+    local_addr: str  # this node's address
+
+    @property
+    def is_host(self) -> bool:
+        """This node keeps the rendezvous store. Said explicitly: torch's guess compares
+        host names, which every container or network namespace of a machine shares."""
+        return self.endpoint.rsplit(":", 1)[0].strip("[]") == self.local_addr
+
+    @classmethod
+    def checked(cls, recipe, endpoint: str | None, local_addr: str | None) -> Rendezvous | None:
+        nnodes = recipe.trainer.nnodes
+        if "WORLD_SIZE" in os.environ:  # a rank torchrun started: it was launched already
+            return None
+        if nnodes == 1:
+            if endpoint or local_addr:
+                raise UsageError("--rdzv-endpoint/--local-addr: trainer.nnodes is 1, so there are no other nodes to meet")
+            return None
+        if not endpoint or not local_addr:
+            raise UsageError(
+                f"trainer.nnodes is {nnodes}: start `streamrl learner RUN --rdzv-endpoint HOST:PORT --local-addr ADDR` "
+                "on every node (HOST:PORT the same everywhere, ADDR each node's own address)"
+            )
+        host, _, port = endpoint.rpartition(":")
+        if not host or not port.isdigit():
+            raise UsageError(f"--rdzv-endpoint {endpoint!r}: expected HOST:PORT")
+        return cls(endpoint, local_addr)
+
+
+def interface_of(address: str) -> str:
+    """The network interface that holds `address` (gloo listens on it)."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == address for a in addresses):
+            return name
+    raise UsageError(f"--local-addr {address}: no interface of this host has that address")
+
+
+def launch_ranks_if_asked(recipe, run: str, reset_offsets: bool, rendezvous: Rendezvous | None = None) -> None:
+    """`trainer.nproc_per_node` > 1 or `trainer.nnodes` > 1: become torchrun, which starts
+    this node's learner processes of this same command (they see WORLD_SIZE and train as
+    ranks). One node rendezvous on its own; several meet at `rendezvous`."""
     import sys
 
     cfg = recipe.trainer
     if "WORLD_SIZE" in os.environ or (cfg.nproc_per_node == 1 and cfg.nnodes == 1):
         return
-    if cfg.nnodes > 1:
-        raise UsageError(
-            f"trainer.nnodes is {cfg.nnodes}: start the learner on every node with "
-            f"`torchrun --nnodes {cfg.nnodes} --nproc_per_node {cfg.nproc_per_node} "
-            f"--rdzv-backend c10d --rdzv-endpoint HOST:PORT -m streamrl.cli learner {run}`"
-        )
+    if rendezvous is None:
+        where = ["--standalone"]
+    else:
+        # gloo finds its own address from the host name unless told the interface: in a
+        # container or namespace that name is the machine's, not this node's
+        os.environ["GLOO_SOCKET_IFNAME"] = interface_of(rendezvous.local_addr)
+        where = [
+            f"--nnodes={cfg.nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rendezvous.endpoint}",
+            f"--rdzv-id={run}",
+            f"--rdzv-conf=is_host={str(rendezvous.is_host).lower()}",
+            f"--local-addr={rendezvous.local_addr}",
+        ]
     args = [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *where,
         f"--nproc_per_node={cfg.nproc_per_node}",
         "-m",
         "streamrl.cli",
         "learner",
         run,
     ] + (["--reset-offsets"] if reset_offsets else [])
-    console.print(f"learner: {cfg.nproc_per_node} processes under torchrun", highlight=False)
+    nodes = f" on node {rendezvous.local_addr} of {cfg.nnodes} (rendezvous {rendezvous.endpoint})" if rendezvous else ""
+    console.print(f"learner: {cfg.nproc_per_node} processes under torchrun{nodes}", highlight=False)
     sys.stdout.flush()
     os.execv(sys.executable, args)
 
