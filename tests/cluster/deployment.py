@@ -60,6 +60,7 @@ class Process:
     env: dict[str, str]
     log: Path
     popen: subprocess.Popen
+    expected_death: bool = False  # stopped or killed on purpose: its exit is not a failure
 
     def tail(self, lines: int = 30) -> str:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -184,7 +185,9 @@ class Deployment:
         self.call("ledger", "down", env=env)
         self.call("ledger", "up", "--only", "ledger", "--listen", self.address("ledger"), env=env)
 
-    def learner_args(self, run: str, host: str) -> list[str]:
+    def learner_args(self, run: str, host: str, nodes: int) -> list[str]:
+        if nodes == 1:
+            return ["learner", run]
         return [
             "learner",
             run,
@@ -194,9 +197,13 @@ class Deployment:
             self.address(host),
         ]
 
-    def start_run(self, recipe: str, run: str, overrides: list[str], publisher_env: dict[str, str]) -> None:
-        """Sink, publisher (which creates the run), then the processors, workers and
-        learners, each on its host, once the run's `created` event is in the ledger."""
+    def start_run(
+        self, recipe: str, run: str, overrides: list[str], publisher_env: dict[str, str], learner_nodes: int = 2
+    ) -> None:
+        """Sink, publisher (which creates the run), then the processors, workers and the
+        learner's nodes (learner-1 .. learner-N, trainer.nnodes = N), each on its host,
+        once the run's `created` event is in the ledger."""
+        overrides = [*overrides, f"trainer.nnodes={learner_nodes}"]
         self.start("sink", "sink", "--run", run)
         self.start("publisher", "publish", recipe, *overrides, "--run", run, env=self.env(publisher_env))
         self.wait_for_ledger(
@@ -207,22 +214,24 @@ class Deployment:
                 self.start(host, "processor", run, "--name", host)
             elif host.startswith("worker-"):
                 self.start(host, "worker", run, "--name", host)
-            elif host.startswith("learner-"):
-                self.start(host, *self.learner_args(run, host))
+            elif host.startswith("learner-") and int(host.split("-")[1]) <= learner_nodes:
+                self.start(host, *self.learner_args(run, host, learner_nodes))
 
     def of_host(self, host: str) -> list[Process]:
         return [p for p in self.processes if p.host == host]
 
-    def restart_host_processes(self, host: str) -> list[Process]:
-        """The commands that ran on `host` (the long-running ones), started again."""
+    def restart(self, processes: list[Process]) -> list[Process]:
+        """The long-running commands of `processes`, started again on their hosts."""
         started = []
-        for process in self.of_host(host):
+        for process in processes:
             args = process.argv[3:]
             if args and args[0] in ("worker", "processor", "sink", "learner"):
-                started.append(self.start(host, *args, env=process.env))
+                started.append(self.start(process.host, *args, env=process.env))
         return started
 
     def stop_all(self) -> None:
+        for process in self.processes:
+            process.expected_death = True
         for process in self.processes:
             if process.popen.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -256,7 +265,7 @@ class Deployment:
     def raise_if_a_process_failed(self) -> None:
         for process in self.processes:
             code = process.popen.poll()
-            if code not in (None, 0) and not getattr(process, "expected_death", False):
+            if code not in (None, 0) and not process.expected_death:
                 raise AssertionError(f"{process.host}: `{' '.join(process.argv[3:])}` exited {code}:\n{process.tail()}")
 
     def logs(self, lines: int = 15) -> str:
