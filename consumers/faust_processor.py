@@ -83,6 +83,27 @@ class AckWhenReleased:
             self.message.ack()
 
 
+def refuse_topic_auto_creation() -> None:
+    """aiokafka asks the broker to create every topic its metadata requests name (its
+    MetadataRequest defaults `allow_auto_topic_creation` to true, and no setting changes
+    it). After a restart of a broker that keeps records in memory, that re-made a run's
+    topics empty under every reader, which then waited on them for ever instead of
+    saying the broker lost them (docs/operations.md, the cluster's broker restart).
+    StreamRL's Kafka clients never create a topic by asking for it: the default is false
+    here too."""
+    from aiokafka.protocol import metadata
+
+    if getattr(metadata.MetadataRequest.__init__, "streamrl_no_auto_create", False):
+        return
+    create = metadata.MetadataRequest.__init__
+
+    def without_auto_creation(self, topics=None, allow_auto_topic_creation=False):
+        create(self, topics, allow_auto_topic_creation)
+
+    without_auto_creation.streamrl_no_auto_create = True  # type: ignore[attr-defined]
+    metadata.MetadataRequest.__init__ = without_auto_creation  # type: ignore[method-assign]
+
+
 def faust_broker_options(settings: Settings) -> dict:
     """The broker address and credentials of `settings`, as faust takes them."""
     import faust
@@ -136,6 +157,7 @@ class FaustProcessor:
     def __init__(self, settings: Settings, run_id: str, recipe: Recipe, name: str):
         import faust
 
+        refuse_topic_auto_creation()
         algorithm, pool = recipe.algorithm, recipe.trajectory_pool
         load_custom_advantages(algorithm.custom_advantage_module_path)
         get_advantage_estimator(algorithm.type)  # fail now, with the known names, not on the first group

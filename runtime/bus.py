@@ -24,11 +24,12 @@ from kafka.errors import (
     IllegalGenerationError,
     RebalanceInProgressError,
     UnknownMemberIdError,
+    UnknownProducerIdError,
 )
 
 from streamrl.runtime.blobs import PostgresBlobStore
 from streamrl.runtime.dead_letters import check_placement, dead_letter
-from streamrl.runtime.outage import BrokerWatch
+from streamrl.runtime.outage import BrokerWatch, topics_lost
 from streamrl.runtime.settings import Settings, SettingsError
 from streamrl.runtime.topic_admin import WindowTopics, track_topic
 from streamrl.schema import codec, signing
@@ -262,6 +263,9 @@ class EventPublisher:
             in_flight, self._in_flight = self._in_flight, []
         for future in in_flight:
             if future.failed():
+                if isinstance(future.exception, UnknownProducerIdError):
+                    # the broker forgot this producer: it restarted, and kept nothing
+                    raise topics_lost(self._settings, None, "no longer knows this process's producer") from future.exception
                 raise future.exception
 
     def close(self) -> None:

@@ -85,9 +85,7 @@ def initdb(pgdata: Path, owner_password: str) -> None:
         pwfile.write(owner_password + "\n")
     _owned_by(Path(pwfile.name), user)
     try:
-        run_initdb(
-            ["--auth=scram-sha-256", "--encoding=utf8", "-U", OWNER, f"--pwfile={pwfile.name}"], pgdata=pgdata, user=user
-        )
+        run_initdb(["--auth=scram-sha-256", "--encoding=utf8", "-U", OWNER, f"--pwfile={pwfile.name}"], pgdata=pgdata, user=user)
     finally:
         os.unlink(pwfile.name)
     # every host may connect, with a password; no line trusts anyone
@@ -123,9 +121,7 @@ def create_ledger(listen: str, port: int, owner_password: str) -> None:
     """The ledger's database, made by its owner over the network as any client would."""
     import psycopg
 
-    with psycopg.connect(
-        host=listen, port=port, user=OWNER, password=owner_password, dbname="postgres", autocommit=True
-    ) as conn:
+    with psycopg.connect(host=listen, port=port, user=OWNER, password=owner_password, dbname="postgres", autocommit=True) as conn:
         if not conn.execute("select 1 from pg_database where datname = %s", (DATABASE,)).fetchone():
             conn.execute(f'create database "{DATABASE}"')
 

@@ -72,42 +72,78 @@ class PostgresOutage:
         self.since, self.tries = None, 0
 
 
+# A broker that answers without the run's topics, or with topics of the same names made
+# again, has lost what they held: waiting does not bring it back. Confirmed for this long
+# (a restarting broker may answer before its metadata is whole), then said.
+TOPICS_LOST_CONFIRM_S = 5.0
+
+
+def topics_lost(settings: Settings, run_id: str | None, problem: str) -> ServiceLost:
+    finish = f"`streamrl run --resume {run_id}`" if run_id else "`streamrl run --resume RUN`"
+    return ServiceLost(
+        f"the Kafka broker at {settings.kafka_bootstrap} {problem}: it restarted without durable storage, so the events "
+        f"it held are gone and the run cannot go on from it. Stop the run's processes and finish it with {finish}, "
+        "which rebuilds the topics from the ledger (docs/operations.md)."
+    )
+
+
 class BrokerWatch:
-    """Notices a consumer that has lost the broker, or whose topics the broker no longer
-    has (an embedded broker restarted: it keeps topics in memory), and raises ServiceLost
-    once that has lasted `STREAMRL_SERVICE_WAIT_S`. Checked at most once a second."""
+    """Notices a consumer that has lost the broker (raises ServiceLost once that has lasted
+    `STREAMRL_SERVICE_WAIT_S`), or whose topics the broker no longer has, or has made
+    again (an embedded broker restarted: it keeps topics in memory; raised after
+    TOPICS_LOST_CONFIRM_S). Checked at most once a second."""
 
     def __init__(self, settings: Settings, consumer, run_id: str | None, topics: list[str] | None = None):
         self.settings, self.consumer, self.run_id, self.topics = settings, consumer, run_id, topics or []
         self.problem_since: float | None = None
         self.warned = False
         self.last_check = 0.0
+        self.topic_ids: dict[str, object] = {}  # the id each topic had when first seen (Kafka's topic UUID)
 
-    def problem(self) -> str | None:
+    def problem(self) -> tuple[str, bool] | None:
+        """What is wrong, and whether it is lost topics (final) rather than no answer."""
         metrics = self.consumer.metrics().get("consumer-metrics", {})
         if metrics.get("connection-count", 1) == 0:
-            return "did not answer"
+            return "did not answer", False
         missing = [t for t in self.topics if not self.consumer.partitions_for_topic(t)]
         if missing:
-            return f"no longer has the run's topics ({', '.join(missing[:2])}: restarted without its storage?)"
+            return f"no longer has the run's topics ({', '.join(missing[:2])})", True
+        remade = self.remade_topics()
+        if remade:
+            return f"made the run's topics again, empty ({', '.join(remade[:2])}: a new topic id)", True
         return None
+
+    def remade_topics(self) -> list[str]:
+        """The watched topics whose id differs from the one first seen."""
+        cluster = getattr(getattr(self.consumer, "_client", None), "cluster", None)
+        if cluster is None or not hasattr(cluster, "topic_id"):  # a client that keeps no topic ids
+            return []
+        remade = []
+        for topic in self.topics:
+            current = cluster.topic_id(topic)
+            if current is not None and self.topic_ids.setdefault(topic, current) != current:
+                remade.append(topic)
+        return remade
 
     def check(self) -> None:
         now = time.monotonic()
         if now - self.last_check < 1.0:
             return
         self.last_check = now
-        problem = self.problem()
-        if problem is None:
+        found = self.problem()
+        if found is None:
             if self.problem_since is not None and self.warned:
                 log.warning("the Kafka broker answers again after %.0f s", now - self.problem_since)
             self.problem_since = None
             return
+        problem, final = found
         if self.problem_since is None:
             self.problem_since = now
             self.warned = False
         elif not self.warned and now - self.problem_since >= 5.0:  # a client reconnects now and then
             self.warned = True
             log.warning("the Kafka broker %s; waiting up to %d s", problem, self.settings.service_wait_s)
+        if final and now - self.problem_since >= TOPICS_LOST_CONFIRM_S:
+            raise topics_lost(self.settings, self.run_id, problem)
         if now - self.problem_since > self.settings.service_wait_s:
             raise broker_lost(self.settings, self.run_id, now - self.problem_since, problem)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamrl.runtime.db import connect
-from streamrl.runtime.settings import BUS_KEY_FILE, Settings
+from streamrl.runtime.settings import BUS_KEY_FILE, EMBEDDED_CLUSTER_ID, Settings
 
 EMBEDDED_DATABASE = "streamrl"
 LOOPBACK = "127.0.0.1"  # where the services of one machine listen, unless `up --listen` says
@@ -138,6 +138,8 @@ def start_embedded_kafka(settings: Settings, listen: str = LOOPBACK) -> dict:
             f"tcp://{address}",
             "--storage-engine",
             "memory://tansu/",
+            "--cluster-id",  # how a client on another host knows the broker is this one
+            EMBEDDED_CLUSTER_ID,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -68,6 +68,25 @@ def as_user(url: str, user: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+EMBEDDED_CLUSTER_ID = "streamrl-embedded"  # the embedded broker's cluster id (runtime/services.py)
+
+
+def broker_cluster_id(settings: Settings) -> str | None:
+    """The broker's cluster id (None when it does not answer)."""
+    from kafka import KafkaAdminClient
+
+    try:
+        admin = KafkaAdminClient(request_timeout_ms=10_000, **settings.kafka_client_options())
+    except Exception:  # no broker: not the embedded one, as far as anyone can tell
+        return None
+    try:
+        return admin.describe_cluster().get("cluster_id")
+    except Exception:
+        return None
+    finally:
+        admin.close()
+
+
 class SettingsError(RuntimeError):
     """A setting is missing or malformed (the message names the variable)."""
 
@@ -230,10 +249,14 @@ class Settings:
             return embedded["bootstrap"]
         raise SettingsError("no Kafka broker: set STREAMRL_KAFKA_BOOTSTRAP or run `streamrl up` to start the embedded one")
 
-    @property
+    @functools.cached_property
     def embedded_kafka(self) -> bool:
-        """True when the broker in use is the embedded one `streamrl up` started."""
-        return self.kafka_bootstrap == (self.read_state().get("kafka") or {}).get("bootstrap")
+        """True when the broker in use is the embedded one (Tansu, records in memory):
+        started here by `streamrl up`, or on a cluster's broker host by `streamrl up
+        --only broker --listen ADDR`, which every client can tell by its cluster id."""
+        if self.kafka_bootstrap == (self.read_state().get("kafka") or {}).get("bootstrap"):
+            return True
+        return broker_cluster_id(self) == EMBEDDED_CLUSTER_ID
 
     @property
     def database_url(self) -> str:

@@ -470,9 +470,42 @@ def learner(
 
     try:
         steps = trainer.run(stop, on_step=report)
+    except Exception as exc:
+        record_learner_failure(current, run, trainer.step, exc)
+        raise
     finally:
         trainer.close()
     console.print(f"learner stopped after step {steps}", highlight=False)
+
+
+def record_learner_failure(current, run: str, step: int, exc: BaseException) -> None:
+    """The run's `failed` event, from the learner's first rank: on a cluster no `streamrl
+    run` watches the processes, and a learner that stops (a node lost, say) stops the
+    run until it is started again, which records `resumed`. Best effort: the broker may
+    be what failed."""
+    import time
+
+    from streamrl.runtime.bus import EventPublisher
+    from streamrl.schema.events import RunEvent
+
+    if os.environ.get("RANK", "0") != "0":
+        return
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    where = os.environ.get("STREAMRL_LEARNER_ADDR") or os.uname().nodename
+    event = RunEvent(
+        run_id=run,
+        kind="failed",
+        sequence=int(time.time() * 1000),  # the time it failed: a resumed run may fail again at the same step
+        name="learner",
+        message=f"the learner (rank 0 on {where}) failed after step {step}: {type(exc).__name__}: {first_line}",
+        details={"step": step, "error": type(exc).__name__},
+    )
+    try:
+        with EventPublisher(current, stage="learner", max_block_ms=5000, request_timeout_ms=5000) as publisher:
+            publisher.publish(event)
+            publisher.flush(timeout=10)
+    except Exception as error:  # the run's status stays as it was; the exception below still says why
+        console.print(f"could not record the learner's failure on the bus: {type(error).__name__}: {error}", highlight=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -533,6 +566,7 @@ def launch_ranks_if_asked(recipe, run: str, reset_offsets: bool, rendezvous: Ren
         # gloo finds its own address from the host name unless told the interface: in a
         # container or namespace that name is the machine's, not this node's
         os.environ["GLOO_SOCKET_IFNAME"] = interface_of(rendezvous.local_addr)
+        os.environ["STREAMRL_LEARNER_ADDR"] = rendezvous.local_addr  # named in a failure (record_learner_failure)
         where = [
             f"--nnodes={cfg.nnodes}",
             "--rdzv-backend=c10d",

@@ -154,8 +154,11 @@ def _free_subnet() -> ipaddress.IPv4Network:
     OWNERS.mkdir(parents=True, exist_ok=True)
     with open(OWNERS / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        taken = [ipaddress.ip_network(word, strict=False) for word in ip("-4", "route", "show", "table", "all").split()
-                 if _is_network(word)]
+        taken = [
+            ipaddress.ip_network(word, strict=False)
+            for word in ip("-4", "route", "show", "table", "all").split()
+            if _is_network(word)
+        ]
         for _ in range(200):
             subnet = ipaddress.ip_network(f"10.{random.randrange(64, 255)}.{random.randrange(256)}.0/24")
             if not any(subnet.overlaps(other) for other in taken):

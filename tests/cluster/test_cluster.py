@@ -96,8 +96,7 @@ def ledger_steps(deployment: Deployment, run: str) -> list[tuple]:
 
 def as_rows(records) -> list[tuple]:
     return [
-        (r.step, r.loss, r.grad_norm, r.lr, r.samples, r.reward_mean, float(r.groups_filtered), r.weights_sha256)
-        for r in records
+        (r.step, r.loss, r.grad_norm, r.lr, r.samples, r.reward_mean, float(r.groups_filtered), r.weights_sha256) for r in records
     ]
 
 
