@@ -112,7 +112,9 @@ class LedgerSink:
         self.arrays = TrajectoryArrays()  # whose samples are stored without their arrays
         self.stop_requested = stop or threading.Event()
         self.outage = PostgresOutage(settings, run_id, self.stop_requested)
-        self.broker_watch = BrokerWatch(settings, self.consumer, run_id)
+        # a run's sink watches its runs topic: gone or made again, the broker lost the run
+        watched = [topic_name(run_id, "runs")] if run_id else []
+        self.broker_watch = BrokerWatch(settings, self.consumer, run_id, watched, exist=False)
         self.stats = SinkStats()
         self._dead_letter_topics: set[str] = set()
         self.windows = SinkWindows()  # rotating runs' windows, retired here (runtime/topic_windows.py)

@@ -93,11 +93,14 @@ class BrokerWatch:
     again (an embedded broker restarted: it keeps topics in memory; raised after
     TOPICS_LOST_CONFIRM_S). Checked at most once a second."""
 
-    def __init__(self, settings: Settings, consumer, run_id: str | None, topics: list[str] | None = None):
+    def __init__(self, settings: Settings, consumer, run_id: str | None, topics: list[str] | None = None, exist: bool = True):
+        """`exist`: the topics exist now (a reader waited for them); otherwise each is
+        watched from when it is first seen (the sink starts before its run is created)."""
         self.settings, self.consumer, self.run_id, self.topics = settings, consumer, run_id, topics or []
         self.problem_since: float | None = None
         self.warned = False
         self.last_check = 0.0
+        self.seen: set[str] = set(self.topics) if exist else set()
         self.topic_ids: dict[str, object] = {}  # the id each topic had when first seen (Kafka's topic UUID)
 
     def problem(self) -> tuple[str, bool] | None:
@@ -105,7 +108,9 @@ class BrokerWatch:
         metrics = self.consumer.metrics().get("consumer-metrics", {})
         if metrics.get("connection-count", 1) == 0:
             return "did not answer", False
-        missing = [t for t in self.topics if not self.consumer.partitions_for_topic(t)]
+        present = {t for t in self.topics if self.consumer.partitions_for_topic(t)}
+        missing = sorted(self.seen - present)
+        self.seen |= present
         if missing:
             return f"no longer has the run's topics ({', '.join(missing[:2])})", True
         remade = self.remade_topics()
@@ -119,7 +124,7 @@ class BrokerWatch:
         if cluster is None or not hasattr(cluster, "topic_id"):  # a client that keeps no topic ids
             return []
         remade = []
-        for topic in self.topics:
+        for topic in sorted(self.seen):
             current = cluster.topic_id(topic)
             if current is not None and self.topic_ids.setdefault(topic, current) != current:
                 remade.append(topic)

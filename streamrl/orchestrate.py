@@ -41,12 +41,16 @@ __all__ = ["RestartPolicy", "RunFailed", "replay_locally", "run_locally"]
 THREAD_DEFAULTS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
+SUPERVISED = "STREAMRL_SUPERVISED"  # set in the processes `streamrl run` starts
+
+
 def child_env(settings: Settings) -> dict:
     env = dict(os.environ)
     env["STREAMRL_HOME"] = str(settings.home)
     env["STREAMRL_KAFKA_BOOTSTRAP"] = settings.kafka_bootstrap
     env["STREAMRL_DATABASE_URL"] = settings.database_url
     env["STREAMRL_PARTITION_ASSIGNMENT"] = settings.partition_assignment
+    env[SUPERVISED] = "1"  # this command restarts a crashed process, and records the run's failure itself
     for key, value in THREAD_DEFAULTS.items():
         env.setdefault(key, value)
     return env

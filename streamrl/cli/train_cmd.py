@@ -34,7 +34,7 @@ from streamrl.runtime.service_config import WINDOWS_NEED_PLAIN_PROCESSOR, with_r
 
 def register(app: typer.Typer) -> None:
     app.command("run")(cli_command(run_recipe))
-    for command in (publish, worker, processor, learner, replay):
+    for command in (publish, worker, processor, learner, recover, replay):
         app.command()(cli_command(command))
 
 
@@ -479,23 +479,32 @@ def learner(
 
 
 def record_learner_failure(current, run: str, step: int, exc: BaseException) -> None:
-    """The run's `failed` event, from the learner's first rank: on a cluster no `streamrl
-    run` watches the processes, and a learner that stops (a node lost, say) stops the
+    """The run's `failed` event, from the learner's first rank, where no `streamrl run`
+    supervises it (a cluster's learner): a learner that stops (a node lost, say) stops the
     run until it is started again, which records `resumed`. Best effort: the broker may
     be what failed."""
     import time
 
+    from streamrl.orchestrate import SUPERVISED
     from streamrl.runtime.bus import EventPublisher
+    from streamrl.runtime.db import connect
     from streamrl.schema.events import RunEvent
 
-    if os.environ.get("RANK", "0") != "0":
+    if os.environ.get("RANK", "0") != "0" or os.environ.get(SUPERVISED):
         return
+
+    try:  # numbered as `streamrl run` numbers its failed events: a resumed run may fail again
+        with connect(current.database_url, autocommit=True, connect_timeout=5) as conn:
+            query = "select count(*) from run_events where run_id = %s and kind = 'failed'"
+            sequence = (conn.execute(query, (run,)).fetchone() or (0,))[0]
+    except Exception:  # no ledger either: a number no earlier failure of this run has
+        sequence = int(time.time()) % 2**31
     first_line = (str(exc).strip().splitlines() or [""])[0]
     where = os.environ.get("STREAMRL_LEARNER_ADDR") or os.uname().nodename
     event = RunEvent(
         run_id=run,
         kind="failed",
-        sequence=int(time.time() * 1000),  # the time it failed: a resumed run may fail again at the same step
+        sequence=sequence,
         name="learner",
         message=f"the learner (rank 0 on {where}) failed after step {step}: {type(exc).__name__}: {first_line}",
         details={"step": step, "error": type(exc).__name__},
@@ -590,6 +599,30 @@ def launch_ranks_if_asked(recipe, run: str, reset_offsets: bool, rendezvous: Ren
     console.print(f"learner: {cfg.nproc_per_node} processes under torchrun{nodes}", highlight=False)
     sys.stdout.flush()
     os.execv(sys.executable, args)
+
+
+def recover(run: Annotated[str, typer.Argument(help="Run id.")]) -> None:
+    """Rebuild RUN's topics from the ledger after the broker lost them (a broker without
+    durable storage restarted): what `streamrl run --resume` does before it starts the
+    processes, for a cluster whose processes run on their own hosts. Stop the run's
+    processes first; then start them again: the learner with --reset-offsets, the
+    publisher as `publish --resume RUN`, the others as before."""
+    from streamrl.recovery import prepare_resume
+    from streamrl.runtime import db
+
+    current = settings()
+    db.upgrade(database_url(current))
+    try:
+        resumed = prepare_resume(current, run)
+    except LookupError as exc:
+        raise UsageError(str(exc)) from None
+    console.print(resumed.describe(run), highlight=False)
+    if resumed.rebuilt.topics_recreated:
+        console.print(
+            f"now start the run's processes again: `streamrl learner {run} --reset-offsets` on every learner node, "
+            f"`streamrl publish --resume {run}`, and the sink, processors and workers as before",
+            highlight=False,
+        )
 
 
 def replay(

@@ -24,6 +24,7 @@ class FaultResult:
     steps_left: int  # steps the run still had to train when the fault ended (0: it proves nothing)
     recovery_s: float  # fault over -> the next train step recorded
     stall_s: float  # the longest time without a train step, from the fault's start to that step
+    ended: float = 0.0  # when the fault ended (seconds since the epoch)
 
     def line(self) -> str:
         return (
@@ -96,7 +97,7 @@ def timed(deployment: Deployment, run: str, name: str, total_steps: int, fault) 
     upto = after[0] if after else ended
     marks = [began, *(t for t in times if began < t < upto), upto]
     stall = max(b - a for a, b in itertools.pairwise(marks))
-    return FaultResult(name, step, left, (after[0] - ended) if after else 0.0, stall)
+    return FaultResult(name, step, left, (after[0] - ended) if after else 0.0, stall, ended)
 
 
 def cut_hosts(deployment: Deployment, run: str, hosts: list[str], total_steps: int, seconds: float = PARTITION_S) -> FaultResult:
