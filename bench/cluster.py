@@ -103,6 +103,12 @@ def start(deployment: Deployment, run: str, model: Path, steps: int) -> float:
     return time.monotonic()
 
 
+def note(notes: list[str], text: str) -> None:
+    """A finding of a scenario, printed as it is found (a scenario that then fails keeps it)."""
+    notes.append(text)
+    print("   ", text, flush=True)
+
+
 def learner_node_lost(deployment: Deployment, run: str, steps: int) -> tuple[scenarios.FaultResult, list[str]]:
     """SIGKILL learner-2's processes. What the docs promise: the learner fails loudly
     (node 1 exits non-zero naming its lost peer, the run is marked failed); started
@@ -116,22 +122,23 @@ def learner_node_lost(deployment: Deployment, run: str, steps: int) -> tuple[sce
         killed_at = time.monotonic()
         deployment.hosts.kill("learner-2")
         code = first[0].popen.wait(timeout=300)
-        notes.append(f"learner-1 exited {code} {time.monotonic() - killed_at:.1f} s after the kill")
+        note(notes, f"learner-1 exited {code} {time.monotonic() - killed_at:.1f} s after the kill")
         lost = [
             line for line in first[0].tail(400).splitlines() if "Connection closed by peer" in line or "failed after step" in line
         ]
-        notes.append(lost[0].strip()[:200] if lost else "learner-1 did not name its lost peer")
+        note(notes, lost[0].strip()[:200] if lost else "learner-1 did not name its lost peer")
         deployment.wait_for_ledger(
             lambda conn: conn.execute("select status from runs where run_id = %s", (run,)).fetchone()[0] == "failed",
             60,
             "the run marked failed",
         )
         with deployment.ledger() as conn:
-            notes.append(
+            note(
+                notes,
                 "ledger: "
                 + conn.execute(
                     "select message from run_events where run_id = %s and kind = 'failed' order by id desc limit 1", (run,)
-                ).fetchone()[0][:200]
+                ).fetchone()[0][:200],
             )
         for node in ("learner-1", "learner-2"):
             deployment.start(node, *deployment.learner_args(run, node, 2))
@@ -156,11 +163,11 @@ def broker_restart(deployment: Deployment, run: str, steps: int) -> tuple[scenar
             try:
                 process.popen.wait(timeout=STOP_WAIT_S)
             except subprocess.TimeoutExpired:
-                notes.append(f"{process.host} `{process.argv[3]}` still running after the broker restart")
+                note(notes, f"{process.host} `{process.argv[3]}` still running after the broker restart")
         codes = sorted({(p.host, p.popen.poll()) for p in running})
-        notes.append(f"all stopped within {time.monotonic() - restarted_at:.1f} s: {codes}")
+        note(notes, f"all stopped within {time.monotonic() - restarted_at:.1f} s: {codes}")
         said = [line for p in running for line in p.tail(60).splitlines() if line.startswith("error: the Kafka broker")]
-        notes.append(said[0][:220] if said else "no process said why it stopped")
+        note(notes, said[0][:220] if said else "no process said why it stopped")
         deployment.stop_all()
         deployment.call("publisher", "recover", run)
         deployment.start("sink", "sink", "--run", run)
@@ -190,8 +197,7 @@ def worker_back(deployment: Deployment, run: str, host: str, result: scenarios.F
 
 def scenario(name: str, deployment: Deployment, run: str, steps: int) -> tuple[scenarios.FaultResult, list[str]]:
     if name == "worker-partition":
-        result = scenarios.cut_hosts(deployment, run, ["worker-1"], steps)
-        return result, [worker_back(deployment, run, "worker-1", result)]
+        return scenarios.cut_hosts(deployment, run, ["worker-1"], steps), []
     if name == "worker-kill":
         return scenarios.kill_host(deployment, run, "worker-2", steps), []
     if name == "processor-partition":
@@ -245,14 +251,21 @@ def main() -> None:
                 steps = max(args.steps, PARTITION_STEPS) if name.endswith("partition") else args.steps
                 start(deployment, run, model, steps)
                 scenarios.wait_for_step(deployment, run, FAULT_AT)
-                result, notes = scenario(name, deployment, run, steps)
-                scenarios.wait_for_finished(deployment, run, timeout=600)
+                try:
+                    result, notes = scenario(name, deployment, run, steps)
+                    scenarios.wait_for_finished(deployment, run, timeout=300)
+                except AssertionError as exc:  # the scenario's run did not come back: said, and the next one runs
+                    deployment.stop_all()
+                    first = str(exc).splitlines()[0][:300]
+                    rows.append((name, None, f"FAILED: {first}", []))
+                    print(f"{name}: FAILED: {first}", flush=True)
+                    continue
+                if name == "worker-partition":  # asked at the end: a worker rejoins its group seconds after
+                    note(notes, worker_back(deployment, run, "worker-1", result))
                 checks = scenarios.settled_invariants(deployment, run, steps)
                 failed = [k for k, ok in checks.items() if not ok]
                 rows.append((name, result, "all hold" if not failed else "FAILED: " + "; ".join(failed), notes))
                 print(result.line(), "| invariants:", rows[-1][2], flush=True)
-                for note in notes:
-                    print("   ", note, flush=True)
         finally:
             deployment.stop_all()
     cores = os.cpu_count() or 1
@@ -266,6 +279,9 @@ def main() -> None:
     print("\n| scenario | fault at step | steps left after | next step after it s | longest without a step s | invariants |")
     print("|---|---|---|---|---|---|")
     for name, result, verdict, _notes in rows:
+        if result is None:
+            print(f"| {name} | | | | | {verdict} |")
+            continue
         figures = f"{result.step_at_fault} | {result.steps_left} | {result.recovery_s:.1f} | {result.stall_s:.1f}"
         print(f"| {name} | {figures} | {verdict} |")
 

@@ -101,7 +101,7 @@ def refuse_topic_auto_creation() -> None:
         create(self, topics, allow_auto_topic_creation)
 
     without_auto_creation.streamrl_no_auto_create = True  # type: ignore[attr-defined]
-    metadata.MetadataRequest.__init__ = without_auto_creation  # type: ignore[method-assign]
+    metadata.MetadataRequest.__init__ = without_auto_creation
 
 
 def faust_broker_options(settings: Settings) -> dict:

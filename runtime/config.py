@@ -318,7 +318,9 @@ class Trainer:
     )
     ref_model_offload: bool = knob(False, "keep the KL reference model on the CPU")
     nproc_per_node: int = knob(1, "learner processes per node (torchrun); more than one shard with FSDP2", ge=1)
-    nnodes: int = knob(1, "learner nodes", ge=1)
+    nnodes: int = knob(
+        1, "learner nodes: `streamrl learner RUN --rdzv-endpoint HOST:PORT --local-addr ADDR` on each (docs/operations.md)", ge=1
+    )
     checkpoint_path: str = knob(
         "runs/${experiment_name}/checkpoints", "where checkpoints go (relative: under STREAMRL_HOME), a folder per run"
     )

@@ -51,6 +51,7 @@ SGLANG_VERSION = "0.5.23"
 DEFAULT_KAFKA_PORT = 9092
 DEFAULT_POSTGRES_PORT = 5432
 STATE_FILE = "services.json"
+SUPERVISED = "STREAMRL_SUPERVISED"  # set in the processes `streamrl run` starts and restarts
 LEDGER_PASSFILE = "ledger.pgpass"  # runtime/ledger_server.py writes it on a cluster's ledger host
 BUS_KEY_FILE = "bus.key"  # the key events are signed with (Settings.bus_key)
 

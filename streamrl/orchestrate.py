@@ -29,7 +29,7 @@ from streamrl.runtime.dataset import total_train_steps, validation_rows
 from streamrl.runtime.db import connect
 from streamrl.runtime.service_config import Broker
 from streamrl.runtime.services import broker_memory_bytes
-from streamrl.runtime.settings import Settings
+from streamrl.runtime.settings import SUPERVISED, Settings
 from streamrl.runtime.topic_retention import retire_run_topics
 from streamrl.runtime.topic_windows import windows_left
 from streamrl.supervise import RestartPolicy, RunFailed, Supervisor
@@ -39,9 +39,6 @@ __all__ = ["RestartPolicy", "RunFailed", "replay_locally", "run_locally"]
 
 # Several torch processes on 2 cores stall each other unless each keeps to one thread.
 THREAD_DEFAULTS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-SUPERVISED = "STREAMRL_SUPERVISED"  # set in the processes `streamrl run` starts
 
 
 def child_env(settings: Settings) -> dict:

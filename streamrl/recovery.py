@@ -44,23 +44,35 @@ class Rebuilt:
     events: int = 0
 
 
+CREATED_EVENT_WAIT_S = 10.0  # a runs topic is small: read whole well within this
+
 # whole samples: a sample stored once keeps its arrays in its trajectory's row (migration 0020)
 SAMPLES_OF_GROUPS = "select * from samples_with_arrays where run_id = %s and group_id = any(%s)"
 
 
 def run_topics_intact(settings: Settings, run_id: str) -> bool:
     """Whether the broker still holds the run's topics with their events: its runs topic
-    exists and is not empty (it begins with the run's `created` event). An empty one was
-    re-created by something else after the broker lost it, and is rebuilt like a lost one."""
+    exists and begins with the run's `created` event. One made again after the broker
+    lost it (by something else, or by a broker that makes a topic on the first write to
+    it) may hold events written since, a process's failure say, but never that one: it
+    is rebuilt like a lost one."""
+    from streamrl.runtime.runs import RunNotFound, fetch_run_config
+
     consumer = make_consumer(settings, None)
     try:
         runs = topic_name(run_id, "runs")
         if runs not in consumer.topics():
             return False
         partitions = [TopicPartition(runs, p) for p in consumer.partitions_for_topic(runs) or ()]
-        return sum(consumer.end_offsets(partitions).values()) > 0
+        if sum(consumer.end_offsets(partitions).values()) == 0:
+            return False
     finally:
         consumer.close()
+    try:
+        fetch_run_config(settings, run_id, timeout_s=CREATED_EVENT_WAIT_S)
+    except RunNotFound:
+        return False
+    return True
 
 
 def group_plan(

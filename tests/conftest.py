@@ -344,6 +344,7 @@ SERVICE_MODULES = {
 # modules in this order (--no-loadscope-reorder keeps it), so the last to start are
 # short ones: a long module started last runs alone while the other worker idles.
 LONGEST_MODULES = (
+    "test_cluster",
     "test_rl_loop",
     "test_sglang",
     "test_replay",

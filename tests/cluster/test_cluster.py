@@ -201,5 +201,9 @@ def test_workers_and_a_processor_lost_and_back(cluster, model):
     checks = scenarios.settled_invariants(cluster, run, steps)
     assert all(checks.values()), checks
     assert all(r.steps_left > 0 for r in results), [r.line() for r in results]  # each fault struck a running run
+    with cluster.ledger() as conn:
+        query = "select count(*) from trajectories where run_id = %s and worker_id like %s and created_at > to_timestamp(%s)"
+        (rejoined,) = conn.execute(query, (run, "%worker-1", results[0].ended)).fetchone()
+    assert rejoined > 0, "worker-1 rolled out nothing once its link was back: it did not rejoin its group"
     expected = as_rows(reference_rows(overrides, steps, cluster.root / "reference-faults", cluster.cores))
     assert ledger_steps(cluster, run) == expected, "the faulted run differs from the reference loop"
