@@ -34,7 +34,7 @@ from streamrl.runtime.service_config import WINDOWS_NEED_PLAIN_PROCESSOR, with_r
 
 def register(app: typer.Typer) -> None:
     app.command("run")(cli_command(run_recipe))
-    for command in (publish, worker, processor, learner, recover, replay):
+    for command in (publish, worker, processor, learner, replay):
         app.command()(cli_command(command))
 
 
@@ -562,30 +562,6 @@ def launch_ranks_if_asked(recipe, run: str, reset_offsets: bool, rendezvous: Ren
     console.print(f"learner: {cfg.nproc_per_node} processes under torchrun{nodes}", highlight=False)
     sys.stdout.flush()
     os.execv(sys.executable, args)
-
-
-def recover(run: Annotated[str, typer.Argument(help="Run id.")]) -> None:
-    """Rebuild RUN's topics from the ledger after the broker lost them (a broker without
-    durable storage restarted): what `streamrl run --resume` does before it starts the
-    processes, for a cluster whose processes run on their own hosts. Stop the run's
-    processes first; then start them again: the learner with --reset-offsets, the
-    publisher as `publish --resume RUN`, the others as before."""
-    from streamrl.recovery import prepare_resume
-    from streamrl.runtime import db
-
-    current = settings()
-    db.upgrade(database_url(current))
-    try:
-        resumed = prepare_resume(current, run)
-    except LookupError as exc:
-        raise UsageError(str(exc)) from None
-    console.print(resumed.describe(run), highlight=False)
-    if resumed.rebuilt.topics_recreated:
-        console.print(
-            f"now start the run's processes again: `streamrl learner {run} --reset-offsets` on every learner node, "
-            f"`streamrl publish --resume {run}`, and the sink, processors and workers as before",
-            highlight=False,
-        )
 
 
 def replay(

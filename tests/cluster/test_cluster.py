@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 from tests.cluster import scenarios
 from tests.cluster.deployment import REPO, Deployment, layout
 from tests.cluster.hosts import Hosts, unavailable
+from tests.test_reference_loop import ledger_steps as recorded_steps
 
 RECIPE = str(REPO / "recipes" / "arith" / "recipe.yaml")
 SYNC_ENV = {"ARITH_WARMUP_STEPS": "0", "ARITH_SYNC_MODE": "sync", "ARITH_VALIDATE_EVERY": "100"}
@@ -85,13 +86,7 @@ def reference_rows(overrides: list[str], steps: int, out: Path, cores: int) -> l
 
 def ledger_steps(deployment: Deployment, run: str) -> list[tuple]:
     with deployment.ledger() as conn:
-        return conn.execute(
-            """select t.step, t.loss, t.grad_norm, t.lr, t.samples, (t.metrics->>'reward_mean')::float,
-                      (t.metrics->>'groups_filtered')::float, w.sha256
-               from train_steps t join weight_versions w on w.run_id = t.run_id and w.version = t.step
-               where t.run_id = %s order by t.step""",
-            (run,),
-        ).fetchall()
+        return recorded_steps(conn, run)
 
 
 def as_rows(records) -> list[tuple]:
