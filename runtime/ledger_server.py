@@ -60,13 +60,30 @@ def pgpass_line(host: str, port: int, user: str, password: str) -> str:
     return ":".join(escape(str(part)) for part in (host, port, DATABASE, user, password))
 
 
+def pgpass_fields(line: str) -> list[str]:
+    """The fields of a password file's line, read as libpq reads them: a ':' not escaped
+    ends a field, and '\\x' is 'x' (an IPv6 host's colons are escaped)."""
+    fields: list[str] = []
+    current, escaped = "", False
+    for char in line:
+        if escaped:
+            current, escaped = current + char, False
+        elif char == "\\":
+            escaped = True
+        elif char == ":":
+            fields, current = [*fields, current], ""
+        else:
+            current += char
+    return [*fields, current]
+
+
 def read_passwords(passfile: Path) -> dict[str, str]:
-    """user -> password, from a password file this module wrote (hex passwords: no escapes)."""
+    """user -> password, from a password file this module wrote."""
     found = {}
     for line in passfile.read_text().splitlines():
-        parts = line.split(":")
-        if len(parts) == 5:
-            found[parts[3]] = parts[4]
+        fields = pgpass_fields(line)
+        if len(fields) == 5:
+            found[fields[3]] = fields[4]
     return found
 
 
